@@ -1,0 +1,58 @@
+# The two commands of the README: `make run` (a local fleet on the embedded model) and `make test`.
+# Both set up what they need themselves: a .venv, torch first (CPU build where one is on disk), then the rest.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test lint import-tree typecheck contracts pytest system-deps venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests drive for real: redis-server (router state), prometheus (promtool for the rules).
+system-deps:
+	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null; then \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus >/dev/null; \
+	  else echo "install redis-server and promtool (prometheus) yourself"; fi; \
+	fi
+
+run: $(STAMP)
+	$(BIN)/kvfleet up --model tiny --port 8080
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy cannot follow the package-dir mapping, so it checks a tree of symlinks laid out as Python imports it.
+# mypy and import-linter cannot follow the package-dir mapping, so they read a tree of
+# symlinks laid out as Python imports it (build/imports/kvfleet/{engine,router,operator}).
+import-tree:
+	@rm -rf build/imports && mkdir -p build/imports/kvfleet
+	@for f in kvfleet/*; do ln -s ../../../$$f build/imports/kvfleet/; done
+	@for p in engine router operator; do ln -s ../../../$$p build/imports/kvfleet/$$p; done
+
+typecheck: $(STAMP) import-tree
+	cd build/imports && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p kvfleet
+
+contracts: $(STAMP) import-tree
+	cd build/imports && PYTHONPATH=. ../../$(BIN)/lint-imports --config ../../pyproject.toml
+
+pytest: $(STAMP) system-deps
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test: lint typecheck contracts pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

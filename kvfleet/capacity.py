@@ -1,0 +1,1 @@
+"""Capacity maths (DESIGN.md §4): filled in by the engine issue."""

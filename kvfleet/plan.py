@@ -1,0 +1,15 @@
+"""`kvfleet plan`: not built yet; the engine issue (#2) fills it in."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+
+def run(args: argparse.Namespace) -> int:
+    print("kvfleet plan: not yet built", file=sys.stderr)
+    return 2

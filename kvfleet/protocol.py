@@ -1,0 +1,45 @@
+"""The contracts between the parts (DESIGN.md §5-§7), as torch-free types and constants.
+
+The engine serves :class:`EngineLoad` at ``GET /load``; the router reads it to pick
+engines and to autoscale; the operator and the router agree on the resource group and
+the pod labels named here. Nothing in this module imports a part.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Kubernetes resources (DESIGN §7)
+API_GROUP = "kvfleet.dev"
+API_VERSION = "v1alpha1"
+INFERENCESERVICE_PLURAL = "inferenceservices"
+TENANTQUOTA_PLURAL = "tenantquotas"
+
+# Engine pods carry these labels; the router finds them by these labels.
+LABEL_APP = "app.kubernetes.io/name"
+LABEL_APP_ENGINE = "kvfleet-engine"
+LABEL_INFERENCESERVICE = "kvfleet.dev/inferenceservice"
+
+# The router names the engine that served a request in this response header (and the
+# Envoy ext_proc server sets it on the request to pick the ORIGINAL_DST upstream).
+HEADER_ENGINE = "x-kvfleet-engine"
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_ENGINE_PORT = 8000
+DEFAULT_ROUTER_PORT = 8080
+
+
+class EngineLoad(BaseModel):
+    """``GET /load`` on an engine: what the router needs to pick and to autoscale."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description="the model name the engine serves")
+    kv_cache_usage: float = Field(ge=0.0, le=1.0, description="used KV blocks / all KV blocks")
+    num_waiting: int = Field(ge=0)
+    num_running: int = Field(ge=0)
+    max_num_seqs: int = Field(ge=1)
+    draining: bool = False
+    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, ge=1)
+    num_kv_blocks: int = Field(default=0, ge=0)
+    prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)

@@ -1,0 +1,21 @@
+"""Packaging glue: the top-level folders are the parts, imported as kvfleet.<part> (DESIGN.md §2).
+
+pyproject.toml holds the metadata; this file only computes the package list, since
+setuptools' declarative config cannot prefix subpackages found under a mapped folder.
+"""
+
+from setuptools import find_packages, setup
+
+PARTS = {
+    "kvfleet": "kvfleet",
+    "kvfleet.engine": "engine",
+    "kvfleet.router": "router",
+    "kvfleet.operator": "operator",
+}
+
+packages: list[str] = []
+for name, path in PARTS.items():
+    packages.append(name)
+    packages.extend(f"{name}.{sub}" for sub in find_packages(path))
+
+setup(packages=packages, package_dir=dict(PARTS), include_package_data=True)
