@@ -37,6 +37,19 @@ class _SeqBlocks:
     hashes: list[BlockHash] = field(default_factory=list)  # hash chain of its computed full blocks
 
 
+NO_PREFIX = CachedPrefix()
+
+
+def _block_tokens(seq: Sequence, start: int, end: int) -> list[int]:
+    """``seq.all_token_ids[start:end]`` without concatenating the whole sequence."""
+    prompt = seq.prompt_token_ids
+    if end <= len(prompt):
+        return prompt[start:end]
+    if start >= len(prompt):
+        return seq.output_token_ids[start - len(prompt) : end - len(prompt)]
+    return prompt[start:] + seq.output_token_ids[: end - len(prompt)]
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -69,7 +82,7 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         """The longest cached run of full blocks that starts ``seq``'s tokens; changes nothing."""
         if not self.enable_prefix_caching or seq.block_ids:
-            return CachedPrefix()
+            return NO_PREFIX
         tokens = seq.all_token_ids
         bs = self.block_size
         ids: list[int] = []
@@ -94,7 +107,14 @@ class KVCacheManager:
         Returns the ids of the newly allocated blocks (cache hits are not new), or None
         when the pool has too few free blocks.
         """
-        cached = cached or CachedPrefix()
+        if cached is None or not cached.block_ids:
+            # Fast path (most decode steps): the new tokens fit in the blocks already held.
+            if (
+                seq.block_ids
+                and seq.num_computed_tokens + num_new_tokens <= len(seq.block_ids) * self.block_size
+            ):
+                return []
+            cached = NO_PREFIX
         if cached.block_ids and (seq.block_ids or seq.num_computed_tokens):
             raise ValueError(f"sequence {seq.seq_id} already holds blocks; a cached prefix starts a sequence")
         num_computed = seq.num_computed_tokens + cached.num_tokens
@@ -106,8 +126,8 @@ class KVCacheManager:
         self.pool.touch(cached.block_ids)
         new_blocks = self.pool.allocate(num_new_blocks)
         assert new_blocks is not None  # checked above
-        state = self._seqs.setdefault(seq.seq_id, _SeqBlocks())
         if not seq.block_ids:
+            state = self._seqs[seq.seq_id] = self._seqs.get(seq.seq_id) or _SeqBlocks()
             self._count_lookup(seq, cached)
             state.hashes = list(cached.hashes)
             seq.num_computed_tokens = cached.num_tokens
@@ -134,10 +154,9 @@ class KVCacheManager:
         num_full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
         if num_full <= len(state.hashes):
             return
-        tokens = seq.all_token_ids
         parent = state.hashes[-1] if state.hashes else None
         for i in range(len(state.hashes), num_full):
-            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
+            parent = hash_block(parent, _block_tokens(seq, i * bs, (i + 1) * bs))
             self.pool.cache(seq.block_ids[i], parent)
             state.hashes.append(parent)
 

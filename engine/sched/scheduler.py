@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from kvfleet.engine.kv.kv_cache_manager import CachedPrefix, KVCacheManager
+from kvfleet.engine.kv.kv_cache_manager import NO_PREFIX, CachedPrefix, KVCacheManager
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sched.policy import SchedulingPolicy, make_policy
@@ -49,6 +49,7 @@ class Scheduler:
         self._forks: dict[int, list[Sequence]] = {}  # parent seq_id → children waiting for its prompt KV
         self._requests: dict[str, list[Sequence]] = {}
         self.num_preemptions = 0
+        self._running_sorted = True  # False once an admission may have broken the policy order
 
     # ---- queue state
     @property
@@ -81,7 +82,9 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        self.policy.order_running(self.running)
+        if not self._running_sorted:
+            self.policy.order_running(self.running)
+            self._running_sorted = True
         num_running_at_start = len(self.running)
         i = 0
         while i < len(self.running) and budget > 0:
@@ -98,8 +101,9 @@ class Scheduler:
     def _schedule_running(self, i: int, budget: int, preempted: list[Sequence]) -> ScheduledSeq | None:
         """Room for running[i]'s next chunk, preempting from the back of the running list if needed."""
         seq = self.running[i]
-        cached = self._cached_prefix(seq)
-        num_new = min(seq.num_tokens - seq.num_computed_tokens - cached.num_tokens, budget)
+        cached = self._cached_prefix(seq) if not seq.block_ids else NO_PREFIX
+        num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        num_new = min(num_tokens - seq.num_computed_tokens - cached.num_tokens, budget)
         while self.kv.allocate_slots(seq, num_new, cached) is None:
             victim = self.running[-1]  # lowest priority, latest arrival (running is in policy order)
             self._preempt(victim)
@@ -135,10 +139,11 @@ class Scheduler:
         self.waiting.popleft()
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self._running_sorted = False
 
     def _cached_prefix(self, seq: Sequence) -> CachedPrefix:
         if seq.block_ids or seq.num_computed_tokens:
-            return CachedPrefix()
+            return NO_PREFIX
         return self.kv.find_cached_prefix(seq)
 
     @staticmethod
@@ -158,19 +163,24 @@ class Scheduler:
     def update(self, plan: SchedulerPlan, samples: Mapping[int, SampleResult]) -> list[Sampled]:
         """Advance each scheduled sequence past its chunk and append the tokens sampled for it."""
         sampled: list[Sampled] = []
+        bs = self.kv.block_size
+        running = SequenceStatus.RUNNING
         for entry in plan.scheduled:
             seq = entry.seq
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens = entry.context_len
-            if entry.sample:
+            before = entry.num_computed_before
+            seq.num_computed_tokens = after = before + entry.num_new_tokens
+            if after == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # entry.sample, inlined
                 result = samples.get(seq.seq_id)
                 if result is None:
                     raise RuntimeError(f"runner returned no sample for sequence {seq.seq_id}")
                 seq.output_token_ids.append(result.token_id)
                 sampled.append(Sampled(seq, result))
-            self.kv.cache_computed_blocks(seq)
-            self._release_forks(seq)
+            if after // bs != before // bs:  # a block filled up this step
+                self.kv.cache_computed_blocks(seq)
+            if self._forks:
+                self._release_forks(seq)
         return sampled
 
     def _release_forks(self, parent: Sequence) -> None:
