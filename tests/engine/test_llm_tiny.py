@@ -55,13 +55,14 @@ def test_generate_on_the_tiny_model_equals_transformers_greedy(tiny: Path, refer
 def test_chunked_prefill_preemption_and_prefix_hits_keep_the_tokens_exact(
     tiny: Path, reference: dict
 ) -> None:  # type: ignore[type-arg]
-    # A 6-token budget chunks the prompts; 12 blocks of 4 slots cannot hold all four at once.
-    llm = LLM(model=str(tiny), num_kv_blocks=12, block_size=4, max_model_len=128, max_num_batched_tokens=6)
-    outs = llm.generate([*PROMPTS, PROMPTS[2]], GREEDY)
+    # An 8-token budget chunks the 12-token prompts; 8 blocks of 4 slots cannot hold all three at once;
+    # the third request repeats the first one's prompt.
+    llm = LLM(model=str(tiny), num_kv_blocks=8, block_size=4, max_model_len=128, max_num_batched_tokens=8)
+    outs = llm.generate([PROMPTS[0], PROMPTS[1], PROMPTS[0]], GREEDY)
     for out in outs:
         assert out.outputs[0].token_ids == hf(reference, out.prompt_token_ids)
     stats = llm.engine.stats()
-    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert (stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits) == (1, 44, 20)
     assert stats.kv_cache_usage == 0.0
 
 
