@@ -29,7 +29,9 @@ def test_distributions_parse_from_their_flag_syntax() -> None:
 def test_draws_are_reproducible_and_within_their_bounds() -> None:
     assert [Distribution("fixed", 7).sample(random.Random(0)) for _ in range(3)] == [7, 7, 7]
     rng, ref = random.Random(5), random.Random(5)
-    assert [Distribution("uniform", 3, 9).sample(rng) for _ in range(20)] == [ref.randint(3, 9) for _ in range(20)]
+    assert [Distribution("uniform", 3, 9).sample(rng) for _ in range(20)] == [
+        ref.randint(3, 9) for _ in range(20)
+    ]
     # sigma 0: every draw is the mean itself.
     assert {Distribution("lognormal", 50, 0).sample(random.Random(1)) for _ in range(5)} == {50}
 
@@ -45,8 +47,12 @@ def test_percentiles_interpolate_between_ranks_as_numpy_does() -> None:
 
 def test_the_summary_counts_throughput_goodput_and_errors_exactly() -> None:
     records = [
-        RequestRecord(ok=True, ttft=0.1, e2e=1.1, itls=[0.25] * 4, prompt_tokens=10, output_tokens=5),  # tpot 0.25
-        RequestRecord(ok=True, ttft=0.5, e2e=0.9, itls=[0.1] * 4, prompt_tokens=10, output_tokens=5),  # tpot 0.1
+        RequestRecord(
+            ok=True, ttft=0.1, e2e=1.1, itls=[0.25] * 4, prompt_tokens=10, output_tokens=5
+        ),  # tpot 0.25
+        RequestRecord(
+            ok=True, ttft=0.5, e2e=0.9, itls=[0.1] * 4, prompt_tokens=10, output_tokens=5
+        ),  # tpot 0.1
         RequestRecord(ok=False, error="HTTP 429 rate_limited"),
     ]
     s = summarize(records, duration_s=2.0, slo_ttft_s=0.2, slo_tpot_s=0.3)
@@ -80,7 +86,14 @@ def _ticks() -> Iterator[float]:
 
 
 async def test_one_streamed_request_is_timed_chunk_by_chunk_and_counted_from_usage() -> None:
-    body = _sse(_chunk("a"), _chunk(""), _chunk("b"), _chunk("c"), {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}, "[DONE]")
+    body = _sse(
+        _chunk("a"),
+        _chunk(""),
+        _chunk("b"),
+        _chunk("c"),
+        {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}},
+        "[DONE]",
+    )
     transport = httpx.MockTransport(lambda req: httpx.Response(200, content=body))
     clock = _ticks()
     async with httpx.AsyncClient(transport=transport) as client:
@@ -107,7 +120,9 @@ def test_poisson_arrivals_are_exponential_gaps_from_the_seed() -> None:
     assert arrival_offsets(3, None, random.Random(0)) == [0.0, 0.0, 0.0]
     ref = random.Random(3)
     gaps = [ref.expovariate(2.0) for _ in range(3)]
-    assert arrival_offsets(4, 2.0, random.Random(3)) == pytest.approx([0.0, gaps[0], gaps[0] + gaps[1], sum(gaps)])
+    assert arrival_offsets(4, 2.0, random.Random(3)) == pytest.approx(
+        [0.0, gaps[0], gaps[0] + gaps[1], sum(gaps)]
+    )
 
 
 def test_a_shared_prefix_is_the_same_leading_tokens_in_every_prompt() -> None:
