@@ -23,6 +23,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,8 @@ def api_client_settings() -> tuple[str, dict[str, Any]]:
     try:
         config.load_incluster_config(client_configuration=cfg)
     except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)
+        # read KUBECONFIG now: the package captures it once, at import
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
     headers: dict[str, str] = {}
     token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
     if token:

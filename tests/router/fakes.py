@@ -133,7 +133,7 @@ async def served(app: FastAPI, port: int) -> AsyncIterator[str]:
     )
     RUNNING[port] = server
     task = asyncio.create_task(server.serve())
-    for _ in range(500):
+    for _ in range(3000):
         if server.started or task.done():
             break
         await asyncio.sleep(0.01)
