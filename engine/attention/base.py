@@ -1,0 +1,86 @@
+"""The attention interface of the model runner: store new K/V into the paged cache, attend.
+
+Where it sits: the runner builds one :class:`AttentionMetadata` per step from the
+scheduler's plan; every attention layer calls ``backend.store_kv`` then
+``backend.forward``. Backends register by name; ``torch`` is the reference and the CPU
+default, ``triton`` runs the kernels in ``engine/kernels``.
+
+Shapes (T = tokens in the step, S = sequences in the step):
+- ``q``: (T, num_heads, head_dim); ``k``, ``v``: (T, num_kv_heads, head_dim)
+- ``k_cache``, ``v_cache``: (num_blocks, block_size, num_kv_heads, head_dim), one pair
+  per layer (views of one preallocated tensor of shape (2, num_blocks, block_size,
+  num_kv_heads, head_dim))
+- ``slot_mapping``: (T,) int64, the cache slot ``block_id * block_size + offset`` of
+  each new token
+- ``block_tables``: (S, max_blocks_per_seq) int32, padded with 0
+- ``seq_lens``: (S,) int32, tokens in the cache after this step (context length)
+- ``query_start_loc``: (S + 1,) int32, cumulative query lengths; sequence ``s`` owns
+  query rows ``query_start_loc[s]:query_start_loc[s + 1]``
+
+Causality: query row ``i`` of sequence ``s`` sits at position
+``seq_lens[s] - query_len[s] + i`` and attends to keys ``0..position`` inclusive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def store_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None:
+    _REGISTRY[name] = factory
+
+
+def get_backend(name: str) -> AttentionBackend:
+    # Backends register on import; importing here keeps torch-only users off triton.
+    if name == "torch":
+        import kvfleet.engine.attention.torch_backend  # noqa: F401
+    elif name == "triton":
+        import kvfleet.engine.attention.triton_backend  # noqa: F401
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"attention backend {name!r} is unknown; known: {sorted(_REGISTRY) or ['torch', 'triton']}"
+        )
+    return _REGISTRY[name]()

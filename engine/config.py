@@ -1,0 +1,41 @@
+"""The engine's one validated configuration object (built from ``kvfleet engine`` flags or ``LLM(...)``).
+
+Where it sits: read by the runner (model, dtype, device, KV memory, attention backend),
+the KV cache manager (block size, prefix caching) and the scheduler (token budget,
+batch size, policy). Invalid values fail here, naming the field and the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvfleet.protocol import DEFAULT_BLOCK_SIZE
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(default="tiny", description="a Hugging Face checkpoint folder, or 'tiny'")
+    served_model_name: str | None = None  # defaults to the folder's name (or 'tiny')
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: float32 on CPU, bf16 on GPU
+    device: str = "auto"  # auto: cuda if available, else cpu
+    seed: int = 0
+    max_model_len: int | None = Field(default=None, ge=1)  # None: the model's max_position_embeddings
+    block_size: int = Field(default=DEFAULT_BLOCK_SIZE, ge=1, le=256)
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    kv_cache_memory: int | None = Field(default=None, ge=1)  # bytes; wins over gpu_memory_utilization
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    num_kv_blocks: int | None = Field(default=None, ge=1)  # exact block count (tests); wins over both
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # a registered policy name: "fcfs", "priority"
+    attention_backend: Literal["torch", "triton"] = "torch"
+    enable_chunked_prefill: bool = True
+
+    @model_validator(mode="after")
+    def _block_size_is_a_power_of_two(self) -> EngineConfig:
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        return self

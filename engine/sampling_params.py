@@ -1,0 +1,70 @@
+"""Per-request sampling settings, validated once at the edge of the engine.
+
+Where it sits: the server (or ``LLM.generate``) builds a :class:`SamplingParams` per
+request; the scheduler reads ``max_tokens`` and the stop conditions, the sampler reads
+the rest. Invalid values raise :class:`SamplingParamsError` naming the field, the value
+and the limit, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter outside its range; ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None  # None: no top-k cut
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the sampled token's and the top-k logprobs
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept lists (or one string) from callers; store tuples so params stay hashable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.n < 1:
+            raise SamplingParamsError("n", f"must be at least 1, got {self.n}")
+        if self.temperature < 0.0:
+            raise SamplingParamsError("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingParamsError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise SamplingParamsError("top_k", f"must be at least 1 (or None for no cut), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise SamplingParamsError("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingParamsError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise SamplingParamsError("logprobs", f"must be in [0, 20], got {self.logprobs}")
+        if any(not s for s in self.stop):
+            raise SamplingParamsError("stop", "stop strings must be non-empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

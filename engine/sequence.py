@@ -1,0 +1,77 @@
+"""One sequence's state as it moves through the engine: the first box of the pipeline.
+
+``Sequence`` → ``BlockPool``/``KVCacheManager`` → ``Scheduler.schedule() -> SchedulerPlan``
+→ ``ModelRunner.execute(plan)`` → ``Engine.step()``.
+
+A sequence owns its token ids and the ids of the KV blocks that hold them; it never
+holds tensors. ``num_computed_tokens`` counts the tokens whose KV is in the cache; the
+scheduler lets it catch up with ``num_tokens`` a chunk at a time, which is all that
+prefill and decode are (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from kvfleet.engine.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks freed; waits again and recomputes
+    FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
+    FINISHED_LENGTH = "length"  # max_tokens or the context limit
+    FINISHED_ABORTED = "abort"  # the client went away or the request was cancelled
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    index: int = 0  # which of the request's n samples
+    arrival_time: float = 0.0
+    priority: int = 0  # lower value = more important (vLLM's convention)
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last allocation
+    block_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def last_token_id(self) -> int:
+        return self.all_token_ids[-1]

@@ -1,0 +1,46 @@
+"""The torch reference backend against dense causal attention on contiguous K/V."""
+
+import torch
+
+from kvfleet.engine.attention import AttentionMetadata, get_backend
+
+
+def _dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    q_len, k_len = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def test_paged_reference_equals_dense_attention_for_a_prefill_and_a_decode_sequence() -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, dim, block_size = 4, 2, 8, 4
+    k_cache = torch.zeros(10, block_size, kv_heads, dim)
+    v_cache = torch.zeros_like(k_cache)
+    backend = get_backend("torch")
+    # seq 0: 6 tokens, all new (prefill) in blocks [3, 7]; seq 1: 9 tokens, 1 new (decode) in [1, 2, 5]
+    tables = torch.tensor([[3, 7, 0], [1, 2, 5]], dtype=torch.int32)
+    lens, q_lens = [6, 9], [6, 1]
+    ks = [torch.randn(n, kv_heads, dim) for n in lens]
+    vs = [torch.randn(n, kv_heads, dim) for n in lens]
+    for s, n in enumerate(lens):
+        slots = torch.tensor(
+            [int(tables[s, i // block_size]) * block_size + i % block_size for i in range(n)]
+        )
+        backend.store_kv(ks[s], vs[s], k_cache, v_cache, slots)
+    q = torch.randn(sum(q_lens), heads, dim)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
+        block_tables=tables,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 6, 7], dtype=torch.int32),
+        max_query_len=6,
+        max_seq_len=9,
+    )
+    out = backend.forward(q, k_cache, v_cache, meta, scale=dim**-0.5)
+    torch.testing.assert_close(out[:6], _dense_causal(q[:6], ks[0], vs[0], dim**-0.5))
+    torch.testing.assert_close(out[6:], _dense_causal(q[6:], ks[1], vs[1], dim**-0.5))
