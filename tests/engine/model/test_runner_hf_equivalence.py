@@ -1,4 +1,7 @@
-"""The model runner, driven by hand-built scheduler plans, against transformers' greedy generate."""
+"""The model runner, driven by hand-built scheduler plans, against transformers' greedy generate.
+
+These run the torch backend; test_engine_hf_equivalence.py runs the same scenarios through the
+whole engine on both backends (triton interpreted on the CPU)."""
 
 from __future__ import annotations
 
@@ -80,23 +83,11 @@ def test_a_batch_of_mixed_prompt_lengths_decodes_the_same_greedy_tokens_as_trans
     assert [s.output_token_ids for s in seqs] == [hf_greedy(checkpoint, p, NEW_TOKENS) for p in PROMPTS]
 
 
-def test_the_triton_backend_decodes_the_same_greedy_tokens_as_transformers(
+def test_a_prompt_prefilled_in_two_chunks_beside_a_decoding_sequence_matches_transformers(
     hf_checkpoints: dict[str, Path], hf_greedy: Any
 ) -> None:
     folder = hf_checkpoints["llama-gqa-llama3-sharded"]
-    runner, sched = make_runner(folder, backend="triton"), HandScheduler()
-    seqs = [new_seq(p) for p in PROMPTS]
-    for _ in range(3):
-        run_step(runner, sched.decode_all(seqs))
-    assert [s.output_token_ids for s in seqs] == [hf_greedy(folder, p, 3) for p in PROMPTS]
-
-
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_a_prompt_prefilled_in_two_chunks_beside_a_decoding_sequence_matches_transformers(
-    backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
-) -> None:
-    folder = hf_checkpoints["llama-gqa-llama3-sharded"]
-    runner, sched = make_runner(folder, backend=backend), HandScheduler()
+    runner, sched = make_runner(folder), HandScheduler()
     long, short = new_seq(PROMPTS[2]), new_seq(PROMPTS[0])
     run_step(runner, sched.decode_all([short]))
     first = run_step(runner, SchedulerPlan((sched.entry(long, 13), sched.entry(short, 1))))
@@ -108,12 +99,11 @@ def test_a_prompt_prefilled_in_two_chunks_beside_a_decoding_sequence_matches_tra
     assert short.output_token_ids == hf_greedy(folder, PROMPTS[0], NEW_TOKENS + 2)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_a_second_sequence_reading_the_first_ones_full_blocks_as_a_prefix_matches_transformers(
-    backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+    hf_checkpoints: dict[str, Path], hf_greedy: Any
 ) -> None:
     folder = hf_checkpoints["qwen2-tied"]
-    runner, sched = make_runner(folder, backend=backend), HandScheduler()
+    runner, sched = make_runner(folder), HandScheduler()
     first = new_seq(PROMPTS[2])
     run_step(runner, sched.decode_all([first]))
     shared = first.block_ids[:3]  # 12 prompt tokens in full blocks
