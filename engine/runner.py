@@ -25,6 +25,7 @@ import torch
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_model
 from kvfleet.engine.model.tiny import ensure_tiny_model
@@ -171,7 +172,7 @@ class ModelRunner:
                 cache[:, dst] = cache[:, src]
 
 
-def build_runner(config: EngineConfig) -> tuple[ModelRunner, HFTokenizer, ModelInfo]:
+def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInfo]:
     """What the Engine calls: the runner, the tokenizer and what the server needs to know."""
     path = resolve_model_path(config.model)
     runner = ModelRunner(config, path)

@@ -349,6 +349,9 @@ class TokenizeRequest(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
+FinishReason = Literal["stop", "length", "abort"]
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -377,7 +380,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # vLLM extension: the stop string or token id that matched
 
 
@@ -413,7 +416,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 
 
@@ -427,7 +430,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
     content: str | None = None
 
 
@@ -435,7 +438,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 
 

@@ -90,6 +90,10 @@ class TritonAttentionBackend:
                 f"query_start_loc must be ({meta.num_seqs + 1},) for {meta.num_seqs} sequences, "
                 f"got {tuple(meta.query_start_loc.shape)}"
             )
+        if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] != meta.num_seqs:
+            raise ValueError(
+                f"block_tables must be ({meta.num_seqs}, max_blocks_per_seq), got {tuple(meta.block_tables.shape)}"
+            )
         return paged_attention.paged_attention(
             q,
             k_cache,

@@ -32,8 +32,8 @@ _MIN_DOT: Final[int] = 16  # tl.dot on GPUs needs every dimension >= 16
 # sequence whose tile range holds ``tile``; these starts are non-decreasing in s.
 @triton.jit
 def _find_sequence(query_start_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
-    lo = 0
-    hi = num_seqs
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         start = tl.load(query_start_ptr + mid) // BLOCK_Q + mid
@@ -180,12 +180,13 @@ class TileConfig(NamedTuple):
 
 
 def choose_tiles(group: int, head_dim: int, max_query_len: int) -> TileConfig:
-    """Tile sizes: decode steps (every query one token) use the fewest rows a GPU dot allows."""
+    """Tile sizes. Decode steps (every query one token) take the fewest rows a GPU dot allows and
+    longer key tiles, since they are bound by reading the cache; prefill takes more query rows."""
     group_pad = triton.next_power_of_2(group)
     dim_pad = max(triton.next_power_of_2(head_dim), _MIN_DOT)
     target_rows = _MIN_DOT if max_query_len <= 1 else (32 if dim_pad > 128 else 64)
     block_q = max(target_rows // group_pad, 1)
-    tile_n = 16 if dim_pad > 128 else 32
+    tile_n = 16 if dim_pad > 128 else (64 if max_query_len <= 1 else 32)
     num_warps = 8 if block_q * group_pad * dim_pad > 64 * 128 else 4
     return TileConfig(block_q, group_pad, dim_pad, tile_n, num_warps)
 

@@ -78,6 +78,13 @@ def test_forward_rejects_query_offsets_that_do_not_cover_every_sequence(device: 
         get_backend("triton").forward(torch.zeros(1, 2, 64, device=device), cache, cache.clone(), meta, 1.0)
 
 
+def test_forward_rejects_a_block_table_without_a_row_per_sequence(device: torch.device) -> None:
+    cache = torch.zeros(4, 8, 2, 64, device=device)
+    meta = replace(_one_decode_meta(device), block_tables=torch.zeros(2, 3, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match=r"block_tables must be \(1, max_blocks_per_seq\), got \(2, 3\)"):
+        get_backend("triton").forward(torch.zeros(1, 2, 64, device=device), cache, cache.clone(), meta, 1.0)
+
+
 def test_a_rejected_store_leaves_the_cache_as_it_was(device: torch.device) -> None:
     k_cache, v_cache = torch.zeros(2, 4, 2, 64, device=device), torch.zeros(2, 4, 2, 64, device=device)
     k = torch.ones(3, 2, 64, device=device)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
 from kvfleet.engine.model.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
 
@@ -44,6 +44,10 @@ VARIANTS: dict[str, Any] = {
             "original_max_position_embeddings": 32,
         },
         tie_word_embeddings=False,
+    ),
+    # Mistral: one KV head for four query heads, a head_dim wider than hidden/heads, a sliding window.
+    "mistral-mqa": lambda: MistralConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=128
     ),
     # Qwen2: q/k/v biases, tied embeddings, full multi-head attention.
     "qwen2-tied": lambda: Qwen2Config(

@@ -62,7 +62,7 @@ def new_seq(prompt: list[int]) -> Sequence:
     return Sequence(request_id="r", prompt_token_ids=list(prompt), params=GREEDY)
 
 
-@pytest.fixture(params=["llama-gqa-llama3-sharded", "qwen2-tied", "tiny"])
+@pytest.fixture(params=["llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied", "tiny"])
 def checkpoint(request: Any, hf_checkpoints: dict[str, Path], tiny_dir: Path) -> Path:
     return tiny_dir if request.param == "tiny" else hf_checkpoints[request.param]
 
@@ -161,3 +161,9 @@ def test_llama3_rope_scaling_gives_the_inverse_frequencies_transformers_uses(
     torch.testing.assert_close(ours, theirs, atol=0, rtol=1e-6)
     unscaled = 1.0 / (500000.0 ** (torch.arange(0, 16, 2).float() / 16))
     assert not torch.allclose(ours, unscaled)  # the scaling really changes the low frequencies
+
+
+def test_a_sliding_window_caps_the_served_context_length(hf_checkpoints: dict[str, Path]) -> None:
+    runner = make_runner(hf_checkpoints["mistral-mqa"])
+    assert (runner.model_config.sliding_window, runner.max_model_len) == (128, 128)
+    assert make_runner(hf_checkpoints["qwen2-tied"]).max_model_len == 256
