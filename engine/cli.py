@@ -43,6 +43,12 @@ def byte_size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _server_arguments(parser)
+    _engine_arguments(parser)
+    _sim_arguments(parser)
+
+
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and server")
     g.add_argument(
         "--model", default="tiny", help="a Hugging Face checkpoint folder, or 'tiny' (the embedded model)"
@@ -56,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("engine")
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -73,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--attention", default="torch", choices=["torch", "triton"], help="attention backend")
     e.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
+
+
+def _sim_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("simulated mode (no model, no torch: a timing model on the real scheduler)")
     s.add_argument("--simulate", action="store_true", help="replace the model with a timing model")
     s.add_argument(

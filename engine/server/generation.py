@@ -21,7 +21,8 @@ from kvfleet.engine.async_engine import RequestStream
 from kvfleet.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvfleet.engine.server.state import ServerState
-from kvfleet.openai_api import APIError, ChatCompletionRequest, CompletionRequest, FinishReason, Usage
+from kvfleet.openai_api import APIError, ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_responses import FinishReason, Usage
 
 DISCONNECT_POLL_S = 0.2
 

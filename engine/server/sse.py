@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.state import ServerState
-from kvfleet.openai_api import ErrorResponse
+from kvfleet.openai_responses import ErrorResponse
 
 _ERROR = {"model": ErrorResponse}
 # Documented for every generation route (the OpenAPI document schemathesis checks against).

@@ -20,12 +20,11 @@ from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.sse import GENERATION_RESPONSES, sse_done, sse_event, start_stream
 from kvfleet.engine.server.state import ServerState, State
-from kvfleet.openai_api import (
-    APIError,
+from kvfleet.openai_api import APIError, ChatCompletionRequest
+from kvfleet.openai_responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
     ChatLogprobs,

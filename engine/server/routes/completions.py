@@ -19,13 +19,8 @@ from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.sse import GENERATION_RESPONSES, sse_done, sse_event, start_stream
 from kvfleet.engine.server.state import ServerState, State
-from kvfleet.openai_api import (
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionRequest,
-    CompletionResponse,
-    Usage,
-)
+from kvfleet.openai_api import CompletionRequest
+from kvfleet.openai_responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
 
 router = APIRouter(tags=["completions"])
 

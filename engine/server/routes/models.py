@@ -12,14 +12,8 @@ from fastapi import APIRouter
 from kvfleet.engine.server.routes.chat import chat_prompt_ids
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
 from kvfleet.engine.server.state import State
-from kvfleet.openai_api import (
-    ChatMessage,
-    ModelCard,
-    ModelList,
-    TokenizeRequest,
-    TokenizeResponse,
-    model_not_found,
-)
+from kvfleet.openai_api import ChatMessage, TokenizeRequest, model_not_found
+from kvfleet.openai_responses import ModelCard, ModelList, TokenizeResponse
 
 router = APIRouter(tags=["models"])
 
