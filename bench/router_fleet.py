@@ -138,7 +138,10 @@ def kvfleet_router(urls: Sequence[str], extra: Sequence[str] = (), cpus: str | N
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_http(url + "/ready", proc)
-            time.sleep(0.5)  # a few load polls
+            for _ in range(600):  # until every engine's load has been read
+                if sum(httpx.get(url + "/ready", timeout=2).json()["ready_engines"].values()) == len(urls):
+                    break
+                time.sleep(0.05)
             yield url
         finally:
             _stop([proc])
