@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 from fastapi import FastAPI
+
 from kvfleet.router.autoscaler import Autoscaler, ScaleInputs, Scaler
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery, Service, StaticDiscovery

@@ -66,6 +66,7 @@ def config_from_args(args: argparse.Namespace) -> object:
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+
     from kvfleet.router.app import build_app
     from kvfleet.router.config import ConfigError, RouterConfig
     from kvfleet.router.picker import policy

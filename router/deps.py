@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+
 from kvfleet.router.errors import RouterError
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant

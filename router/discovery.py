@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.router.config import SLO
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvfleet.router.config import SLO
 
 
 class AutoscalingSpec(BaseModel):

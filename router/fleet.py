@@ -16,14 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
+from pydantic import ValidationError
+
+from kvfleet.protocol import EngineLoad
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery, FleetView, Service
 from kvfleet.router.picker import Candidate, PickContext, choose, is_saturated, policy
 from kvfleet.router.prefix import PrefixIndex
 from kvfleet.router.quota import Clock
-from pydantic import ValidationError
-
-from kvfleet.protocol import EngineLoad
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from kvfleet.router.config import SLO, RouterConfig, TenantSpec
-from kvfleet.router.discovery import AutoscalingSpec, Endpoint, FleetView, Service
-from kvfleet.router.tenants import TenantRegistry
 from pydantic import ValidationError
 
 from kvfleet.protocol import (
@@ -44,6 +41,9 @@ from kvfleet.protocol import (
     LABEL_INFERENCESERVICE,
     TENANTQUOTA_PLURAL,
 )
+from kvfleet.router.config import SLO, RouterConfig, TenantSpec
+from kvfleet.router.discovery import AutoscalingSpec, Endpoint, FleetView, Service
+from kvfleet.router.tenants import TenantRegistry
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]

@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvfleet.router.config import PickerWeights
-
 from kvfleet.protocol import EngineLoad
+from kvfleet.router.config import PickerWeights
 
 
 @dataclass(frozen=True)

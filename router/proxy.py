@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
@@ -30,8 +32,6 @@ from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
-
-from kvfleet.protocol import HEADER_ENGINE
 
 _REASON = {
     "requestsPerMinute": "requests_per_minute",

@@ -20,9 +20,10 @@ import os
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
 from kvfleet.router.config import TenantLimits
 from kvfleet.router.quota import Charge, Clock, Denial, QuotaUnavailable
-from redis.exceptions import RedisError
 
 # Invariant (both scripts): a bucket's level is min(cap, level + elapsed * cap / 60) before
 # any change, and a request is taken only if every configured limit admits it.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
+
 from kvfleet.router.admission import AdmissionQueue
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery

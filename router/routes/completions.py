@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+
 from kvfleet.router.deps import AuthTenant, State
 from kvfleet.router.errors import RouterError
 from kvfleet.router.proxy import serve

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+
 from kvfleet.router.deps import State
 
 router = APIRouter(tags=["health"])

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from kvfleet.router.deps import State
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvfleet.router.deps import State
 
 router = APIRouter(tags=["metrics"])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+
 from kvfleet.router.deps import AuthTenant, State
 
 router = APIRouter(tags=["openai"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from kvfleet.router.admission import AdmissionQueue, Shed, Ticket, VirtualTokenCounter
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvfleet.router.autoscaler import Autoscaler, ScaleInputs, Stabilizer, recommend
 from kvfleet.router.discovery import AutoscalingSpec, Service
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+
 from kvfleet.router import cli
 from kvfleet.router.config import ConfigError, RouterConfig, load_tenants_file
 from kvfleet.router.tenants import TenantRegistry

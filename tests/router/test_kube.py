@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig
 

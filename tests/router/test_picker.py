@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from kvfleet.protocol import EngineLoad
 from kvfleet.router.config import PickerWeights
 from kvfleet.router.picker import (
     Candidate,
@@ -14,8 +16,6 @@ from kvfleet.router.picker import (
     policy,
 )
 from kvfleet.router.prefix import PrefixIndex, block_hashes, prompt_text
-
-from kvfleet.protocol import EngineLoad
 
 CTX = PickContext(weights=PickerWeights(prefix=2, kv=1, load=1), max_engine_queue=4, saturation_kv_usage=0.95)
 

@@ -11,6 +11,7 @@ import aiohttp
 import httpx
 import openai
 import pytest
+
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
 

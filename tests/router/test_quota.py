@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from kvfleet.router.config import TenantLimits
 from kvfleet.router.quota import Charge, Denial, MemoryQuotaStore, QuotaStore, QuotaUnavailable
 from kvfleet.router.redis_store import RedisQuotaStore
