@@ -36,7 +36,8 @@ class SequenceStatus(enum.Enum):
 _FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
 
 
-@dataclass
+# eq=False: sequences compare (and hash) by identity; the queues remove them by identity.
+@dataclass(eq=False)
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]

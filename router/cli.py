@@ -1,15 +1,85 @@
-"""`kvfleet router`: not built yet; the router issue (#4) fills it in."""
+"""`kvfleet router` (DESIGN §3): flags → one :class:`RouterConfig` → :func:`build_app` on uvicorn."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from pydantic import ValidationError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.add_argument("--engines", default="", help="comma-separated engine base URLs (static discovery)")
+    parser.add_argument(
+        "--tenants", type=Path, help="tenants YAML file (a 'tenants:' list of TenantQuota specs)"
+    )
+    parser.add_argument(
+        "--kubernetes", action="store_true", help="discover InferenceServices, TenantQuotas, pods"
+    )
+    parser.add_argument("--namespace", help="with --kubernetes: watch only this namespace")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--redis", dest="redis_url", help="redis://host:port/db shared by router replicas")
+    parser.add_argument(
+        "--policy", default="default", help="round-robin|least-request|kv-aware|prefix-aware|default"
+    )
+    parser.add_argument("--no-admission", action="store_true", help="never queue: send every request at once")
+    parser.add_argument(
+        "--max-queue-wait", type=float, default=10.0, help="seconds a request may wait queued"
+    )
+    parser.add_argument(
+        "--max-engine-queue", type=int, default=4, help="requests past max_num_seqs per engine"
+    )
+    parser.add_argument(
+        "--chars-per-token", type=float, default=4.0, help="prompt token estimate at admission"
+    )
+    parser.add_argument(
+        "--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block"
+    )
+    parser.add_argument("--slo-ttft-ms", type=float, help="TTFT target of models without an InferenceService")
+    parser.add_argument("--slo-tpot-ms", type=float, help="TPOT target of models without an InferenceService")
+    parser.add_argument("--log-level", default="warning")
+
+
+def config_from_args(args: argparse.Namespace) -> object:
+    from kvfleet.router.config import SLO, RouterConfig, load_tenants_file
+
+    tenants = load_tenants_file(args.tenants) if args.tenants else []
+    return RouterConfig(
+        engines=[u.strip() for u in args.engines.split(",") if u.strip()],
+        tenants=tenants,
+        kubernetes=args.kubernetes,
+        namespace=args.namespace,
+        redis_url=args.redis_url,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        admission=not args.no_admission,
+        max_queue_wait_s=args.max_queue_wait,
+        max_engine_queue=args.max_engine_queue,
+        chars_per_token=args.chars_per_token,
+        prefix_chunk_chars=args.prefix_chunk_chars,
+        slo=SLO(ttftMs=args.slo_ttft_ms, tpotMs=args.slo_tpot_ms),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    print("kvfleet router: not yet built", file=sys.stderr)
-    return 2
+    import uvicorn
+
+    from kvfleet.router.app import build_app
+    from kvfleet.router.config import ConfigError, RouterConfig
+    from kvfleet.router.picker import policy
+
+    try:
+        config = config_from_args(args)
+        assert isinstance(config, RouterConfig)
+        policy(config.policy)
+    except (ConfigError, ValidationError, ValueError) as exc:
+        print(f"kvfleet router: {exc}", file=sys.stderr)
+        return 2
+    if not config.engines and not config.kubernetes:
+        print("kvfleet router: give --engines URL,... or --kubernetes", file=sys.stderr)
+        return 2
+    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level=args.log_level)
+    return 0

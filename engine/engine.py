@@ -1,0 +1,229 @@
+"""The engine loop: requests in, one scheduled and executed step at a time, request outputs out.
+
+Where it sits: the server and ``LLM.generate`` call :meth:`Engine.add_request` and
+:meth:`Engine.step`; each step is ``Scheduler.schedule()`` → ``Runner.execute(plan)`` →
+``Scheduler.update()`` → output processing (detokenise, stop checks) → one
+:class:`RequestOutput` per request that changed. Torch stays out of this module (the
+simulated engine runs it without torch); the real runner is built lazily.
+
+Context limit: a prompt longer than ``max_model_len`` (or than the whole KV cache) is
+rejected; ``prompt + max_tokens`` beyond the limit is not: the sequence finishes with
+``"length"`` when it reaches the limit, as vLLM's offline ``LLM`` does.
+
+n > 1: the request's first sequence computes the prompt; once its prompt KV is in the
+cache the other n - 1 sequences fork from it, sharing its full prompt blocks by
+reference count (``KVCacheManager.fork``) and recomputing only the last partial block.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.interfaces import Runner, Tokenizer
+from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
+from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
+from kvfleet.engine.outputs import RequestOutput
+from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sched.scheduler import Scheduler
+from kvfleet.engine.sequence import Sequence
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; ``field`` names the offending field. Nothing was allocated."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # blocks referenced by a sequence / all blocks
+    num_kv_blocks: int
+    max_num_seqs: int
+    prefix_cache_queries: int  # tokens looked up in the prefix cache
+    prefix_cache_hits: int  # tokens found there
+    num_preemptions: int
+    prompt_tokens_total: int  # prompt tokens of requests that produced a first token
+    generation_tokens_total: int  # tokens sampled (recomputation after preemption not counted)
+    num_requests_finished: int
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    states: list[SeqOutputState]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.states)
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[s.completion() for s in self.states],
+            finished=self.finished,
+            num_cached_tokens=self.states[0].seq.num_cached_tokens,
+        )
+
+
+def _default_detokenizer(tokenizer: Tokenizer) -> Detokenizer:
+    from kvfleet.engine.detokenizer import IncrementalDetokenizer
+
+    detokenizer: Detokenizer = IncrementalDetokenizer(tokenizer)
+    return detokenizer
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner | None = None,
+        tokenizer: Tokenizer | None = None,
+        *,
+        detokenizer_factory: DetokenizerFactory | None = None,
+    ) -> None:
+        self.config = config
+        self.model_name = config.served_model_name or (
+            "tiny" if config.model == "tiny" else Path(config.model).name
+        )
+        model_max_len: int | None = None
+        eos_ids: frozenset[int] = frozenset()
+        if runner is None and tokenizer is None:
+            from kvfleet.engine.runner import build_runner
+
+            runner, tokenizer, info = build_runner(config)
+            self.model_name = config.served_model_name or info.name
+            model_max_len, eos_ids = info.max_model_len, frozenset(info.eos_token_ids)
+        if runner is None or tokenizer is None:
+            raise ValueError(
+                "Engine: pass both runner and tokenizer, or neither (then both are built from config)"
+            )
+        self.runner, self.tokenizer = runner, tokenizer
+        self.eos_token_ids = eos_ids | frozenset(tokenizer.eos_token_ids)
+        self.kv = KVCacheManager(runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.max_model_len = config.max_model_len or model_max_len or self.kv.max_tokens_per_seq()
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            policy=config.scheduling_policy,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
+        self._detokenizer = detokenizer_factory or _default_detokenizer
+        self._requests: dict[str, _Request] = {}
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._num_finished = 0
+
+    # ---- requests in
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises :class:`RequestError` (naming the field) before allocating anything."""
+        if request_id in self._requests:
+            raise RequestError("request_id", f"{request_id!r} is already in use by an unfinished request")
+        if not isinstance(params, SamplingParams):
+            raise RequestError("params", f"must be a SamplingParams, got {type(params).__name__}")
+        prompt_ids = self._prompt_token_ids(prompt)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        seqs = [
+            Sequence(request_id, prompt_ids, params, index=i, arrival_time=arrival, priority=priority)
+            for i in range(params.n)
+        ]
+        states = [SeqOutputState(seq, self._detokenizer(self.tokenizer)) for seq in seqs]
+        self._requests[request_id] = _Request(request_id, prompt_ids, states)
+        self.scheduler.add(seqs[0], forks=seqs[1:])
+
+    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise RequestError("prompt", "must not be empty")
+        vocab = self.tokenizer.vocab_size
+        for pos, tok in enumerate(ids):
+            if not isinstance(tok, int) or not 0 <= tok < vocab:
+                raise RequestError(
+                    "prompt", f"token id {tok!r} at position {pos} is outside the vocabulary [0, {vocab})"
+                )
+        if len(ids) > self.max_model_len:
+            raise RequestError(
+                "prompt", f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}"
+            )
+        if len(ids) > self.kv.max_tokens_per_seq():
+            raise RequestError(
+                "prompt",
+                f"the prompt has {len(ids)} tokens and needs {cdiv(len(ids), self.kv.block_size)} KV blocks; "
+                f"the KV cache holds {self.kv.num_blocks} blocks of {self.kv.block_size} tokens",
+            )
+        return ids
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Abort a request and free its blocks; its final output (finish_reason "abort"), or None if unknown."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        self.scheduler.abort(request_id)
+        for state in request.states:
+            state.abort()
+        self._num_finished += 1
+        return request.output()
+
+    # ---- the loop
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute and process one step; one output per request that changed."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        samples = self.runner.execute(plan)
+        changed: dict[str, _Request] = {}
+        max_len = min(self.max_model_len, self.kv.max_tokens_per_seq())
+        for seq, result in self.scheduler.update(plan, samples):
+            request = self._requests[seq.request_id]
+            state = request.states[seq.index]
+            self._generation_tokens += 1
+            if seq.index == 0 and seq.num_output_tokens == 1:
+                self._prompt_tokens += seq.num_prompt_tokens
+            status = state.on_token(result, self.eos_token_ids, max_len)
+            if status is not None:
+                self.scheduler.finish(seq, status)
+            changed[seq.request_id] = request
+        outputs = [request.output() for request in changed.values()]
+        for out in outputs:
+            if out.finished:
+                del self._requests[out.request_id]
+                self._num_finished += 1
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv.usage(),
+            num_kv_blocks=self.kv.num_blocks,
+            max_num_seqs=self.scheduler.max_num_seqs,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self._prompt_tokens,
+            generation_tokens_total=self._generation_tokens,
+            num_requests_finished=self._num_finished,
+        )

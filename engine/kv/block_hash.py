@@ -1,0 +1,38 @@
+"""The prefix-cache key of one full KV block: a hash chain over the token ids of the prefix.
+
+Where it sits: ``KVCacheManager`` hashes each full block of a sequence and asks the
+``BlockPool`` whether a block with that hash is cached.
+
+Invariant: ``hash_block(parent, tokens)`` depends on the parent block's hash and this
+block's token ids only, so two sequences get equal hashes for block ``i`` exactly when
+their first ``(i + 1) * block_size`` tokens are equal (up to SHA-256 collisions). The
+hash is stable across processes (no ``PYTHONHASHSEED`` dependence).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import NewType
+
+BlockHash = NewType("BlockHash", bytes)
+
+_ROOT = b"kvfleet-kv-v1"
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    digest = hashlib.sha256(parent if parent is not None else _ROOT)
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return BlockHash(digest.digest())
+
+
+def hash_full_blocks(
+    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
+) -> list[BlockHash]:
+    """The hash chain of every full block of ``token_ids``."""
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes

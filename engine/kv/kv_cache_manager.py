@@ -1,0 +1,190 @@
+"""Which KV blocks each sequence holds: slot allocation, prefix-cache hits, forks and frees.
+
+Where it sits: ``Scheduler.schedule()`` asks the :class:`KVCacheManager` for room for each
+sequence's next chunk; the manager takes block ids from the :class:`BlockPool` and
+appends them to ``seq.block_ids`` (the block table the runner reads). Nothing here
+touches tensors.
+
+Prefix caching: each full block whose KV has been computed is registered in the pool
+under the hash chain of its prefix (``block_hash.hash_block``). A new sequence reuses the
+longest run of cached blocks that starts its token ids, but never all of its tokens: the
+last token is always recomputed so the step has logits to sample from. Blocks are
+registered after the step that computed them (``cache_computed_blocks``), never at
+allocation, so a hit always points at KV that is really in the cache. The
+``prefix_cache_queries`` and ``prefix_cache_hits`` counters are in tokens, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvfleet.engine.kv.block_hash import BlockHash, hash_block
+from kvfleet.engine.kv.block_pool import BlockPool
+from kvfleet.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """A run of cached blocks that starts a sequence's tokens (possibly empty)."""
+
+    block_ids: tuple[int, ...] = ()
+    hashes: tuple[BlockHash, ...] = ()
+    num_tokens: int = 0
+
+
+@dataclass
+class _SeqBlocks:
+    hashes: list[BlockHash] = field(default_factory=list)  # hash chain of its computed full blocks
+
+
+NO_PREFIX = CachedPrefix()
+
+
+def _block_tokens(seq: Sequence, start: int, end: int) -> list[int]:
+    """``seq.all_token_ids[start:end]`` without concatenating the whole sequence."""
+    prompt = seq.prompt_token_ids
+    if end <= len(prompt):
+        return prompt[start:end]
+    if start >= len(prompt):
+        return seq.output_token_ids[start - len(prompt) : end - len(prompt)]
+    return prompt[start:] + seq.output_token_ids[: end - len(prompt)]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._seqs: dict[int, _SeqBlocks] = {}
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens served from the cache
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def max_tokens_per_seq(self) -> int:
+        """The most tokens one sequence can ever hold (the whole cache)."""
+        return self.pool.num_blocks * self.block_size
+
+    # Invariant: the result covers whole blocks only and at most num_tokens - 1 tokens.
+    def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        """The longest cached run of full blocks that starts ``seq``'s tokens; changes nothing."""
+        if not self.enable_prefix_caching or seq.block_ids:
+            return NO_PREFIX
+        tokens = seq.all_token_ids
+        bs = self.block_size
+        ids: list[int] = []
+        hashes: list[BlockHash] = []
+        parent: BlockHash | None = None
+        for i in range((len(tokens) - 1) // bs):
+            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
+            block_id = self.pool.lookup(parent)
+            if block_id is None:
+                break
+            ids.append(block_id)
+            hashes.append(parent)
+        return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * bs)
+
+    # Invariant: on success seq holds exactly cdiv(num_computed + num_new_tokens, block_size)
+    # blocks; on failure (None) nothing changed.
+    def allocate_slots(
+        self, seq: Sequence, num_new_tokens: int, cached: CachedPrefix | None = None
+    ) -> list[int] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``seq`` (after a cached prefix, if given).
+
+        Returns the ids of the newly allocated blocks (cache hits are not new), or None
+        when the pool has too few free blocks.
+        """
+        if cached is None or not cached.block_ids:
+            # Fast path (most decode steps): the new tokens fit in the blocks already held.
+            if (
+                seq.block_ids
+                and seq.num_computed_tokens + num_new_tokens <= len(seq.block_ids) * self.block_size
+            ):
+                return []
+            cached = NO_PREFIX
+        if cached.block_ids and (seq.block_ids or seq.num_computed_tokens):
+            raise ValueError(f"sequence {seq.seq_id} already holds blocks; a cached prefix starts a sequence")
+        num_computed = seq.num_computed_tokens + cached.num_tokens
+        held = len(seq.block_ids) + len(cached.block_ids)
+        num_new_blocks = max(0, cdiv(num_computed + num_new_tokens, self.block_size) - held)
+        num_revived = sum(1 for b in cached.block_ids if self.pool.is_free(b))
+        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(cached.block_ids)
+        new_blocks = self.pool.allocate(num_new_blocks)
+        assert new_blocks is not None  # checked above
+        if not seq.block_ids:
+            state = self._seqs[seq.seq_id] = self._seqs.get(seq.seq_id) or _SeqBlocks()
+            self._count_lookup(seq, cached)
+            state.hashes = list(cached.hashes)
+            seq.num_computed_tokens = cached.num_tokens
+            seq.num_cached_tokens = cached.num_tokens
+        seq.block_ids.extend(cached.block_ids)
+        seq.block_ids.extend(new_blocks)
+        return new_blocks
+
+    def _count_lookup(self, seq: Sequence, cached: CachedPrefix) -> None:
+        if self.enable_prefix_caching and seq.num_computed_tokens == 0:
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += cached.num_tokens
+
+    # Invariant: after the call every full block below num_computed_tokens is registered
+    # (unless another block already holds the same hash), in chain order.
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register the sequence's newly computed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        state = self._seqs.get(seq.seq_id)
+        if state is None:
+            return
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
+        if num_full <= len(state.hashes):
+            return
+        parent = state.hashes[-1] if state.hashes else None
+        for i in range(len(state.hashes), num_full):
+            parent = hash_block(parent, _block_tokens(seq, i * bs, (i + 1) * bs))
+            self.pool.cache(seq.block_ids[i], parent)
+            state.hashes.append(parent)
+
+    def fork(self, parent: Sequence, child: Sequence) -> int:
+        """Share the parent's computed prompt blocks with a fresh child (n > 1 sampling).
+
+        Shares the full blocks before the one holding the last prompt token, so the child
+        recomputes at least that token (and writes only to blocks it owns). Returns the
+        number of tokens shared.
+        """
+        if child.block_ids or child.num_computed_tokens:
+            raise ValueError(f"sequence {child.seq_id} already holds blocks; only a fresh sequence forks")
+        bs = self.block_size
+        num_shared = min((parent.num_prompt_tokens - 1) // bs, parent.num_computed_tokens // bs)
+        num_shared = min(num_shared, len(parent.block_ids))
+        shared = parent.block_ids[:num_shared]
+        self.pool.touch(shared)
+        child.block_ids = list(shared)
+        child.num_computed_tokens = num_shared * bs
+        parent_state = self._seqs.get(parent.seq_id, _SeqBlocks())
+        self._seqs[child.seq_id] = _SeqBlocks(list(parent_state.hashes[:num_shared]))
+        return num_shared * bs
+
+    # Invariant: the sequence's blocks join the free-queue tail last block first, so the
+    # tail of a sequence is evicted before its (more shareable) head.
+    def free(self, seq: Sequence) -> None:
+        """Release all of the sequence's blocks; its KV is gone (num_computed_tokens = 0)."""
+        self.pool.free(reversed(seq.block_ids))
+        seq.block_ids = []
+        seq.num_computed_tokens = 0
+        self._seqs.pop(seq.seq_id, None)

@@ -1,0 +1,127 @@
+"""Turns each sequence's sampled tokens into text and decides when the sequence stops.
+
+Where it sits: ``Engine.step()`` → ``Scheduler.update()`` appends the sampled token →
+:meth:`SeqOutputState.on_token` detokenises it and checks the stop conditions →
+:meth:`SeqOutputState.completion` builds the streaming delta and cumulative output.
+
+Stop conditions, in the order checked (all but the length limits wait for
+``min_tokens`` output tokens): EOS (unless ``ignore_eos``), a stop token id, a stop
+string in the detokenised text, then ``max_tokens`` and the context limit ("length").
+The EOS / stop token stays in ``token_ids`` but adds no text. A matched stop string is
+cut from the text (kept with ``include_stop_str_in_output``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.outputs import CompletionOutput, SampleResult, TokenLogprob
+from kvfleet.engine.sequence import Sequence, SequenceStatus
+
+
+class Detokenizer(Protocol):
+    def push(self, token_ids: list[int]) -> str:
+        """The text the new tokens add (never a split UTF-8 character)."""
+        ...
+
+
+DetokenizerFactory = Callable[[Tokenizer], Detokenizer]
+
+
+def find_stop_string(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:
+    """The earliest stop string occurring in ``text`` at or after ``start``: (index, stop string)."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        idx = text.find(stop, start)
+        if idx >= 0 and (best is None or idx < best[0]):
+            best = (idx, stop)
+    return best
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters could still be the start of a stop string."""
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return hold
+
+
+@dataclass
+class SeqOutputState:
+    seq: Sequence
+    detokenizer: Detokenizer
+    text: str = ""  # everything decoded so far (cut at the stop string once matched)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    _sent_chars: int = 0
+    _sent_tokens: int = 0
+    _max_stop_len: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._max_stop_len = max((len(s) for s in self.seq.params.stop), default=0)
+        if self.seq.params.logprobs is not None:
+            self.logprobs = []
+
+    # Invariant: returns a finished status exactly once, on the token that ends the sequence.
+    def on_token(
+        self, result: SampleResult, eos_token_ids: frozenset[int], max_len: int
+    ) -> SequenceStatus | None:
+        """Take the token just appended to the sequence; the status it finishes with, if any."""
+        params = self.seq.params
+        token_id = result.token_id
+        if self.logprobs is not None:
+            self.logprobs.append(result.logprob or TokenLogprob(token_id, float("nan")))
+        may_stop = self.seq.num_output_tokens >= params.min_tokens
+        is_eos = not params.ignore_eos and token_id in eos_token_ids
+        if may_stop and (is_eos or token_id in params.stop_token_ids):
+            self.stop_reason = token_id if token_id in params.stop_token_ids else None
+            return self._finish(SequenceStatus.FINISHED_STOPPED)
+        new_text = self.detokenizer.push([token_id])
+        self.text += new_text
+        if may_stop and params.stop:
+            start = max(0, len(self.text) - len(new_text) - self._max_stop_len + 1)
+            found = find_stop_string(self.text, params.stop, start)
+            if found is not None:
+                idx, stop = found
+                self.text = self.text[: idx + (len(stop) if params.include_stop_str_in_output else 0)]
+                self.stop_reason = stop
+                return self._finish(SequenceStatus.FINISHED_STOPPED)
+        if self.seq.num_output_tokens >= params.max_tokens or self.seq.num_tokens >= max_len:
+            return self._finish(SequenceStatus.FINISHED_LENGTH)
+        return None
+
+    def _finish(self, status: SequenceStatus) -> SequenceStatus:
+        self.finish_reason = status.value
+        return status
+
+    def abort(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = SequenceStatus.FINISHED_ABORTED.value
+
+    def completion(self) -> CompletionOutput:
+        """The cumulative output so far and what it adds since the previous call."""
+        emit_to = len(self.text)
+        if self.finish_reason is None and self.seq.params.stop:
+            emit_to -= held_back(self.text, self.seq.params.stop)
+        emit_to = max(emit_to, self._sent_chars)
+        token_ids = list(self.seq.output_token_ids)
+        out = CompletionOutput(
+            index=self.seq.index,
+            text=self.text[:emit_to],
+            token_ids=token_ids,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            new_text=self.text[self._sent_chars : emit_to],
+            new_token_ids=token_ids[self._sent_tokens :],
+        )
+        self._sent_chars = emit_to
+        self._sent_tokens = len(token_ids)
+        return out

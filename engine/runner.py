@@ -1,0 +1,189 @@
+"""The model runner: one scheduler plan → one flat batch → the model → one token per sampling seq.
+
+Where it sits: ``Engine.step()`` calls ``ModelRunner.execute(plan)`` (the ``Runner``
+protocol of ``engine/interfaces.py``) after ``Scheduler.schedule()``. The runner owns the
+model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_size,
+kv_heads, head_dim)); it applies the plan's block copies, flattens the plan
+(:mod:`kvfleet.engine.batch`), runs the model under ``torch.inference_mode`` and samples.
+
+:func:`build_runner` is the one entry point the Engine uses: it resolves ``tiny``, loads
+the model and the tokenizer and reports a :class:`ModelInfo`.
+
+KV cache size, in order: ``num_kv_blocks`` if given; else ``kv_cache_memory`` bytes;
+else on CUDA ``gpu_memory_utilization`` of the device's memory minus what the weights and
+an activation reserve already take; else on the CPU :data:`CPU_DEFAULT_KV_BYTES` (512 MiB),
+capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvfleet.engine.attention import get_backend
+from kvfleet.engine.batch import FlatBatch, flatten_plan
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.outputs import SampleResult
+from kvfleet.engine.sampler import Sampler, SampleRequest
+from kvfleet.engine.sched.plan import SchedulerPlan
+
+CPU_DEFAULT_KV_BYTES = 512 * 1024**2
+CUDA_ACTIVATION_RESERVE = 0.05  # of the device's memory, kept free for activations and the sampler
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    has_chat_template: bool
+
+
+def resolve_model_path(model: str) -> Path:
+    """``tiny`` → the embedded model's cache folder (built on first use); otherwise the folder itself."""
+    return ensure_tiny_model() if model == "tiny" else Path(model).expanduser()
+
+
+def pick_device(config: EngineConfig) -> torch.device:
+    if config.device != "auto":
+        return torch.device(config.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on the CPU (exact against transformers), bfloat16 on a GPU."""
+    if config.dtype != "auto":
+        return _DTYPES[config.dtype]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
+    limit = model_config.max_model_len
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ModelLoadError(
+            f"max_model_len={config.max_model_len} exceeds the model's limit of {limit} "
+            f"(max_position_embeddings / sliding_window in config.json)"
+        )
+    return config.max_model_len
+
+
+class ModelRunner:
+    """Implements ``Runner``: owns the model, the KV cache and the sampler."""
+
+    def __init__(self, config: EngineConfig, model_path: Path | str) -> None:
+        self.config = config
+        self.model_path = Path(model_path)
+        self.device = pick_device(config)
+        self.dtype = pick_dtype(config, self.device)
+        self.model = load_model(self.model_path, self.dtype, self.device)
+        self.model_config = self.model.config
+        self.max_model_len = resolve_max_model_len(config, self.model_config)
+        self.backend = get_backend(config.attention_backend)
+        self.block_size = config.block_size
+        self._num_blocks = self._count_kv_blocks()
+        shape = (
+            2,
+            self._num_blocks,
+            self.block_size,
+            self.model_config.num_kv_heads,
+            self.model_config.head_dim,
+        )
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.model_config.num_layers)
+        ]
+        self.sampler = Sampler(config.seed, self.device)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._num_blocks
+
+    def _count_kv_blocks(self) -> int:
+        block_bytes = self.block_size * self.model_config.kv_bytes_per_token(self.dtype)
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.config.kv_cache_memory is not None:
+            budget = self.config.kv_cache_memory
+        elif self.device.type == "cuda":
+            budget = self._cuda_kv_budget()
+        else:
+            needed = (
+                self.config.max_num_seqs
+                * (self.max_model_len + self.block_size)
+                * (block_bytes // self.block_size)
+            )
+            budget = min(CPU_DEFAULT_KV_BYTES, needed)
+        blocks = budget // block_bytes
+        if blocks < 1:
+            raise ModelLoadError(
+                f"KV cache budget of {budget} bytes holds no block of {block_bytes} bytes "
+                f"(block_size={self.block_size}); raise kv_cache_memory or gpu_memory_utilization"
+            )
+        return int(blocks)
+
+    def _cuda_kv_budget(self) -> int:
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        return int(total * (self.config.gpu_memory_utilization - CUDA_ACTIVATION_RESERVE)) - used
+
+    def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
+        if plan.block_copies:
+            self._copy_blocks(plan.block_copies)
+        if plan.is_empty:
+            return {}
+        batch = flatten_plan(plan, self.block_size, self.device)
+        with torch.inference_mode():
+            logits = self._forward(batch)
+            requests = [
+                SampleRequest(s.seq.params, s.seq.index, s.seq.num_output_tokens)
+                for s in plan.scheduled
+                if s.sample
+            ]
+            results = self.sampler.sample(logits, requests)
+        return dict(zip(batch.sample_seq_ids, results, strict=True))
+
+    def _forward(self, batch: FlatBatch) -> torch.Tensor:
+        return self.model(
+            batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
+        )
+
+    def compute_logits(self, plan: SchedulerPlan) -> torch.Tensor:
+        """Run a plan and return the float32 logits of every row that samples (no sampling)."""
+        batch = flatten_plan(plan, self.block_size, self.device)
+        with torch.inference_mode():
+            return self._forward(batch)
+
+    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            for cache in self.kv_caches:
+                cache[:, dst] = cache[:, src]
+
+
+def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInfo]:
+    """What the Engine calls: the runner, the tokenizer and what the server needs to know."""
+    path = resolve_model_path(config.model)
+    runner = ModelRunner(config, path)
+    tokenizer = HFTokenizer(path)
+    model_config = runner.model_config
+    name = config.served_model_name or ("tiny" if config.model == "tiny" else path.name)
+    info = ModelInfo(
+        name=name,
+        max_model_len=runner.max_model_len,
+        eos_token_ids=tokenizer.eos_token_ids | model_config.eos_token_ids,
+        vocab_size=model_config.vocab_size,
+        has_chat_template=tokenizer.chat_template is not None,
+    )
+    return runner, tokenizer, info

@@ -1,0 +1,113 @@
+"""From the logits of the rows that sample to one token per sequence (plus logprobs when asked).
+
+Where it sits: the last stage of ``ModelRunner.execute``: the model returns float32
+logits (N, vocab) for the N sequences that sample this step; :func:`sample` picks each
+sequence's token by its :class:`SamplingParams`. Order as vLLM: temperature, then the
+top-k cut, then the top-p cut, then a draw. Greedy (temperature 0 or top_k 1) is argmax.
+
+A seeded request draws from a generator seeded by (seed, sample index, output position),
+so its tokens do not depend on what else shares the batch nor on any state kept between
+steps (a preempted and recomputed sequence draws the same tokens again). Unseeded
+requests draw from the runner's one generator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from kvfleet.engine.outputs import SampleResult, TokenLogprob
+from kvfleet.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One row of the logits: whose it is and where in its output the token goes."""
+
+    params: SamplingParams
+    sample_index: int  # which of the request's n samples
+    output_position: int  # how many tokens the sequence has generated before this one
+
+
+def request_seed(seed: int, sample_index: int, output_position: int) -> int:
+    """A 63-bit seed mixed from the three numbers, the same on every machine."""
+    digest = hashlib.blake2b(f"{seed}:{sample_index}:{output_position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the k largest logits of a row (ties at the k-th value are kept); the rest become -inf."""
+    if top_k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    # Invariant: a token is kept iff the probability of the tokens ranked above it is < top_p,
+    # i.e. the smallest prefix of the sorted distribution whose mass reaches top_p (never empty).
+    if top_p >= 1.0:
+        return logits
+    probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row's logits after temperature, top-k and top-p (for a random draw)."""
+    out = logits / params.temperature
+    if params.top_k is not None:
+        out = apply_top_k(out, params.top_k)
+    return apply_top_p(out, params.top_p)
+
+
+def _draw(logits: torch.Tensor, generator: torch.Generator) -> int:
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws index i with probability p_i.
+    probs = torch.softmax(logits, dim=-1)
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return int(torch.argmax(probs / noise))
+
+
+def _logprob(logprobs: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        values, ids = torch.topk(logprobs, k)
+        top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprob(token_id=token_id, logprob=float(logprobs[token_id]), top=top)
+
+
+class Sampler:
+    """Holds the generator for unseeded requests; everything else is a pure function of the inputs."""
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self._generator = torch.Generator(device=device).manual_seed(seed)
+
+    def _generator_for(self, req: SampleRequest) -> torch.Generator:
+        if req.params.seed is None:
+            return self._generator
+        seed = request_seed(req.params.seed, req.sample_index, req.output_position)
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[SampleResult]:
+        """``logits``: float32 (len(requests), vocab). Returns one result per row, in order."""
+        if not requests:
+            return []
+        greedy_ids = torch.argmax(logits, dim=-1).tolist()
+        want_logprobs = any(r.params.logprobs is not None for r in requests)
+        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        results = []
+        for row, req in enumerate(requests):
+            if req.params.greedy:
+                token = int(greedy_ids[row])
+            else:
+                token = _draw(processed_logits(logits[row], req.params), self._generator_for(req))
+            lp = None
+            if logprobs is not None and req.params.logprobs is not None:
+                lp = _logprob(logprobs[row], token, req.params.logprobs)
+            results.append(SampleResult(token_id=token, logprob=lp))
+        return results

@@ -1,0 +1,220 @@
+"""Iteration-level (continuous) batching: which tokens of which sequences the next step computes.
+
+Where it sits: ``Engine.step()`` calls ``Scheduler.schedule()`` for a
+:class:`SchedulerPlan`, hands it to the runner, then gives the samples back to
+``Scheduler.update()``. The scheduler owns the waiting queue and the running list and
+asks the :class:`KVCacheManager` for blocks; the :class:`SchedulingPolicy` decides the
+order. It never touches tensors and never imports torch (DESIGN.md §4).
+
+There is no prefill or decode phase: each running sequence has ``num_computed_tokens``
+catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut
+into chunks by the per-step token budget, so chunked prefill and decodes share a step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from kvfleet.engine.kv.kv_cache_manager import NO_PREFIX, CachedPrefix, KVCacheManager
+from kvfleet.engine.outputs import SampleResult
+from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
+from kvfleet.engine.sched.policy import SchedulingPolicy, make_policy
+from kvfleet.engine.sequence import Sequence, SequenceStatus
+
+
+class Sampled(NamedTuple):
+    seq: Sequence
+    result: SampleResult
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: SchedulingPolicy | str = "fcfs",
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._forks: dict[int, list[Sequence]] = {}  # parent seq_id → children waiting for its prompt KV
+        self._requests: dict[str, list[Sequence]] = {}
+        self.num_preemptions = 0
+        self._running_sorted = True  # False once an admission may have broken the policy order
+
+    # ---- queue state
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + sum(len(c) for c in self._forks.values())
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def add(self, seq: Sequence, forks: list[Sequence] | None = None) -> None:
+        """Queue a sequence; ``forks`` (n > 1 siblings) join once its prompt KV is computed and shared."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._requests.setdefault(seq.request_id, []).append(seq)
+        if forks:
+            for child in forks:
+                child.status = SequenceStatus.WAITING
+            self._forks[seq.seq_id] = list(forks)
+            self._requests[seq.request_id].extend(forks)
+
+    # ---- planning
+    # Invariant: running sequences are served before any waiting one, in policy order; the
+    # step's tokens never exceed the budget; a waiting sequence is admitted only when no
+    # running one had to be preempted this step.
+    def schedule(self) -> SchedulerPlan:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+        if not self._running_sorted:
+            self.policy.order_running(self.running)
+            self._running_sorted = True
+        num_running_at_start = len(self.running)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            entry = self._schedule_running(i, budget, preempted)
+            if entry is None:
+                break
+            scheduled.append(entry)
+            budget -= entry.num_new_tokens
+            i += 1
+        if not preempted and self.policy.may_admit(num_running_at_start):
+            budget = self._admit(budget, scheduled)
+        return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
+
+    def _schedule_running(self, i: int, budget: int, preempted: list[Sequence]) -> ScheduledSeq | None:
+        """Room for running[i]'s next chunk, preempting from the back of the running list if needed."""
+        seq = self.running[i]
+        cached = self._cached_prefix(seq) if not seq.block_ids else NO_PREFIX
+        num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        num_new = min(num_tokens - seq.num_computed_tokens - cached.num_tokens, budget)
+        while self.kv.allocate_slots(seq, num_new, cached) is None:
+            victim = self.running[-1]  # lowest priority, latest arrival (running is in policy order)
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return None
+        return self._entry(seq, num_new)
+
+    def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
+        """Move waiting sequences into the running list while budget, blocks and max_num_seqs allow."""
+        self.policy.order_waiting(self.waiting)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if budget == 0:
+                if not self.policy.admits_whole_batch:
+                    break
+                self._start(seq)  # static batching: joins now, computes in later steps
+                continue
+            cached = self._cached_prefix(seq)
+            num_new = seq.num_tokens - seq.num_computed_tokens - cached.num_tokens
+            if num_new > budget and not self.enable_chunked_prefill and scheduled:
+                break
+            if self.enable_chunked_prefill:
+                num_new = min(num_new, budget)
+            if self.kv.allocate_slots(seq, num_new, cached) is None:
+                break  # out of blocks: admissions never preempt
+            self._start(seq)
+            scheduled.append(self._entry(seq, num_new))
+            budget = max(0, budget - num_new)
+        return budget
+
+    def _start(self, seq: Sequence) -> None:
+        self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self._running_sorted = False
+
+    def _cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        if seq.block_ids or seq.num_computed_tokens:
+            return NO_PREFIX
+        return self.kv.find_cached_prefix(seq)
+
+    @staticmethod
+    def _entry(seq: Sequence, num_new: int) -> ScheduledSeq:
+        return ScheduledSeq(seq, seq.num_computed_tokens, num_new, tuple(seq.block_ids))
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: drop the KV, queue at the front, start over from token 0 later."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---- results
+    def update(self, plan: SchedulerPlan, samples: Mapping[int, SampleResult]) -> list[Sampled]:
+        """Advance each scheduled sequence past its chunk and append the tokens sampled for it."""
+        sampled: list[Sampled] = []
+        bs = self.kv.block_size
+        running = SequenceStatus.RUNNING
+        for entry in plan.scheduled:
+            seq = entry.seq
+            if seq.status is not running:
+                continue  # aborted while the step ran
+            before = entry.num_computed_before
+            seq.num_computed_tokens = after = before + entry.num_new_tokens
+            if after == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # entry.sample, inlined
+                result = samples.get(seq.seq_id)
+                if result is None:
+                    raise RuntimeError(f"runner returned no sample for sequence {seq.seq_id}")
+                seq.output_token_ids.append(result.token_id)
+                sampled.append(Sampled(seq, result))
+            if after // bs != before // bs:  # a block filled up this step
+                self.kv.cache_computed_blocks(seq)
+            if self._forks:
+                self._release_forks(seq)
+        return sampled
+
+    def _release_forks(self, parent: Sequence) -> None:
+        children = self._forks.get(parent.seq_id)
+        if children is None or parent.num_computed_tokens < parent.num_prompt_tokens:
+            return
+        del self._forks[parent.seq_id]
+        for child in children:
+            self.kv.fork(parent, child)
+        self.waiting.extendleft(reversed(children))
+
+    # ---- endings
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Take a sequence out of the queues for good and free its blocks."""
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = status
+        for child in self._forks.pop(seq.seq_id, []):
+            self.finish(child, status)
+        siblings = self._requests.get(seq.request_id, [])
+        if all(s.is_finished for s in siblings):
+            self._requests.pop(seq.request_id, None)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Abort every unfinished sequence of the request; returns them (empty if unknown)."""
+        seqs = [s for s in self._requests.get(request_id, []) if not s.is_finished]
+        for seq in seqs:
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return seqs
+
+    def sequences(self, request_id: str) -> list[Sequence]:
+        return list(self._requests.get(request_id, []))

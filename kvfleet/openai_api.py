@@ -1,0 +1,470 @@
+"""The OpenAI-compatible wire format, shared by the engine server and the router (torch-free).
+
+Where it sits: a client's JSON body is parsed here into a :class:`CompletionRequest` or a
+:class:`ChatCompletionRequest` (the router does it before spending quota, the engine
+server before building ``SamplingParams``); the responses and stream chunks the engine
+sends back are the models at the bottom; every error travels as :func:`error_body`,
+OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+
+Bad input raises :class:`APIError` with the HTTP status, a message naming the field, the
+value and the limit, and ``param`` set to the field's path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MAX_N = 128
+MAX_STOP_SEQUENCES = 16
+MAX_LOGPROBS = 20  # the engine's SamplingParams limit
+MAX_TOKENS_LIMIT = 1 << 31  # beyond any context; the server then checks against its own max_model_len
+
+
+class APIError(Exception):
+    """An error the client caused (or a state it must wait out), carried as an OpenAI error body."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.headers = dict(headers or {})
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(
+    message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def model_not_found(model: str, served: str) -> APIError:
+    return APIError(
+        404,
+        f"The model '{model}' does not exist; this server serves '{served}'",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    return errors_to_api_error(exc.errors(include_url=False))
+
+
+def errors_to_api_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """pydantic's (or FastAPI's) error list as one 400 naming the field's path, the problem and the value.
+
+    The most specific error wins (the longest location: inside a union, the member that got furthest).
+    """
+    err = max(errors, key=lambda e: len(e["loc"]))  # max keeps the first of equals
+    loc = [str(p) for p in err["loc"] if not _is_union_tag(p)]
+    if loc and loc[0] == "body":  # FastAPI's prefix for the request body
+        loc = loc[1:]
+    param = ".".join(loc) if loc else None
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if param is None and (named := _FIELD_PREFIX.match(message)):
+        param = named.group(1)  # a model-level check names its field first: "stream_options: ..."
+        message = message[named.end() :]
+    if err["type"] == "missing":
+        message = "field required"
+    elif err["type"] == "json_invalid":
+        return APIError(
+            400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', message)}"
+        )
+    elif "input" in err and err["type"] != "value_error":
+        message = f"{message} (got {_short(err['input'])})"
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+_FIELD_PREFIX = re.compile(r"^([a-z_][a-z0-9_.]*): ")
+
+
+def _is_union_tag(part: int | str) -> bool:
+    # pydantic names the member of a union it tried ("str", "list[str]") inside an error's location.
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool"} or "[" in part)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_request(model: type[M], raw: bytes | str) -> M:
+    """Parse a raw JSON body into ``model``; malformed JSON or a bad field raises :class:`APIError` (400)."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    return validate_request(model, data)
+
+
+def validate_request(model: type[M], data: Any) -> M:
+    if not isinstance(data, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------------
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """The fields completions and chat share; ranges as OpenAI documents them."""
+
+    model_config = ConfigDict(strict=True)
+
+    model: str = Field(min_length=1)
+    temperature: Temperature | None = None  # None: 1.0
+    top_p: TopP | None = None
+    top_k: int | None = Field(default=None, ge=-1, description="vLLM extension; -1 or null: no cut")
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    user: str | None = None
+    priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31, description="extension: lower runs first")
+    ignore_eos: bool = Field(default=False, description="vLLM extension")
+    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_LIMIT, description="vLLM extension")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_is_positive_or_off(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("must be at least 1, or -1/null for no cut, got 0")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(items)}")
+        if any(not s for s in items):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalties_are_not_supported(cls, v: float) -> float:
+        if v != 0.0:
+            raise ValueError(f"penalties are not supported by this engine; send 0 or omit it (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def _check_prompt(v: Any) -> Any:
+    # The union, checked by hand so that a wrong shape gets one clear message, not four.
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list) or not v:
+        raise ValueError(
+            "must be a string, a list of strings, a list of token ids, or a list of token-id lists (non-empty)"
+        )
+    if all(isinstance(x, str) for x in v):
+        return v
+    if all(_is_token_id(x) for x in v):
+        return v
+    if all(isinstance(x, list) and x and all(_is_token_id(t) for t in x) for x in v):
+        return v
+    raise ValueError(
+        "must be a string, a list of strings, a list of token ids (ints >= 0), or a list of non-empty token-id lists"
+    )
+
+
+def _is_token_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 31)
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: MaxTokens | None = 16
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        return _check_prompt(v)
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by this engine")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix is not supported by this engine")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts, each a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: MaxTokens | None = None  # None: up to the context limit
+    max_completion_tokens: MaxTokens | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages_not_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("must contain at least one message")
+        return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: only allowed when logprobs is true")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text} for m in self.messages]
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's shape): a prompt, or chat messages rendered by the chat template."""
+
+    model_config = ConfigDict(strict=True)
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_of_prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: exactly one of prompt or messages is required")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages: must contain at least one message")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------------------------
+
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # vLLM extension: the stop string or token id that matched
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None  # always set on a whole response; on a stream only in the last chunk
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kvfleet"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int

@@ -1,0 +1,152 @@
+"""One request's bookkeeping, from quota charge to settlement (DESIGN §6, §8).
+
+An :class:`Exchange` watches the response go by (SSE events or a JSON body), times the
+first token and the gaps between chunks as the client sees them, keeps the usage the
+engine reported, and on :meth:`Exchange.finish`, exactly once: frees the engine,
+settles the quota (real usage; a refund when the fleet failed), corrects the tenant's
+virtual token counter, and records the metrics, including whether the request met
+its service's SLO (goodput).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvfleet.router.errors import RouterError
+from kvfleet.router.fleet import Placement
+from kvfleet.router.quota import Charge, QuotaUnavailable
+from kvfleet.router.requests import ParsedRequest
+from kvfleet.router.tenants import Tenant
+
+if TYPE_CHECKING:
+    from kvfleet.router.state import RouterState
+
+log = logging.getLogger(__name__)
+
+
+def _has_content(obj: dict[str, Any]) -> bool:
+    for choice in obj.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("text") or (isinstance(delta, dict) and delta.get("content")):
+            return True
+    return False
+
+
+@dataclass
+class Exchange:
+    state: RouterState
+    tenant: Tenant
+    req: ParsedRequest
+    prompt_estimate: int
+    charge: Charge | None = None
+    placement: Placement | None = None
+    started: float = field(default_factory=time.perf_counter)
+    first_at: float | None = None
+    last_at: float | None = None
+    content_chunks: int = 0
+    usage: dict[str, Any] | None = None
+    saw_done: bool = False
+    settled: bool = False
+
+    def on_event(self, event: bytes) -> bytes | None:
+        """Observe one SSE event; return what to send on (None: drop it)."""
+        payload = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+        if payload == b"[DONE]":
+            self.saw_done = True
+            return event
+        try:
+            obj = json.loads(payload)
+        except json.JSONDecodeError:
+            return event
+        if not isinstance(obj, dict):
+            return event
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+            if not obj.get("choices") and not self.req.client_wants_usage:
+                return None  # the usage chunk the router asked for, not the client
+        if _has_content(obj):
+            now = time.perf_counter()
+            if self.first_at is None:
+                self.first_at = now
+            elif self.last_at is not None:
+                self.state.metrics.itl.labels(model=self.req.model, tenant=self.tenant.name).observe(
+                    now - self.last_at
+                )
+            self.last_at = now
+            self.content_chunks += 1
+        return event
+
+    def completion_tokens(self) -> int:
+        if self.usage is not None:
+            return int(self.usage.get("completion_tokens") or 0)
+        return self.content_chunks
+
+    def prompt_tokens(self) -> int:
+        if self.usage is not None:
+            return int(self.usage.get("prompt_tokens") or 0)
+        return self.prompt_estimate
+
+    def used_tokens(self) -> int:
+        return self.prompt_tokens() + self.completion_tokens()
+
+    def cut_off_error(self) -> RouterError:
+        return RouterError(502, "engine_failed", "the engine stopped before the response was complete")
+
+    async def engine_failed(self) -> None:
+        if self.placement is not None:
+            self.state.fleet.mark_failed(self.placement.url)
+        await self.finish(502, used=None, reason="engine_failed")
+
+    async def finish(self, code: int, *, used: int | None, reason: str | None) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        state, model, tenant = self.state, self.req.model, self.tenant.name
+        if self.placement is not None:
+            state.fleet.release(self.placement)
+        if self.charge is not None:
+            try:
+                await state.quota.settle(self.charge, self.tenant.spec.limits, used)
+            except QuotaUnavailable:
+                log.warning("could not settle a request of tenant %s: quota store unavailable", tenant)
+        if reason is not None and self.placement is None and code != 499:
+            state.metrics.reject(model, tenant, reason, code)
+            return
+        state.metrics.requests.labels(model=model, tenant=tenant, code=str(code)).inc()
+        if code == 200:
+            self._record_success()
+
+    def _record_success(self) -> None:
+        state, model, tenant = self.state, self.req.model, self.tenant.name
+        m = state.metrics
+        prompt, completion = self.prompt_tokens(), self.completion_tokens()
+        m.prompt_tokens.labels(model=model, tenant=tenant).inc(prompt)
+        m.generation_tokens.labels(model=model, tenant=tenant).inc(completion)
+        queue = state.queues.get(model)
+        if queue is not None:
+            queue.vtc.charge(tenant, prompt - self.prompt_estimate + completion, self.tenant.spec.weight)
+        end = time.perf_counter()
+        ttft = (self.first_at if self.first_at is not None else end) - self.started
+        tpot = (end - ttft - self.started) / (completion - 1) if completion > 1 else 0.0
+        if self.req.stream:
+            m.ttft.labels(model=model, tenant=tenant).observe(ttft)
+            if completion > 1:
+                m.tpot.labels(model=model, tenant=tenant).observe(tpot)
+        service = state.fleet.service_for(model)
+        slo = service.slo if service is not None else state.config.slo
+        if slo.ttft_ms is None and slo.tpot_ms is None:
+            return
+        if self.req.stream:
+            met = (slo.ttft_ms is None or ttft * 1000 <= slo.ttft_ms) and (
+                slo.tpot_ms is None or tpot * 1000 <= slo.tpot_ms
+            )
+        else:  # no first token to see: the whole response within the budget of both targets
+            budget = (slo.ttft_ms or 0.0) + (slo.tpot_ms or 0.0) * max(0, completion - 1)
+            met = (end - self.started) * 1000 <= budget
+        m.slo.labels(model=model, tenant=tenant, met="true" if met else "false").inc()

@@ -1,0 +1,132 @@
+"""The router's one validated configuration (DESIGN §3, §6), built once per process.
+
+``kvfleet router`` turns its flags and the ``--tenants`` YAML file into a
+:class:`RouterConfig`; :func:`kvfleet.router.app.build_app` takes nothing else. The
+tenant entries share the shape of the ``TenantQuota`` spec (DESIGN §7), so a tenants
+file and the Kubernetes resources are read by the same models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A configuration value the router refuses, with the field and the reason."""
+
+
+class TenantLimits(BaseModel):
+    """``spec.limits`` of a TenantQuota; an absent limit is no limit."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    requests_per_minute: int | None = Field(default=None, alias="requestsPerMinute", ge=1)
+    tokens_per_minute: int | None = Field(default=None, alias="tokensPerMinute", ge=1)
+    max_concurrent_requests: int | None = Field(default=None, alias="maxConcurrentRequests", ge=1)
+    max_queued_requests: int | None = Field(default=None, alias="maxQueuedRequests", ge=0)
+    max_tokens_per_request: int | None = Field(default=None, alias="maxTokensPerRequest", ge=1)
+
+
+class TenantSpec(BaseModel):
+    """The TenantQuota spec fields the router enforces (``models`` empty: every model)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    tenant: str = Field(min_length=1)
+    models: list[str] = Field(default_factory=list)
+    limits: TenantLimits = Field(default_factory=TenantLimits)
+    priority: int = 0
+    weight: float = Field(default=1.0, gt=0.0)
+
+
+class TenantEntry(TenantSpec):
+    """One entry of a tenants file: a TenantQuota spec with the key inline."""
+
+    api_key: str = Field(alias="apiKey", min_length=8)
+
+
+class SLO(BaseModel):
+    """``spec.slo`` of an InferenceService: the goodput definition (None: not judged)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    ttft_ms: float | None = Field(default=None, alias="ttftMs", gt=0)
+    tpot_ms: float | None = Field(default=None, alias="tpotMs", gt=0)
+
+
+class PickerWeights(BaseModel):
+    """Weights of the default policy's mix of scores (each score is in [0, 1])."""
+
+    prefix: float = Field(default=2.0, ge=0)
+    kv: float = Field(default=1.0, ge=0)
+    load: float = Field(default=1.0, ge=0)
+
+
+class RouterConfig(BaseModel):
+    """Everything one router process is told; validated once, passed everywhere."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[str] = Field(default_factory=list, description="static engine base URLs")
+    tenants: list[TenantEntry] = Field(default_factory=list)
+    kubernetes: bool = False
+    namespace: str | None = Field(default=None, description="None: every namespace")
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    policy: str = "default"
+    picker_weights: PickerWeights = Field(default_factory=PickerWeights)
+    prefix_chunk_chars: int = Field(default=64, ge=1, description="characters per prefix-index block")
+    prefix_index_blocks: int = Field(default=200_000, ge=1)
+    chars_per_token: float = Field(default=4.0, gt=0, description="prompt token estimate at admission")
+    default_max_tokens: int = Field(default=256, ge=1)
+    load_interval_s: float = Field(default=0.2, gt=0)
+    load_stale_s: float = Field(default=1.0, gt=0)
+    engine_connect_timeout_s: float = Field(default=2.0, gt=0)
+    engine_read_timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    saturation_kv_usage: float = Field(default=0.95, gt=0, le=1)
+    max_engine_queue: int = Field(default=4, ge=0, description="requests past max_num_seqs per engine")
+    admission: bool = Field(default=True, description="False: never queue, send to an engine at once")
+    max_queue_wait_s: float = Field(default=10.0, gt=0)
+    max_queue_len: int = Field(default=1024, ge=0)
+    slo: SLO = Field(default_factory=SLO, description="SLO of models no InferenceService describes")
+    autoscale_interval_s: float = Field(default=5.0, gt=0)
+    redis_lease_s: float = Field(default=900.0, gt=0, description="a concurrency slot's expiry")
+
+    @field_validator("engines")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+        return [u.rstrip("/") for u in urls]
+
+
+def load_tenants_file(path: Path) -> list[TenantEntry]:
+    """Read a ``tenants:`` YAML file; errors name the entry and the field."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"tenants file {path}: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("tenants"), list):
+        raise ConfigError(f"tenants file {path}: expected a mapping with a 'tenants:' list")
+    entries: list[TenantEntry] = []
+    for i, raw in enumerate(doc["tenants"]):
+        try:
+            entries.append(TenantEntry.model_validate(raw))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(f"tenants file {path}: tenants[{i}].{field}: {first['msg']}") from exc
+    names = [e.tenant for e in entries]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"tenants file {path}: tenant {name!r} appears more than once")
+    keys = [e.api_key for e in entries]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"tenants file {path}: two tenants share one apiKey")
+    return entries

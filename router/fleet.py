@@ -1,0 +1,173 @@
+"""The router's picture of the engines: load, readiness, its own in-flight counts (DESIGN §6).
+
+Discovery gives the URLs; the poller reads each engine's ``GET /load`` every
+``load_interval_s``. An engine is *ready* only while its last load is younger than
+``load_stale_s``, it is not draining, and no request has failed on it since that load
+(a failed connection or a stream cut off takes it out at once; the next good poll
+brings it back). :meth:`Fleet.place` runs the picker over the ready engines of a model
+and reserves the chosen one; :meth:`Fleet.release` gives it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from pydantic import ValidationError
+
+from kvfleet.protocol import EngineLoad
+from kvfleet.router.config import RouterConfig
+from kvfleet.router.discovery import Discovery, FleetView, Service
+from kvfleet.router.picker import Candidate, PickContext, choose, is_saturated, policy
+from kvfleet.router.prefix import PrefixIndex
+from kvfleet.router.quota import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineState:
+    url: str
+    service: str | None = None
+    load: EngineLoad | None = None
+    loaded_at: float | None = None
+    failed_at: float | None = None
+    in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """An engine reserved for one request (release it exactly once)."""
+
+    url: str
+    model: str
+    score: float
+    hashes: tuple[int, ...] = ()
+
+
+@dataclass
+class Fleet:
+    config: RouterConfig
+    clock: Clock
+    engines: dict[str, EngineState] = field(default_factory=dict)
+    services: dict[str, Service] = field(default_factory=dict)
+    on_change: Callable[[str], None] | None = None
+    _rotation: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prefix = PrefixIndex(self.config.prefix_index_blocks)
+        self.context = PickContext(
+            self.config.picker_weights, self.config.max_engine_queue, self.config.saturation_kv_usage
+        )
+
+    def apply_view(self, view: FleetView) -> None:
+        self.services = {s.key: s for s in view.services}
+        wanted = {e.url: e for e in view.endpoints}
+        for url in [u for u in self.engines if u not in wanted]:
+            del self.engines[url]
+            self.prefix.forget(url)
+        for url, endpoint in wanted.items():
+            self.engines.setdefault(url, EngineState(url)).service = endpoint.service
+
+    def observe(self, url: str, load: EngineLoad | None) -> None:
+        engine = self.engines.get(url)
+        if engine is None:
+            return
+        if load is None:
+            self.mark_failed(url)
+            return
+        engine.load, engine.loaded_at = load, self.clock()
+
+    def mark_failed(self, url: str) -> None:
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.failed_at = self.clock()
+
+    def is_ready(self, engine: EngineState) -> bool:
+        if engine.load is None or engine.loaded_at is None or engine.load.draining:
+            return False
+        if self.clock() - engine.loaded_at > self.config.load_stale_s:
+            return False
+        return engine.failed_at is None or engine.loaded_at > engine.failed_at
+
+    def model_of(self, engine: EngineState) -> str | None:
+        if engine.service is not None and engine.service in self.services:
+            return self.services[engine.service].model
+        return engine.load.model if engine.load is not None else None
+
+    def models(self) -> set[str]:
+        named = {s.model for s in self.services.values()}
+        return named | {m for e in self.engines.values() if (m := self.model_of(e)) is not None}
+
+    def service_for(self, model: str) -> Service | None:
+        return next((s for s in self.services.values() if s.model == model), None)
+
+    def ready_engines(self, model: str) -> list[EngineState]:
+        return [e for e in self.engines.values() if self.model_of(e) == model and self.is_ready(e)]
+
+    def candidates(self, model: str, hashes: Sequence[int], exclude: Sequence[str] = ()) -> list[Candidate]:
+        ready = [e for e in self.ready_engines(model) if e.url not in exclude]
+        matched = self.prefix.matched_blocks(hashes, [e.url for e in ready])
+        return [
+            Candidate(e.url, e.load, e.in_flight, matched[e.url], len(hashes))
+            for e in sorted(ready, key=lambda e: e.url)
+            if e.load is not None
+        ]
+
+    def place(
+        self, model: str, hashes: Sequence[int], *, exclude: Sequence[str] = (), allow_saturated: bool = False
+    ) -> Placement | None:
+        cands = self.candidates(model, hashes, exclude)
+        if not allow_saturated:
+            cands = [c for c in cands if not is_saturated(c, self.context)]
+        service = self.service_for(model)
+        pol = policy((service.policy if service and service.policy else None) or self.config.policy)
+        rotation = self._rotation.get(model, 0)
+        choice = choose(cands, pol, self.context, rotation)
+        if choice is None:
+            return None
+        self._rotation[model] = rotation + 1
+        self.engines[choice.url].in_flight += 1
+        self.prefix.record(hashes, choice.url)
+        return Placement(choice.url, model, choice.score, tuple(hashes))
+
+    def release(self, placement: Placement) -> None:
+        engine = self.engines.get(placement.url)
+        if engine is not None:
+            engine.in_flight = max(0, engine.in_flight - 1)
+        if self.on_change is not None:
+            self.on_change(placement.model)
+
+
+async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | None:
+    """One engine's ``/load``, or None when it does not answer well within ``timeout``."""
+    try:
+        response = await client.get(f"{url}/load", timeout=timeout)
+        response.raise_for_status()
+        return EngineLoad.model_validate_json(response.content)
+    except (httpx.HTTPError, ValidationError):
+        return None
+
+
+async def poll_once(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClient) -> None:
+    fleet.apply_view(await discovery.view())
+    urls = list(fleet.engines)
+    timeout = fleet.config.load_stale_s
+    loads = await asyncio.gather(*(fetch_load(client, u, timeout) for u in urls))
+    for url, load in zip(urls, loads, strict=True):
+        fleet.observe(url, load)
+    if fleet.on_change is not None:
+        for model in fleet.models():
+            fleet.on_change(model)
+
+
+async def poll_forever(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClient) -> None:
+    while True:
+        try:
+            await poll_once(fleet, discovery, client)
+        except Exception:  # a bad view must not stop the poller; the next tick retries
+            log.exception("load poll failed")
+        await asyncio.sleep(fleet.config.load_interval_s)

@@ -1,0 +1,75 @@
+"""The router's Prometheus metrics (DESIGN §8), one registry per app.
+
+Names are the contract with the dashboards and rules; each series is labelled by
+model and tenant as the client sees the request. Goodput is
+``kvfleet_router_slo_requests_total{met="true"}``: requests that met their
+InferenceService's TTFT and TPOT targets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        mt = ["model", "tenant"]
+        self.requests = Counter(
+            "kvfleet_router_requests", "Requests answered, by status code", [*mt, "code"], registry=r
+        )
+        self.rejections = Counter(
+            "kvfleet_router_rejections", "Requests refused, by reason", [*mt, "reason"], registry=r
+        )
+        self.queue_depth = Gauge("kvfleet_router_queue_depth", "Requests waiting", ["model"], registry=r)
+        self.queue_wait = Histogram(
+            "kvfleet_router_queue_wait_seconds",
+            "Time in the admission queue",
+            mt,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvfleet_router_time_to_first_token_seconds",
+            "Time to first token as the client sees it",
+            mt,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "kvfleet_router_time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            mt,
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "kvfleet_router_inter_token_latency_seconds",
+            "Time between streamed chunks",
+            mt,
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "kvfleet_router_prompt_tokens", "Prompt tokens the engines reported", mt, registry=r
+        )
+        self.generation_tokens = Counter(
+            "kvfleet_router_generation_tokens", "Completion tokens the engines reported", mt, registry=r
+        )
+        self.slo = Counter(
+            "kvfleet_router_slo_requests",
+            "Finished requests by whether they met the SLO",
+            [*mt, "met"],
+            registry=r,
+        )
+        self.engine_up = Gauge(
+            "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=r
+        )
+
+    def reject(self, model: str, tenant: str, reason: str, code: int) -> None:
+        self.rejections.labels(model=model, tenant=tenant, reason=reason).inc()
+        self.requests.labels(model=model, tenant=tenant, code=str(code)).inc()

@@ -1,0 +1,90 @@
+"""The router's own record of where prompt prefixes went: prefix affinity for the picker.
+
+The prompt's text is cut into fixed-size chunks (``prefix_chunk_chars``) and hashed as
+a chain, each hash covering its chunk and every chunk before it, as the engine's
+prefix cache hashes full KV blocks. Two prompts share their first *n* hashes exactly
+when they share their first *n* chunks, so "how many leading hashes has engine E
+seen" estimates how much of the prompt E still has in its prefix cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """The text a completion or chat request's prompt is made of, in order."""
+    if "messages" in body:
+        parts: list[str] = []
+        for message in body.get("messages") or []:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+            parts.append(
+                f"{message.get('role', '') if isinstance(message, Mapping) else ''}\n{content or ''}\n"
+            )
+        return "".join(parts)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return "".join(str(p) for p in prompt)
+    return str(prompt)
+
+
+def block_hashes(text: str, chunk_chars: int) -> list[int]:
+    # Invariant: hashes[i] = H(hashes[i-1], text[i*c:(i+1)*c]) over full chunks only, so
+    # hashes[i] identifies the whole prefix text[: (i+1)*c].
+    data = text.encode()
+    hashes: list[int] = []
+    parent = b""
+    for start in range(0, len(data) - chunk_chars + 1, chunk_chars):
+        digest = hashlib.blake2b(parent + data[start : start + chunk_chars], digest_size=8).digest()
+        hashes.append(int.from_bytes(digest, "big"))
+        parent = digest
+    return hashes
+
+
+class PrefixIndex:
+    """block hash → engines that were sent a prompt containing it; LRU-bounded."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, set[str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def matched_blocks(self, hashes: Sequence[int], engines: Iterable[str]) -> dict[str, int]:
+        """For each engine, how many of the leading ``hashes`` it has been sent."""
+        result: dict[str, int] = {}
+        for engine in engines:
+            n = 0
+            for h in hashes:
+                holders = self._blocks.get(h)
+                if holders is None or engine not in holders:
+                    break
+                n += 1
+            result[engine] = n
+        return result
+
+    def record(self, hashes: Sequence[int], engine: str) -> None:
+        # Invariant: at most ``capacity`` hashes are kept; the least recently recorded go first.
+        for h in hashes:
+            holders = self._blocks.get(h)
+            if holders is None:
+                self._blocks[h] = {engine}
+            else:
+                holders.add(engine)
+                self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+    def forget(self, engine: str) -> None:
+        """An engine left (or restarted with an empty cache): drop it everywhere."""
+        for h in [h for h, holders in self._blocks.items() if engine in holders]:
+            holders = self._blocks[h]
+            holders.discard(engine)
+            if not holders:
+                del self._blocks[h]

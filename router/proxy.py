@@ -1,0 +1,231 @@
+"""The request path end to end: checks, quota, admission, pick, forward, account (DESIGN §1, §6).
+
+:func:`serve` takes an authenticated tenant and a parsed request and returns the
+response: the engine's JSON, or its SSE stream passed through chunk by chunk. A
+connection that fails before the first byte is retried on another engine; an engine
+that dies mid-stream ends the stream with an error event, is taken out of the
+picker, and its request's quota is refunded. A client that disconnects closes the
+upstream stream, so the engine aborts the sequence. Each request is settled exactly
+once with the usage the engine reported (:class:`Exchange`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvfleet.protocol import HEADER_ENGINE
+from kvfleet.router.accounting import Exchange
+from kvfleet.router.admission import Shed, Ticket
+from kvfleet.router.errors import RouterError
+from kvfleet.router.fleet import Placement
+from kvfleet.router.prefix import block_hashes
+from kvfleet.router.quota import Denial, QuotaUnavailable
+from kvfleet.router.requests import ParsedRequest
+from kvfleet.router.state import RouterState
+from kvfleet.router.tenants import Tenant
+
+_REASON = {
+    "requestsPerMinute": "requests_per_minute",
+    "tokensPerMinute": "tokens_per_minute",
+    "maxConcurrentRequests": "max_concurrent_requests",
+}
+
+
+def _engine_header(url: str) -> dict[str, str]:
+    return {HEADER_ENGINE: urlsplit(url).netloc}
+
+
+def check_request(state: RouterState, tenant: Tenant, req: ParsedRequest) -> int:
+    """Model, permission and per-request limits; returns the token estimate to charge."""
+    if not tenant.may_use(req.model):
+        raise RouterError(403, "model_not_allowed", f"tenant may not use model {req.model!r}", param="model")
+    if req.model not in state.fleet.models():
+        raise RouterError(404, "model_not_found", f"model {req.model!r} is not served here", param="model")
+    estimate = req.prompt_tokens_estimate(state.config.chars_per_token) + req.max_tokens
+    limits = tenant.spec.limits
+    if limits.max_tokens_per_request is not None and estimate > limits.max_tokens_per_request:
+        msg = (
+            f"request needs up to {estimate} tokens (prompt estimate + max_tokens), over the tenant's "
+            f"maxTokensPerRequest={limits.max_tokens_per_request}"
+        )
+        raise RouterError(400, "max_tokens_per_request", msg, param="max_tokens")
+    if limits.tokens_per_minute is not None and estimate > limits.tokens_per_minute:
+        msg = f"request needs up to {estimate} tokens, over the tenant's tokensPerMinute={limits.tokens_per_minute}"
+        raise RouterError(400, "tokens_per_minute", msg, param="max_tokens")
+    return estimate
+
+
+async def take_quota(state: RouterState, ex: Exchange, estimate: int) -> None:
+    try:
+        got = await state.quota.acquire(ex.tenant.name, ex.tenant.spec.limits, estimate)
+    except QuotaUnavailable as exc:
+        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
+    if isinstance(got, Denial):
+        raise RouterError(429, _REASON[got.limit], got.message, retry_after_s=got.retry_after_s)
+    ex.charge = got
+
+
+async def place(state: RouterState, ex: Exchange) -> Placement:
+    """An engine for the request: at once, or after waiting in the model's queue."""
+    fleet, model = state.fleet, ex.req.model
+    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
+    service = fleet.service_for(model)
+    can_appear = service is not None and service.autoscaling is not None
+    if not fleet.ready_engines(model):
+        if not can_appear:
+            raise RouterError(
+                503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
+            )
+        if state.autoscaler is not None:
+            state.autoscaler.poke()  # held in the queue while the autoscaler scales from zero
+    if not state.config.admission:
+        placed = fleet.place(model, hashes, allow_saturated=True)
+        if placed is None:
+            raise RouterError(
+                503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
+            )
+        return placed
+    spec = ex.tenant.spec
+    ticket: Ticket[Placement] = Ticket(
+        tenant=spec.tenant,
+        priority=spec.priority,
+        weight=spec.weight,
+        tokens=ex.prompt_estimate,
+        place=lambda: fleet.place(model, hashes),
+        max_queued=spec.limits.max_queued_requests,
+    )
+    queue = state.queue(model)
+    enqueued = time.perf_counter()
+    try:
+        return await queue.admit(ticket)
+    except Shed as shed:
+        raise RouterError(shed.status, shed.reason, shed.message, retry_after_s=shed.retry_after_s) from None
+    finally:
+        state.metrics.queue_depth.labels(model=model).set(len(queue))
+        wait = time.perf_counter() - enqueued
+        state.metrics.queue_wait.labels(model=model, tenant=spec.tenant).observe(wait)
+
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+
+
+async def open_upstream(state: RouterState, ex: Exchange) -> httpx.Response:
+    """Send to the placed engine; before the first byte, a failed connection moves to another one."""
+    tried: list[str] = []
+    while True:
+        assert ex.placement is not None
+        url = ex.placement.url
+        request = state.client.build_request("POST", url + ex.req.path, json=ex.req.upstream_body())
+        try:
+            return await state.client.send(request, stream=True)
+        except _RETRYABLE:
+            state.fleet.mark_failed(url)
+            tried.append(url)
+        except httpx.TimeoutException:
+            state.fleet.mark_failed(url)
+            raise RouterError(
+                504, "engine_timeout", f"engine {urlsplit(url).netloc} did not answer in time"
+            ) from None
+        failed, ex.placement = ex.placement, None
+        state.fleet.release(failed)
+        retry = None
+        if len(tried) <= state.config.max_retries:
+            retry = state.fleet.place(ex.req.model, failed.hashes, exclude=tried, allow_saturated=True)
+        if retry is None:
+            raise RouterError(502, "engine_unreachable", "no engine could be reached", retry_after_s=1.0)
+        ex.placement = retry
+
+
+async def serve(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Response:
+    estimate = check_request(state, tenant, req)
+    ex = Exchange(
+        state, tenant, req, prompt_estimate=req.prompt_tokens_estimate(state.config.chars_per_token)
+    )
+    try:
+        await take_quota(state, ex, estimate)
+        ex.placement = await place(state, ex)
+        upstream = await open_upstream(state, ex)
+    except RouterError as err:
+        await ex.finish(err.status, used=None, reason=err.code)
+        raise
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await ex.finish(499, used=None, reason="client_disconnected")
+        raise
+    headers = _engine_header(upstream.request.url.scheme + "://" + upstream.request.url.netloc.decode())
+    if upstream.status_code != 200 or not req.stream:
+        return await relay_whole(ex, upstream, headers)
+    return StreamingResponse(relay_stream(ex, upstream), media_type="text/event-stream", headers=headers)
+
+
+async def relay_whole(ex: Exchange, upstream: httpx.Response, headers: dict[str, str]) -> Response:
+    try:
+        content = await upstream.aread()
+    except httpx.HTTPError:
+        await upstream.aclose()
+        await ex.engine_failed()
+        raise RouterError(
+            502, "engine_failed", "the engine failed before answering", retry_after_s=1.0
+        ) from None
+    await upstream.aclose()
+    if upstream.status_code != 200:
+        await ex.finish(upstream.status_code, used=0, reason="engine_error")
+        return Response(
+            content, status_code=upstream.status_code, headers=headers, media_type="application/json"
+        )
+    try:
+        body: dict[str, Any] = json.loads(content)
+    except json.JSONDecodeError:
+        await ex.engine_failed()
+        raise RouterError(502, "engine_failed", "the engine answered with invalid JSON") from None
+    ex.usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    await ex.finish(200, used=ex.used_tokens(), reason=None)
+    return JSONResponse(body, headers=headers)
+
+
+@dataclass
+class _Events:
+    """Splits an SSE byte stream into whole events."""
+
+    buffer: bytes = b""
+    ready: list[bytes] = field(default_factory=list)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self.buffer += chunk.replace(b"\r\n", b"\n")
+        *events, self.buffer = self.buffer.split(b"\n\n")
+        return [e for e in events if e.strip()]
+
+
+async def relay_stream(ex: Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    events = _Events()
+    outcome = "client_gone"
+    try:
+        async for chunk in upstream.aiter_raw():
+            for event in events.feed(chunk):
+                out = ex.on_event(event)
+                if out is not None:
+                    yield out + b"\n\n"
+        outcome = "ok" if ex.saw_done else "engine_failed"
+        if not ex.saw_done:
+            yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
+    except httpx.HTTPError:
+        outcome = "engine_failed"
+        yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+            if outcome == "ok":
+                await ex.finish(200, used=ex.used_tokens(), reason=None)
+            elif outcome == "engine_failed":
+                await ex.engine_failed()
+            else:
+                await ex.finish(499, used=ex.used_tokens(), reason="client_disconnected")

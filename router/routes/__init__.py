@@ -1,0 +1,1 @@
+"""The router's HTTP resources, one module each (the OpenAI API it fronts, health, metrics)."""

@@ -1,0 +1,62 @@
+"""The one object a router process shares between its routes and its background loops.
+
+It holds the validated config, the tenant table, the quota store, the fleet (engines,
+picker, prefix index), one admission queue per model, the metrics and the HTTP client
+to the engines. ``build_app`` creates it; the routes reach it through a dependency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
+
+from kvfleet.router.admission import AdmissionQueue
+from kvfleet.router.config import RouterConfig
+from kvfleet.router.discovery import Discovery
+from kvfleet.router.fleet import Fleet, Placement
+from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.quota import Clock, QuotaStore
+from kvfleet.router.tenants import TenantRegistry
+
+if TYPE_CHECKING:
+    from kvfleet.router.autoscaler import Autoscaler
+
+
+@dataclass
+class RouterState:
+    config: RouterConfig
+    clock: Clock
+    tenants: TenantRegistry
+    quota: QuotaStore
+    fleet: Fleet
+    discovery: Discovery
+    metrics: RouterMetrics
+    client: httpx.AsyncClient
+    queues: dict[str, AdmissionQueue[Placement]] = field(default_factory=dict)
+    autoscaler: Autoscaler | None = None
+
+    def __post_init__(self) -> None:
+        self.fleet.on_change = self.pump
+
+    def queue(self, model: str) -> AdmissionQueue[Placement]:
+        q = self.queues.get(model)
+        if q is None:
+            q = AdmissionQueue(
+                max_len=self.config.max_queue_len,
+                max_wait_s=self.config.max_queue_wait_s,
+                release=self.fleet.release,
+            )
+            self.queues[model] = q
+        return q
+
+    def pump(self, model: str) -> None:
+        q = self.queues.get(model)
+        if q is not None:
+            q.pump()
+            self.metrics.queue_depth.labels(model=model).set(len(q))
+
+    def waiting(self, model: str) -> int:
+        q = self.queues.get(model)
+        return 0 if q is None else len(q)

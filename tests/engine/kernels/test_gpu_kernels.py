@@ -1,0 +1,109 @@
+"""The Triton kernels compiled on a GPU at real model shapes (Llama-3-8B: 32 heads, 8 kv heads,
+head_dim 128, block 16, bf16), against the torch reference. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from kvfleet.engine.attention.torch_backend import paged_attention_reference, store_kv_reference
+from kvfleet.engine.kernels.kv_store import store_kv
+from kvfleet.engine.kernels.paged_attention import paged_attention
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+LLAMA3_8B = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
+
+
+def _mixed_batch_of_32(max_len: int = 4096, seed: int = 0) -> list[tuple[int, int]]:
+    # 8 whole prefills, 8 chunked prefills (a 256-token chunk after a long context), 16 decodes
+    rng = random.Random(seed)
+    prefills = [(n, n) for n in (rng.randint(1, 1024) for _ in range(8))]
+    chunks = [(n, 256) for n in (rng.randint(257, max_len) for _ in range(8))]
+    decodes = [(rng.randint(1, max_len), 1) for _ in range(15)] + [(max_len, 1)]
+    mixed = prefills + chunks + decodes
+    rng.shuffle(mixed)
+    return mixed
+
+
+def _attend(batch, scale: float) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    m = batch.meta
+    return paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        m.block_tables,
+        m.seq_lens,
+        m.query_start_loc,
+        m.max_query_len,
+        scale,
+    )
+
+
+def _assert_close_bf16(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=2e-2)
+
+
+def test_llama3_8b_mixed_batch_of_32_up_to_4k_tokens_matches_the_reference(paged_batch: Callable) -> None:
+    batch = paged_batch(
+        _mixed_batch_of_32(), dtype=torch.bfloat16, device="cuda", strided_q=True, **LLAMA3_8B
+    )
+    _assert_close_bf16(
+        _attend(batch, 128**-0.5),
+        paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5),
+    )
+
+
+def test_llama3_8b_decode_batch_of_128_matches_the_reference(paged_batch: Callable) -> None:
+    rng = random.Random(1)
+    seqs = [(rng.randint(1, 4096), 1) for _ in range(128)]
+    batch = paged_batch(seqs, dtype=torch.bfloat16, device="cuda", **LLAMA3_8B)
+    _assert_close_bf16(
+        _attend(batch, 128**-0.5),
+        paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5),
+    )
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(32, 8, 64, 8), (28, 4, 128, 32), (16, 16, 256, 16), (8, 2, 96, 16)],
+)
+def test_other_tile_configurations_compile_and_match_the_reference(
+    paged_batch: Callable, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    seqs = [(700, 700), (2000, 64), (1500, 1), (17, 1), (33, 33)]
+    batch = paged_batch(
+        seqs,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    scale = head_dim**-0.5
+    _assert_close_bf16(
+        _attend(batch, scale),
+        paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale),
+    )
+
+
+@pytest.mark.parametrize("source_dtype", [torch.bfloat16, torch.float32])
+def test_llama3_8b_store_of_a_4k_token_step_equals_the_reference_exactly(source_dtype: torch.dtype) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    num_blocks, tokens = 2048, 4096
+    k = torch.randn(tokens, 8, 128, device="cuda", generator=gen).to(source_dtype)
+    v = torch.randn(tokens, 8, 128, device="cuda", generator=gen).to(source_dtype)
+    slots = torch.randperm(num_blocks * 16, device="cuda", generator=gen)[:tokens]
+    caches = [torch.zeros(2, num_blocks, 16, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    store_kv(k, v, caches[0][0], caches[0][1], slots)
+    store_kv_reference(k, v, caches[1][0], caches[1][1], slots)
+    assert torch.equal(caches[0], caches[1])

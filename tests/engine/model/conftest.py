@@ -1,0 +1,131 @@
+"""Tiny random Hugging Face checkpoints made with transformers itself: the numerical reference.
+
+Each is a real folder written by ``save_pretrained`` (config.json, safetensors, index when
+sharded) plus the tiny model's byte-level tokenizer files, so kvfleet loads exactly what a
+user would hand it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+from kvfleet.engine.model.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+COMMON: dict[str, Any] = dict(
+    vocab_size=259,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+    bos_token_id=BOS_ID,
+    eos_token_id=EOS_ID,
+    pad_token_id=PAD_ID,
+)
+VARIANTS: dict[str, Any] = {
+    # GQA (4 query heads over 2 KV heads), llama3 rope scaling, untied, written as shards.
+    "llama-gqa-llama3-sharded": lambda: LlamaConfig(
+        **COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        tie_word_embeddings=False,
+    ),
+    # Mistral: one KV head for four query heads, a head_dim wider than hidden/heads, a sliding window.
+    "mistral-mqa": lambda: MistralConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=128
+    ),
+    # Qwen2: q/k/v biases, tied embeddings, full multi-head attention.
+    "qwen2-tied": lambda: Qwen2Config(
+        **COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
+}
+SHARD_SIZE = "100KB"
+
+
+def write_tokenizer(folder: Path, scratch: Path) -> None:
+    scratch.mkdir(parents=True, exist_ok=True)
+    build_tiny_model(scratch)
+    for name in TOKENIZER_FILES:
+        shutil.copy(scratch / name, folder / name)
+
+
+def make_checkpoint(variant: str, folder: Path) -> Path:
+    torch.manual_seed(0)
+    config = VARIANTS[variant]()
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    if "qwen2" in variant:  # transformers initialises biases at zero; make them count
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0.0, 0.2)
+    shard = SHARD_SIZE if "sharded" in variant else "50GB"
+    model.save_pretrained(folder, max_shard_size=shard, safe_serialization=True)
+    write_tokenizer(folder, folder.parent / f"{variant}-tok-scratch")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {v: make_checkpoint(v, root / v) for v in VARIANTS}
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(folder)
+    return folder
+
+
+def _hf_greedy(folder: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy ``generate`` on one unpadded prompt, EOS not stopping it."""
+    model = load_hf(folder)
+    model.generation_config.eos_token_id = None
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=PAD_ID,
+    )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+_HF_CACHE: dict[Path, Any] = {}
+
+
+def load_hf(folder: Path) -> Any:
+    if folder not in _HF_CACHE:
+        _HF_CACHE[folder] = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    return _HF_CACHE[folder]
+
+
+@pytest.fixture(scope="session")
+def hf_greedy() -> Any:
+    """``hf_greedy(folder, prompt_ids, n)``: the reference tokens."""
+    return _hf_greedy
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Any:
+    """``hf_model(folder)``: the transformers model itself (for logits)."""
+    return load_hf

@@ -1,0 +1,194 @@
+"""The shared OpenAI wire format: what parses, and the exact 400 each bad body gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvfleet.openai_api import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    error_body,
+    model_not_found,
+    parse_request,
+    validate_request,
+)
+
+
+def _error(model: type, body: Any) -> dict[str, Any]:
+    with pytest.raises(APIError) as info:
+        validate_request(model, body)
+    assert info.value.status_code == 400
+    return info.value.body()["error"]
+
+
+def test_a_completion_request_keeps_every_standard_field() -> None:
+    req = validate_request(
+        CompletionRequest,
+        {
+            "model": "tiny",
+            "prompt": "Hello",
+            "max_tokens": 5,
+            "temperature": 0,
+            "top_p": 0.5,
+            "n": 2,
+            "stop": "\n",
+            "seed": 7,
+            "logprobs": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "u1",
+            "priority": -1,
+        },
+    )
+    assert (req.max_tokens, req.temperature, req.top_p, req.n, req.seed, req.logprobs) == (
+        5,
+        0.0,
+        0.5,
+        2,
+        7,
+        3,
+    )
+    assert req.stop_list == ["\n"]
+    assert req.include_usage is True
+    assert req.prompts() == ["Hello"]
+    assert req.priority == -1
+
+
+def test_prompts_come_as_strings_or_token_id_lists() -> None:
+    def prompts(p: Any) -> list[Any]:
+        return validate_request(CompletionRequest, {"model": "m", "prompt": p}).prompts()
+
+    assert prompts(["a", "b"]) == ["a", "b"]
+    assert prompts([1, 2, 3]) == [[1, 2, 3]]
+    assert prompts([[1, 2], [3]]) == [[1, 2], [3]]
+
+
+def test_a_prompt_of_the_wrong_shape_gets_one_message_naming_the_prompt() -> None:
+    for bad in (5, [], [1, "a"], [[1], []], [-1], None):
+        err = _error(CompletionRequest, {"model": "m", "prompt": bad})
+        assert err["param"] == "prompt"
+        assert err["message"].startswith("prompt: must be a string, a list of strings")
+
+
+def test_a_missing_field_is_named() -> None:
+    assert _error(CompletionRequest, {"prompt": "x"}) == {
+        "message": "model: field required",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": None,
+    }
+    assert _error(ChatCompletionRequest, {"model": "m"})["message"] == "messages: field required"
+
+
+def test_negative_and_huge_max_tokens_are_rejected_with_the_limit() -> None:
+    err = _error(CompletionRequest, {"model": "m", "prompt": "x", "max_tokens": -1})
+    assert err["message"] == "max_tokens: Input should be greater than or equal to 1 (got -1)"
+    err = _error(CompletionRequest, {"model": "m", "prompt": "x", "max_tokens": 1 << 40})
+    assert err["message"] == f"max_tokens: Input should be less than or equal to {1 << 31} (got {1 << 40})"
+
+
+def test_wrong_types_are_rejected_not_coerced() -> None:
+    assert _error(CompletionRequest, {"model": "m", "prompt": "x", "max_tokens": "5"})["message"] == (
+        "max_tokens: Input should be a valid integer (got '5')"
+    )
+    assert _error(CompletionRequest, {"model": "m", "prompt": "x", "stream": "yes"})["param"] == "stream"
+    assert _error(CompletionRequest, {"model": "m", "prompt": "x", "stop": [5]})["param"] == "stop.0"
+
+
+def test_ranges_of_the_sampling_fields_are_checked() -> None:
+    base = {"model": "m", "prompt": "x"}
+    assert _error(CompletionRequest, base | {"temperature": 2.5})["param"] == "temperature"
+    assert _error(CompletionRequest, base | {"top_p": 0})["param"] == "top_p"
+    assert _error(CompletionRequest, base | {"n": 0})["param"] == "n"
+    assert _error(CompletionRequest, base | {"logprobs": 21})["param"] == "logprobs"
+    assert _error(CompletionRequest, base | {"top_k": 0})["message"] == (
+        "top_k: must be at least 1, or -1/null for no cut, got 0"
+    )
+    assert _error(CompletionRequest, base | {"stop": ["a", ""]})["message"] == (
+        "stop: stop sequences must be non-empty strings"
+    )
+
+
+def test_penalties_are_accepted_at_zero_and_rejected_clearly_otherwise() -> None:
+    base = {"model": "m", "prompt": "x"}
+    assert validate_request(CompletionRequest, base | {"presence_penalty": 0, "frequency_penalty": 0.0})
+    err = _error(CompletionRequest, base | {"frequency_penalty": 0.5})
+    assert err["param"] == "frequency_penalty"
+    assert "not supported" in err["message"]
+
+
+def test_stream_options_without_stream_name_the_field() -> None:
+    err = _error(CompletionRequest, {"model": "m", "prompt": "x", "stream_options": {"include_usage": True}})
+    assert (err["param"], err["message"]) == (
+        "stream_options",
+        "stream_options: only allowed when stream is true",
+    )
+
+
+def test_an_empty_message_list_is_rejected() -> None:
+    err = _error(ChatCompletionRequest, {"model": "m", "messages": []})
+    assert (err["param"], err["message"]) == ("messages", "messages: must contain at least one message")
+
+
+def test_chat_content_may_be_text_parts_but_not_images() -> None:
+    req = validate_request(
+        ChatCompletionRequest,
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
+        },
+    )
+    assert req.message_dicts() == [{"role": "user", "content": "ab"}]
+    err = _error(
+        ChatCompletionRequest,
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+    )
+    assert err["param"] == "messages.0.content.0.type"
+    assert _error(ChatCompletionRequest, {"model": "m", "messages": [{"role": "bot", "content": "x"}]})[
+        "param"
+    ] == ("messages.0.role")
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens_and_logprobs_need_the_flag() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    req = validate_request(
+        ChatCompletionRequest, {"model": "m", "messages": msgs, "max_tokens": 9, "max_completion_tokens": 4}
+    )
+    assert req.requested_max_tokens == 4
+    req = validate_request(
+        ChatCompletionRequest, {"model": "m", "messages": msgs, "logprobs": True, "top_logprobs": 2}
+    )
+    assert req.num_logprobs == 2
+    assert (
+        _error(ChatCompletionRequest, {"model": "m", "messages": msgs, "top_logprobs": 2})["param"]
+        == "top_logprobs"
+    )
+
+
+def test_malformed_json_and_non_objects_are_400s() -> None:
+    with pytest.raises(APIError) as info:
+        parse_request(CompletionRequest, b'{"model": ')
+    assert info.value.status_code == 400
+    assert info.value.message.startswith("the request body is not valid JSON")
+    with pytest.raises(APIError) as info:
+        parse_request(CompletionRequest, b"[1, 2]")
+    assert info.value.message == "the request body must be a JSON object, got list"
+
+
+def test_tokenize_takes_exactly_one_of_prompt_or_messages() -> None:
+    assert validate_request(TokenizeRequest, {"prompt": "x"}).prompt == "x"
+    assert _error(TokenizeRequest, {})["param"] == "prompt"
+
+
+def test_the_error_body_has_openais_four_fields() -> None:
+    assert error_body("no", param="x") == {
+        "error": {"message": "no", "type": "invalid_request_error", "param": "x", "code": None}
+    }
+    err = model_not_found("gpt-4", "tiny")
+    assert (err.status_code, err.code, err.param) == (404, "model_not_found", "model")
