@@ -174,8 +174,8 @@ class _Exchange:
         headers = header_dict(message.response_headers.headers)
         self.status = int(headers.get(":status", "0")) or None
         added: Mapping[str, str] = {}
-        if self.admitted is not None and self.status is not None:
-            added = self.admitted.response_headers(self.status)
+        if self.admitted is not None:
+            added = self.admitted.response_headers(headers)
         if message.response_headers.end_of_stream:
             await self.finish(complete=True)
         mutation = CommonResponse(header_mutation=set_headers(added)) if added else None

@@ -88,8 +88,11 @@ class Admitted(Protocol):
         """The body to send upstream instead of the client's (None: the client's as it is)."""
         ...
 
-    def response_headers(self, status: int) -> Mapping[str, str]:
-        """Headers to add to the response, given the upstream's status."""
+    def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """Headers to add to the response, given its headers (``:status`` among them).
+
+        Envoy's own replies (no engine answered) lack ``x-envoy-upstream-service-time``.
+        """
         ...
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from fastapi import FastAPI
 from grpclib.server import Server
 
 from kvfleet.router.gateway.ads import AdsServer
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.extproc import ExtProcServer
 from kvfleet.router.gateway.gate import Gate
+from kvfleet.router.gateway.router_gate import RouterGate
 from kvfleet.router.gateway.xds import resources
 
 
@@ -30,3 +32,20 @@ async def serve(gate: Gate, config: GatewayConfig) -> AsyncIterator[AdsServer]:
     finally:
         server.close()
         await server.wait_closed()
+
+
+def attach(app: FastAPI, config: GatewayConfig) -> FastAPI:
+    """Run the gateway's gRPC server for as long as the router ``app`` runs, on its state.
+
+    The router's own lifespan (:func:`kvfleet.router.app.build_app`) starts first, so the
+    gate decides with the same tenants, quotas, queues and fleet as the router's proxy.
+    """
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with inner(app), serve(RouterGate(app.state.router), config):
+            yield
+
+    app.router.lifespan_context = lifespan
+    return app

@@ -1,205 +1,226 @@
-"""Client → the real Envoy → (ext_proc: the router's gate) → engine, end to end on 127.0.0.1."""
+"""Client → the real Envoy → (ext_proc: the router) → engine, end to end on 127.0.0.1.
+
+The router is the real one (:func:`build_app` with the gateway attached, as
+``kvfleet router --envoy-xds-port`` runs it); the client is the official ``openai``
+client; the engines are the router's scripted in-test engines, which record what
+reached them: that is the evidence of where Envoy sent each request.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
+import openai
 import pytest
 import pytest_asyncio
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvfleet.protocol import EngineLoad
+from kvfleet.router.app import build_app
+from kvfleet.router.config import RouterConfig, TenantEntry
 from kvfleet.router.gateway import xds
-from kvfleet.router.gateway.ads import AdsServer
 from kvfleet.router.gateway.config import GatewayConfig
-from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
 from kvfleet.router.gateway.process import EnvoyProcess
-from kvfleet.router.gateway.server import serve
+from kvfleet.router.gateway.server import attach
+from kvfleet.router.state import RouterState
+
+from ..fakes import FakeEngine, served
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-
-def engine_app(name: str, seen: list[dict[str, object]]) -> FastAPI:
-    """A minimal OpenAI-shaped upstream that says who it is."""
-    app = FastAPI()
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        body = await request.json()
-        seen.append({"body": body, "headers": dict(request.headers)})
-        if not body.get("stream"):
-            return JSONResponse({"engine": name, "choices": [{"text": "ok"}], "usage": {"total_tokens": 3}})
-
-        async def events() -> AsyncIterator[str]:
-            for i in range(3):
-                yield f"data: {json.dumps({'engine': name, 'choices': [{'text': str(i)}]})}\n\n"
-                await asyncio.sleep(0.01)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return app
+ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-0123456789"
 
 
-@dataclass
-class Ticket:
-    engine: str
-    chunks: list[bytes] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
-    upstream_body: bytes | None = None
-
-    def response_headers(self, status: int) -> Mapping[str, str]:
-        return {"x-kvfleet-engine": self.engine}
-
-    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
-        self.chunks.append(chunk)
-        return None
-
-    async def finish(self, outcome: Outcome) -> None:
-        self.outcomes.append(outcome)
-
-
-@dataclass
-class BudgetGate:
-    """Keys → tenants, a request budget per tenant, and the engine to send to."""
-
-    engine: str = ""
-    budget: dict[str, int] = field(default_factory=dict)
-    tickets: list[Ticket] = field(default_factory=list)
-
-    async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
-        tenant = {"Bearer key-alpha": "alpha"}.get(headers.get("authorization", ""))
-        if tenant is None:
-            return Reply.error(401, "invalid_api_key", "invalid API key")
-        if self.budget.get(tenant, 1) <= 0:
-            return Reply.error(429, "requests_per_minute", "over requestsPerMinute=1", retry_after_s=41.5)
-        self.budget[tenant] = self.budget.get(tenant, 1) - 1
-        ticket = Ticket(self.engine)
-        self.tickets.append(ticket)
-        return ticket
+def tenant(name: str, key: str, **limits: Any) -> TenantEntry:
+    return TenantEntry.model_validate({"tenant": name, "apiKey": key, "limits": limits})
 
 
 @dataclass
 class Stack:
     envoy: EnvoyProcess
-    ads: AdsServer
-    gate: BudgetGate
-    engines: dict[str, str]  # name -> host:port
-    seen: dict[str, list[dict[str, object]]]
+    state: RouterState
+    engines: dict[str, FakeEngine]  # host:port -> engine
+
+    def client(self, key: str = ALPHA) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.envoy.url}/v1", api_key=key, max_retries=0)
+
+    def received(self) -> dict[str, int]:
+        return {at: len(e.received) for at, e in self.engines.items()}
+
+    def counted(self, tenant: str, code: str) -> float:
+        value: float = self.state.metrics.requests.labels(model="tiny", tenant=tenant, code=code)._value.get()
+        return value
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    free_port: Callable[[], int],
+    engines: list[FakeEngine],
+    tenants: list[TenantEntry],
+    dead: tuple[str, ...] = (),
+    **cfg: Any,
+) -> AsyncIterator[Stack]:
+    """Engines (and ``dead`` URLs), a router with its gateway attached, an Envoy bootstrapped from it."""
+    async with contextlib.AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(served(e.app(), free_port())) for e in engines]
+        config = RouterConfig(
+            engines=urls + list(dead),
+            tenants=tenants,
+            **{"load_interval_s": 0.05, "load_stale_s": 5.0, **cfg},
+        )
+        gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
+        app = attach(build_app(config), gw)
+        await stack.enter_async_context(served(app, free_port()))
+        state: RouterState = app.state.router
+        for _ in range(200):
+            known = state.fleet.engines
+            if all(u in known for u in (*urls, *dead)) and all(known[u].load is not None for u in urls):
+                break
+            await asyncio.sleep(0.02)
+        envoy = EnvoyProcess(gw)
+        await asyncio.to_thread(envoy.start)
+        stack.push_async_callback(asyncio.to_thread, envoy.stop)
+        yield Stack(envoy, state, {u.removeprefix("http://"): e for u, e in zip(urls, engines, strict=True)})
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stack(free_port_module: Callable[[], int]) -> AsyncIterator[Stack]:
-    seen: dict[str, list[dict[str, object]]] = {"a": [], "b": []}
-    servers, engines = [], {}
-    for name in seen:
-        port = free_port_module()
-        config = uvicorn.Config(
-            engine_app(name, seen[name]), host="127.0.0.1", port=port, log_level="warning"
-        )
-        servers.append(uvicorn.Server(config))
-        engines[name] = f"127.0.0.1:{port}"
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
-    gate = BudgetGate()
-    config = GatewayConfig(
-        xds_port=free_port_module(), listen_port=free_port_module(), admin_port=free_port_module()
-    )
-    try:
-        async with serve(gate, config) as ads:
-            envoy = EnvoyProcess(config)
-            await asyncio.to_thread(envoy.start)
-            try:
-                yield Stack(envoy, ads, gate, engines, seen)
-            finally:
-                await asyncio.to_thread(envoy.stop)
-    finally:
-        for s in servers:
-            s.should_exit = True
-        await asyncio.gather(*tasks)
+    tenants = [tenant("alpha", ALPHA), tenant("beta", BETA, requestsPerMinute=1)]
+    async with gateway(free_port_module, [FakeEngine(), FakeEngine()], tenants) as s:
+        yield s
 
 
 async def test_envoy_acknowledges_the_routers_listeners_and_clusters(stack: Stack) -> None:
-    assert stack.ads.acked == {xds.CLUSTER_TYPE: stack.ads.version, xds.LISTENER_TYPE: stack.ads.version}
-    assert stack.ads.rejected == {}
+    config = stack.envoy.config
+    async with httpx.AsyncClient() as http:
+        dump = (await http.get(stack.envoy.admin_url + "/config_dump")).json()
+    dynamic = {c["@type"].rsplit(".", 1)[1]: c for c in dump["configs"]}
+    clusters = [c["cluster"]["name"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]]
+    listeners = [lst["name"] for lst in dynamic["ListenersConfigDump"]["dynamic_listeners"]]
+    assert sorted(clusters) == ["kvfleet_engines", "kvfleet_ext_proc"]
+    assert listeners == ["kvfleet_gateway"]
+    assert {c["version_info"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]} == {
+        xds_version(config)
+    }
 
 
-async def test_an_admitted_request_reaches_the_engine_the_gate_chose_without_the_key(stack: Stack) -> None:
-    stack.gate.engine, stack.gate.budget = stack.engines["b"], {"alpha": 5}
-    before = len(stack.seen["a"])
-    async with httpx.AsyncClient(base_url=stack.envoy.url) as client:
-        r = await client.post(
-            "/v1/completions",
-            json={"model": "tiny", "prompt": "hi"},
-            headers={"authorization": "Bearer key-alpha"},
-        )
-    assert r.status_code == 200
-    assert r.json()["engine"] == "b"
-    assert r.headers["x-kvfleet-engine"] == stack.engines["b"]
-    assert len(stack.seen["a"]) == before
-    assert stack.seen["b"][-1]["body"] == {"model": "tiny", "prompt": "hi"}
-    assert "authorization" not in stack.seen["b"][-1]["headers"]
-    assert stack.gate.tickets[-1].outcomes == [Outcome(status=200, complete=True)]
-    assert json.loads(b"".join(stack.gate.tickets[-1].chunks))["engine"] == "b"
+def xds_version(config: GatewayConfig) -> str:
+    from kvfleet.router.gateway.ads import AdsServer
+
+    return AdsServer(xds.resources(config)).version
+
+
+async def test_a_completion_reaches_the_engine_the_router_chose_and_is_accounted(stack: Stack) -> None:
+    before = stack.received()
+    raw = await stack.client().completions.with_raw_response.create(
+        model="tiny", prompt="hello", max_tokens=5
+    )
+    completion = raw.parse()
+    chosen = raw.headers["x-kvfleet-engine"]
+    after = stack.received()
+    assert {at: after[at] - before[at] for at in after} == {at: int(at == chosen) for at in after}
+    assert completion.choices[0].text == "Hello world"
+    assert stack.engines[chosen].received[-1] == {"model": "tiny", "prompt": "hello", "max_tokens": 5}
+    assert stack.state.quota.in_flight("alpha") == 0
+    assert all(e.in_flight == 0 for e in stack.state.fleet.engines.values())
+
+
+async def test_a_chat_stream_passes_through_event_by_event_with_usage_taken_from_the_engine(
+    stack: Stack,
+) -> None:
+    generated = stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+    chunks = await stack.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    deltas = [c.choices[0].delta.content async for c in chunks]
+    assert deltas == ["Hel", "lo", " world"]  # the usage chunk the router asked for is not the client's
+    engine = next(e for e in stack.engines.values() if e.received and "messages" in e.received[-1])
+    assert engine.received[-1]["stream_options"] == {"include_usage": True}
+    assert (
+        stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+        == generated + 3
+    )
+
+
+async def test_a_client_that_asks_for_usage_gets_the_engines_usage_chunk(stack: Stack) -> None:
+    chunks = await stack.client().completions.create(
+        model="tiny", prompt="x", stream=True, stream_options={"include_usage": True}
+    )
+    usage = [c.usage async for c in chunks if c.usage is not None]
+    assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(7, 3)]
 
 
 async def test_a_bad_key_is_answered_401_by_envoy_and_reaches_no_engine(stack: Stack) -> None:
-    before = {name: len(s) for name, s in stack.seen.items()}
-    async with httpx.AsyncClient(base_url=stack.envoy.url) as client:
-        r = await client.post(
-            "/v1/completions", json={"model": "tiny"}, headers={"authorization": "Bearer nope"}
-        )
-    assert r.status_code == 401
-    assert r.json() == {
-        "error": {
-            "message": "invalid API key",
-            "type": "authentication_error",
-            "param": None,
-            "code": "invalid_api_key",
-        }
+    before = stack.received()
+    with pytest.raises(openai.AuthenticationError) as info:
+        await stack.client("sk-not-a-tenant-000").completions.create(model="tiny", prompt="x")
+    assert info.value.body == {
+        "message": "invalid API key",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
     }
-    assert {name: len(s) for name, s in stack.seen.items()} == before
+    assert stack.received() == before
 
 
-async def test_a_tenant_over_its_limit_gets_429_with_retry_after_before_any_upstream_work(
+async def test_bad_input_is_refused_naming_the_field_before_the_tenants_one_request_is_spent(
     stack: Stack,
 ) -> None:
-    stack.gate.engine, stack.gate.budget = stack.engines["a"], {"alpha": 0}
-    before = {name: len(s) for name, s in stack.seen.items()}
-    async with httpx.AsyncClient(base_url=stack.envoy.url) as client:
-        r = await client.post(
-            "/v1/completions",
-            json={"model": "tiny", "prompt": "x"},
-            headers={"authorization": "Bearer key-alpha"},
+    before = stack.received()
+    async with httpx.AsyncClient(base_url=stack.envoy.url) as http:
+        auth = {"authorization": f"Bearer {BETA}"}
+        bad = await http.post(
+            "/v1/completions", json={"model": "tiny", "max_tokens": 0, "prompt": "x"}, headers=auth
         )
-    assert (r.status_code, r.headers["retry-after"]) == (429, "42")
-    assert r.json()["error"]["code"] == "requests_per_minute"
-    assert {name: len(s) for name, s in stack.seen.items()} == before
+        unknown = await http.post("/v1/completions", json={"model": "nope", "prompt": "x"}, headers=auth)
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "max_tokens"
+    assert "max_tokens" in bad.json()["error"]["message"]
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "model_not_found")
+    assert stack.received() == before
+    ok = await stack.client(BETA).completions.create(
+        model="tiny", prompt="x"
+    )  # requestsPerMinute=1 still whole
+    assert ok.choices[0].text == "Hello world"
 
 
-async def test_server_sent_events_pass_through_envoy_event_by_event(stack: Stack) -> None:
-    stack.gate.engine, stack.gate.budget = stack.engines["a"], {"alpha": 5}
-    events: list[str] = []
-    async with (
-        httpx.AsyncClient(base_url=stack.envoy.url) as client,
-        client.stream(
-            "POST",
-            "/v1/completions",
-            json={"model": "tiny", "prompt": "x", "stream": True},
-            headers={"authorization": "Bearer key-alpha"},
-        ) as r,
-    ):
-        assert r.headers["content-type"].startswith("text/event-stream")
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-    assert events[-1] == "[DONE]"
-    assert [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == ["0", "1", "2"]
-    assert {json.loads(e)["engine"] for e in events[:-1]} == {"a"}
-    ticket = stack.gate.tickets[-1]
-    assert ticket.outcomes == [Outcome(status=200, complete=True)]
-    assert b"".join(ticket.chunks).count(b"data: ") == 4
+async def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_no_engine_work(stack: Stack) -> None:
+    with contextlib.suppress(openai.RateLimitError):
+        await stack.client(BETA).completions.create(
+            model="tiny", prompt="x"
+        )  # spends the minute's one request
+    before = stack.received()
+    with pytest.raises(openai.RateLimitError) as info:
+        await stack.client(BETA).completions.create(model="tiny", prompt="x")
+    response = info.value.response
+    assert response.status_code == 429
+    assert 1 <= int(response.headers["retry-after"]) <= 60
+    assert info.value.body["code"] == "requests_per_minute"
+    assert "requestsPerMinute=1" in info.value.body["message"]
+    assert stack.received() == before
+    assert stack.state.quota.in_flight("beta") == 0
+
+
+async def test_an_unreachable_engine_is_a_503_openai_error_refunded_and_taken_out(
+    free_port: Callable[[], int],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    tenants = [tenant("alpha", ALPHA, tokensPerMinute=1000)]
+    async with gateway(free_port, [], tenants, dead=(dead,), load_interval_s=30) as s:
+        # The router's last word on the engine is a good load: it died since.
+        s.state.fleet.observe(
+            dead, EngineLoad(model="tiny", kv_cache_usage=0.0, num_waiting=0, num_running=0, max_num_seqs=8)
+        )
+        with pytest.raises(openai.APIStatusError) as info:
+            await s.client().completions.create(model="tiny", prompt="x")
+        assert info.value.status_code == 503
+        assert info.value.response.headers["retry-after"] == "1"
+        assert json.loads(info.value.response.content)["error"]["code"] == "engine_unreachable"
+        assert not s.state.fleet.is_ready(s.state.fleet.engines[dead])
+        assert s.state.quota._state["alpha"].tokens.level == pytest.approx(1000, abs=1)
+        assert s.counted("alpha", "502") == 1

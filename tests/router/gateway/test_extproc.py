@@ -25,8 +25,8 @@ class Ticket:
     chunks: list[tuple[bytes, bool]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def response_headers(self, status: int) -> Mapping[str, str]:
-        self.statuses.append(status)
+    def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        self.statuses.append(int(headers[":status"]))
         return {"x-kvfleet-engine": self.engine}
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
