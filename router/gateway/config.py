@@ -8,7 +8,7 @@ from it and from nothing else.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENGINES_CLUSTER = "kvfleet_engines"
 EXT_PROC_CLUSTER = "kvfleet_ext_proc"
@@ -33,3 +33,12 @@ class GatewayConfig(BaseModel):
         default=15.0, gt=0, description="how long Envoy waits for one ext_proc answer (admission may queue)"
     )
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Envoy's connect timeout to an engine")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> GatewayConfig:
+        ports = {"xds_port": self.xds_port, "listen_port": self.listen_port, "admin_port": self.admin_port}
+        for name, port in ports.items():
+            clash = [other for other, p in ports.items() if p == port and other != name]
+            if clash:
+                raise ValueError(f"{name}={port} is also {clash[0]}: the gateway needs three distinct ports")
+        return self
