@@ -176,7 +176,13 @@ async def _serve(args: argparse.Namespace) -> None:
         f"http://{args.host}:{args.port}/v1{key_note}",
         flush=True,
     )
-    try:  # uvicorn turns SIGINT/SIGTERM into a graceful stop; then the engines drain
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then restores the handlers it found and
+    # raises the signal again; with ours in place that second delivery only asks to stop,
+    # so the engines below are drained instead of orphaned.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    try:
         await server.serve()
     finally:
         await fleet.close()
