@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvfleet.router.gateway.config import GatewayConfig
+
 
 class ConfigError(ValueError):
     """A configuration value the router refuses, with the field and the reason."""
@@ -99,6 +101,7 @@ class RouterConfig(BaseModel):
     slo: SLO = Field(default_factory=SLO, description="SLO of models no InferenceService describes")
     autoscale_interval_s: float = Field(default=5.0, gt=0)
     redis_lease_s: float = Field(default=900.0, gt=0, description="a concurrency slot's expiry")
+    envoy: GatewayConfig | None = Field(default=None, description="Envoy gateway mode (--envoy-xds-port)")
 
     @field_validator("engines")
     @classmethod
