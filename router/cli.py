@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from kvfleet.router.gateway.config import GatewayConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +43,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slo-ttft-ms", type=float, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=float, help="TPOT target of models without an InferenceService")
+    parser.add_argument(
+        "--envoy-xds-port", type=int, help="Envoy gateway mode: serve ADS + ext_proc on this port"
+    )
+    parser.add_argument("--envoy-xds-host", help="the address Envoy dials for ADS/ext_proc (default: --host)")
+    parser.add_argument("--envoy-port", type=int, default=10000, help="Envoy's listener for clients")
+    parser.add_argument("--envoy-admin-port", type=int, default=9901, help="Envoy's admin port")
+    parser.add_argument("--envoy-bootstrap", type=Path, help="write Envoy's bootstrap (JSON) to this file")
     parser.add_argument("--log-level", default="warning")
+
+
+def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
+    from kvfleet.router.gateway.config import GatewayConfig
+
+    if args.envoy_xds_port is None:
+        return None
+    return GatewayConfig(
+        xds_host=args.envoy_xds_host or args.host,
+        xds_bind=args.host,
+        xds_port=args.envoy_xds_port,
+        listen_port=args.envoy_port,
+        admin_port=args.envoy_admin_port,
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> object:
@@ -61,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
         slo=SLO(ttftMs=args.slo_ttft_ms, tpotMs=args.slo_tpot_ms),
+        envoy=_envoy_from_args(args),
     )
 
 
@@ -81,5 +107,19 @@ def run(args: argparse.Namespace) -> int:
     if not config.engines and not config.kubernetes:
         print("kvfleet router: give --engines URL,... or --kubernetes", file=sys.stderr)
         return 2
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level=args.log_level)
+    if args.envoy_bootstrap is not None and config.envoy is None:
+        print("kvfleet router: --envoy-bootstrap needs --envoy-xds-port", file=sys.stderr)
+        return 2
+    if config.envoy is not None and config.port in (config.envoy.xds_port, config.envoy.listen_port):
+        print(f"kvfleet router: --port {config.port} is also one of Envoy's ports", file=sys.stderr)
+        return 2
+    app = build_app(config)
+    if config.envoy is not None:
+        from kvfleet.router.gateway.server import attach
+        from kvfleet.router.gateway.xds import write_bootstrap
+
+        if args.envoy_bootstrap is not None:
+            write_bootstrap(config.envoy, args.envoy_bootstrap)
+        app = attach(app, config.envoy)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
     return 0

@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvfleet.router.gateway.config import GatewayConfig
+
 
 class ConfigError(ValueError):
     """A configuration value the router refuses, with the field and the reason."""
@@ -92,10 +94,14 @@ class RouterConfig(BaseModel):
     max_engine_queue: int = Field(default=4, ge=0, description="requests past max_num_seqs per engine")
     admission: bool = Field(default=True, description="False: never queue, send to an engine at once")
     max_queue_wait_s: float = Field(default=10.0, gt=0)
+    cold_start_wait_s: float = Field(
+        default=180.0, gt=0, description="queue deadline while scaling from zero"
+    )
     max_queue_len: int = Field(default=1024, ge=0)
     slo: SLO = Field(default_factory=SLO, description="SLO of models no InferenceService describes")
     autoscale_interval_s: float = Field(default=5.0, gt=0)
     redis_lease_s: float = Field(default=900.0, gt=0, description="a concurrency slot's expiry")
+    envoy: GatewayConfig | None = Field(default=None, description="Envoy gateway mode (--envoy-xds-port)")
 
     @field_validator("engines")
     @classmethod

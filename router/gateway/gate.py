@@ -1,0 +1,110 @@
+"""What the ext_proc server asks of the router: the small interface between Envoy and the request path.
+
+The ext_proc layer (:mod:`kvfleet.router.gateway.extproc`) only translates Envoy's
+messages; every decision is the router's, behind :class:`Gate`:
+
+- :meth:`Gate.admit` sees the request's headers and whole body once and answers a
+  :class:`Reply` (Envoy answers the client itself: a 401/403/404/429 with
+  ``Retry-After``, before any upstream work) or an :class:`Admitted` request, which
+  names the engine (``host:port``) and may replace the body sent upstream.
+- The :class:`Admitted` request then watches its response go by (headers, body chunks,
+  which it may rewrite) and is :meth:`Admitted.finish`\\ ed exactly once, when the
+  response ended or the stream was cut: that settles quota and frees the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response Envoy sends to the client without going upstream."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def error(
+        cls,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> Reply:
+        """An OpenAI error body; ``Retry-After`` in whole seconds, at least 1."""
+        body = {
+            "error": {
+                "message": message,
+                "type": _ERROR_TYPES.get(status, "server_error"),
+                "param": param,
+                "code": code,
+            }
+        }
+        headers = {"content-type": "application/json"}
+        if retry_after_s is not None:
+            headers["retry-after"] = str(max(1, math.ceil(retry_after_s)))
+        return cls(status, json.dumps(body).encode(), headers)
+
+    @classmethod
+    def json(cls, status: int, doc: object) -> Reply:
+        return cls(status, json.dumps(doc).encode(), {"content-type": "application/json"})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an admitted request's response ended."""
+
+    status: int | None  # the upstream's status; None when no response headers arrived
+    complete: bool  # the whole response reached the client
+
+
+class Admitted(Protocol):
+    """One admitted request, from the engine pick to its settlement."""
+
+    @property
+    def engine(self) -> str:
+        """``host:port`` of the engine reserved for this request."""
+        ...
+
+    @property
+    def upstream_body(self) -> bytes | None:
+        """The body to send upstream instead of the client's (None: the client's as it is)."""
+        ...
+
+    def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """Headers to add to the response, given its headers (``:status`` among them).
+
+        Envoy's own replies (no engine answered) lack ``x-envoy-upstream-service-time``.
+        """
+        ...
+
+    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
+        """Observe one chunk of the response; return what to send instead (None: it as it is)."""
+        ...
+
+    async def finish(self, outcome: Outcome) -> None:
+        """Settle the request (quota, engine, metrics); called exactly once."""
+        ...
+
+
+class Gate(Protocol):
+    async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
+        """Authenticate, validate, check quota, queue, pick: an engine or the reply to send."""
+        ...

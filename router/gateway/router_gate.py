@@ -1,0 +1,156 @@
+"""The router's request path behind the :class:`~kvfleet.router.gateway.gate.Gate` interface.
+
+:class:`RouterGate` runs, for a request Envoy shows it, the same steps as the router's
+own proxy (:func:`kvfleet.router.proxy.serve`), with the router's own functions:
+authenticate, parse and validate the body, check model and per-request limits, take
+quota, wait in the model's admission queue and pick an engine. Envoy then carries the
+bytes; the :class:`RouterTicket` watches them go by through the router's
+:class:`~kvfleet.router.accounting.Exchange` (first token, usage) and settles the
+request exactly once, as the proxy would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from kvfleet.protocol import HEADER_ENGINE
+from kvfleet.router.accounting import Exchange
+from kvfleet.router.deps import authenticate
+from kvfleet.router.errors import RouterError
+from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
+from kvfleet.router.proxy import _Events, check_request, place, take_quota
+from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
+from kvfleet.router.state import RouterState
+from kvfleet.router.tenants import Tenant
+
+UPSTREAM_TIME = "x-envoy-upstream-service-time"  # present only on responses an upstream sent
+
+
+def reply_for(err: RouterError) -> Reply:
+    return Reply.error(err.status, err.code, err.message, param=err.param, retry_after_s=err.retry_after_s)
+
+
+@dataclass
+class RouterTicket:
+    """One admitted request while Envoy relays it; settles it with what the engine reported."""
+
+    ex: Exchange
+    status: int | None = None
+    from_engine: bool = False
+    whole: bytearray = field(default_factory=bytearray)
+    events: _Events = field(default_factory=_Events)
+
+    @property
+    def engine(self) -> str:
+        assert self.ex.placement is not None
+        return urlsplit(self.ex.placement.url).netloc
+
+    @property
+    def upstream_body(self) -> bytes | None:
+        req = self.ex.req
+        if not req.stream or req.client_wants_usage:
+            return None
+        return json.dumps(req.upstream_body()).encode()  # asks the engine for the usage chunk
+
+    def _streaming(self) -> bool:
+        return self.ex.req.stream and self.status == 200 and self.from_engine
+
+    def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        self.status = int(headers.get(":status", "0")) or None
+        self.from_engine = UPSTREAM_TIME in headers
+        added = {HEADER_ENGINE: self.engine}
+        if not self.from_engine:
+            added.update(_unreachable().headers)
+        return added
+
+    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
+        if not self.from_engine:
+            return _unreachable().body if end_of_stream else b""
+        if not self._streaming():
+            self.whole += chunk
+            return None
+        # Invariant: only whole SSE events go on; a partial one waits for the rest of it.
+        out = b"".join(
+            kept + b"\n\n"
+            for event in self.events.feed(chunk)
+            if (kept := self.ex.on_event(event)) is not None
+        )
+        if end_of_stream and self.events.buffer.strip():
+            out, self.events.buffer = out + self.events.buffer, b""
+        return None if out == chunk else out
+
+    async def finish(self, outcome: Outcome) -> None:
+        ex = self.ex
+        if self.status is None or (self.from_engine and not outcome.complete):
+            await ex.finish(499, used=ex.used_tokens(), reason="client_disconnected")
+        elif not self.from_engine:
+            await ex.engine_failed()
+        elif self.status != 200:
+            await ex.finish(self.status, used=0, reason="engine_error")
+        elif ex.req.stream:
+            await (ex.finish(200, used=ex.used_tokens(), reason=None) if ex.saw_done else ex.engine_failed())
+        else:
+            await self._finish_whole()
+
+    async def _finish_whole(self) -> None:
+        try:
+            body = json.loads(bytes(self.whole))
+        except json.JSONDecodeError:
+            await self.ex.engine_failed()
+            return
+        usage = body.get("usage") if isinstance(body, dict) else None
+        self.ex.usage = usage if isinstance(usage, dict) else None
+        await self.ex.finish(200, used=self.ex.used_tokens(), reason=None)
+
+
+def _unreachable() -> Reply:
+    """What the client gets when Envoy could not reach the chosen engine (not Envoy's plain text)."""
+    err = RouterError(503, "engine_unreachable", "the chosen engine could not be reached", retry_after_s=1.0)
+    return reply_for(err)
+
+
+class RouterGate:
+    """The :class:`Gate` of a running router: its tenants, quotas, queues and fleet."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+
+    async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
+        method, path = headers.get(":method", ""), headers.get(":path", "").split("?", 1)[0]
+        try:
+            tenant = authenticate(self.state, headers.get("authorization"))
+            if method == "POST" and path in (COMPLETIONS, CHAT):
+                return await self._admit_completion(tenant, path, body)
+            if method == "GET" and path == "/v1/models":
+                names = sorted(m for m in self.state.fleet.models() if tenant.may_use(m))
+                data = [{"id": m, "object": "model", "owned_by": "kvfleet"} for m in names]
+                return Reply.json(200, {"object": "list", "data": data})
+        except RouterError as err:
+            return reply_for(err)
+        return reply_for(RouterError(404, "not_found", f"no route for {method} {path} at the gateway"))
+
+    async def _admit_completion(self, tenant: Tenant, path: str, body: bytes) -> Admitted | Reply:
+        state = self.state
+        try:
+            req = parse_request(path, body, state.config.default_max_tokens)
+        except RouterError as err:
+            state.metrics.reject("unknown", tenant.name, err.code, err.status)
+            raise
+        estimate = check_request(state, tenant, req)
+        ex = Exchange(
+            state, tenant, req, prompt_estimate=req.prompt_tokens_estimate(state.config.chars_per_token)
+        )
+        try:
+            await take_quota(state, ex, estimate)
+            ex.placement = await place(state, ex)
+        except RouterError as err:
+            await ex.finish(err.status, used=None, reason=err.code)
+            raise
+        except BaseException:  # Envoy gave up on the stream (the client left) while it was queued
+            await asyncio.shield(ex.finish(499, used=None, reason="client_disconnected"))
+            raise
+        return RouterTicket(ex)

@@ -1,0 +1,51 @@
+"""The router's gRPC port for Envoy: ADS and ext_proc on one grpclib server (DESIGN §6).
+
+``kvfleet router --envoy-xds-port P`` runs :func:`serve` next to the router's HTTP app,
+in the same event loop, so ext_proc decisions use the very state the router's own
+proxy uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from grpclib.server import Server
+
+from kvfleet.router.gateway.ads import AdsServer
+from kvfleet.router.gateway.config import GatewayConfig
+from kvfleet.router.gateway.extproc import ExtProcServer
+from kvfleet.router.gateway.gate import Gate
+from kvfleet.router.gateway.router_gate import RouterGate
+from kvfleet.router.gateway.xds import resources
+
+
+@contextlib.asynccontextmanager
+async def serve(gate: Gate, config: GatewayConfig) -> AsyncIterator[AdsServer]:
+    """Listen on ``config.xds_bind:xds_port`` until the block exits; yields the ADS service."""
+    ads = AdsServer(resources(config))
+    server = Server([ads, ExtProcServer(gate)])
+    await server.start(config.xds_bind, config.xds_port)
+    try:
+        yield ads
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def attach(app: FastAPI, config: GatewayConfig) -> FastAPI:
+    """Run the gateway's gRPC server for as long as the router ``app`` runs, on its state.
+
+    The router's own lifespan (:func:`kvfleet.router.app.build_app`) starts first, so the
+    gate decides with the same tenants, quotas, queues and fleet as the router's proxy.
+    """
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with inner(app), serve(RouterGate(app.state.router), config):
+            yield
+
+    app.router.lifespan_context = lifespan
+    return app

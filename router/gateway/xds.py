@@ -1,0 +1,214 @@
+"""The xDS resources the router serves to its Envoy gateway, and Envoy's bootstrap (DESIGN §6).
+
+Envoy starts from a minimal bootstrap (:func:`bootstrap`): a node id, an admin port and
+one static cluster, the router's gRPC port, used for ADS. Over ADS the router then
+serves (:func:`resources`):
+
+- LDS: one listener, an HTTP connection manager whose filters are ext_proc (the
+  router decides: reject, or name the engine) then the router filter; one route sends
+  everything to the engines cluster, without a timeout so streams can last.
+- CDS: the ext_proc cluster (the same gRPC port, HTTP/2) and the engines cluster,
+  ``ORIGINAL_DST`` reading its destination from the ``x-kvfleet-engine: host:port``
+  header that ext_proc sets; so Envoy needs no endpoint list and engines coming
+  and going never change the resources.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import betterproto2
+from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapDynamicResources
+from envoy_data_plane.envoy.config.bootstrap.v3 import BootstrapStaticResources as StaticResources
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    Cluster,
+    ClusterDiscoveryType,
+    ClusterLbPolicy,
+    ClusterOriginalDstLbConfig,
+)
+from envoy_data_plane.envoy.config.core.v3 import (
+    Address,
+    AggregatedConfigSource,
+    ApiConfigSource,
+    ApiConfigSourceApiType,
+    ApiVersion,
+    ConfigSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    Http2ProtocolOptions,
+    Node,
+    SocketAddress,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
+from envoy_data_plane.envoy.config.route.v3 import (
+    Route,
+    RouteAction,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpConnectionManagerCodecType,
+    HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.google.protobuf import Any as AnyProto
+
+from kvfleet.protocol import HEADER_ENGINE
+from kvfleet.router.gateway.config import (
+    ADS_CLUSTER,
+    ENGINES_CLUSTER,
+    EXT_PROC_CLUSTER,
+    LISTENER,
+    NODE_CLUSTER,
+    GatewayConfig,
+)
+
+LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+HTTP_OPTIONS_EXTENSION = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _address(host: str, port: int) -> Address:
+    return Address(socket_address=SocketAddress(address=host, port_value=port))
+
+
+def _seconds(s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=s)
+
+
+def _static_http2_cluster(name: str, host: str, port: int) -> Cluster:
+    """A one-endpoint cluster spoken to in HTTP/2 (gRPC needs it)."""
+    h2 = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions()
+        )
+    )
+    endpoint = LbEndpoint(endpoint=Endpoint(address=_address(host, port)))
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=_seconds(1.0),
+        typed_extension_protocol_options={HTTP_OPTIONS_EXTENSION: AnyProto.pack(h2)},
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=name, endpoints=[LocalityLbEndpoints(lb_endpoints=[endpoint])]
+        ),
+    )
+
+
+def ext_proc_cluster(config: GatewayConfig) -> Cluster:
+    return _static_http2_cluster(EXT_PROC_CLUSTER, config.xds_host, config.xds_port)
+
+
+def engines_cluster(config: GatewayConfig) -> Cluster:
+    """Every engine, addressed per request by the ``x-kvfleet-engine`` header ext_proc sets."""
+    return Cluster(
+        name=ENGINES_CLUSTER,
+        type=ClusterDiscoveryType.ORIGINAL_DST,
+        lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+        connect_timeout=_seconds(config.connect_timeout_s),
+        original_dst_lb_config=ClusterOriginalDstLbConfig(
+            use_http_header=True, http_header_name=HEADER_ENGINE
+        ),
+    )
+
+
+def ext_proc_filter(config: GatewayConfig) -> ExternalProcessor:
+    """Headers and the whole request body to the router; the response streamed past it."""
+    return ExternalProcessor(
+        grpc_service=GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)),
+        failure_mode_allow=False,
+        message_timeout=_seconds(config.message_timeout_s),
+        processing_mode=ProcessingMode(
+            request_header_mode=ProcessingModeHeaderSendMode.SEND,
+            request_body_mode=ProcessingModeBodySendMode.BUFFERED,
+            request_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+            response_header_mode=ProcessingModeHeaderSendMode.SEND,
+            response_body_mode=ProcessingModeBodySendMode.STREAMED,
+            response_trailer_mode=ProcessingModeHeaderSendMode.SKIP,
+        ),
+    )
+
+
+def listener(config: GatewayConfig) -> Listener:
+    route = Route(
+        match=RouteMatch(prefix="/"),
+        route=RouteAction(cluster=ENGINES_CLUSTER, timeout=_seconds(0)),
+    )
+    hcm = HttpConnectionManager(
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        stat_prefix="kvfleet",
+        route_config=RouteConfiguration(
+            name="kvfleet_routes", virtual_hosts=[VirtualHost(name="engines", domains=["*"], routes=[route])]
+        ),
+        http_filters=[
+            HttpFilter(
+                name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(config))
+            ),
+            HttpFilter(name="envoy.filters.http.router", typed_config=AnyProto.pack(Router())),
+        ],
+    )
+    hcm_filter = Filter(name="envoy.filters.network.http_connection_manager", typed_config=AnyProto.pack(hcm))
+    return Listener(
+        name=LISTENER,
+        address=_address(config.listen_host, config.listen_port),
+        filter_chains=[FilterChain(filters=[hcm_filter])],
+    )
+
+
+def resources(config: GatewayConfig) -> dict[str, list[betterproto2.Message]]:
+    """Every resource of the gateway, by xDS type URL."""
+    return {
+        LISTENER_TYPE: [listener(config)],
+        CLUSTER_TYPE: [ext_proc_cluster(config), engines_cluster(config)],
+    }
+
+
+def bootstrap(config: GatewayConfig) -> Bootstrap:
+    """Envoy's start-up config: who it is, its admin port, and ADS at the router."""
+    ads = ApiConfigSource(
+        api_type=ApiConfigSourceApiType.GRPC,
+        transport_api_version=ApiVersion.V3,
+        grpc_services=[GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=ADS_CLUSTER))],
+        set_node_on_first_message_only=True,
+    )
+    from_ads = ConfigSource(ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3)
+    return Bootstrap(
+        node=Node(id=config.node_id, cluster=NODE_CLUSTER),
+        admin=Admin(address=_address("127.0.0.1", config.admin_port)),
+        static_resources=StaticResources(
+            clusters=[_static_http2_cluster(ADS_CLUSTER, config.xds_host, config.xds_port)]
+        ),
+        dynamic_resources=BootstrapDynamicResources(ads_config=ads, lds_config=from_ads, cds_config=from_ads),
+    )
+
+
+def bootstrap_json(config: GatewayConfig) -> dict[str, Any]:
+    """The bootstrap as the JSON Envoy reads with ``-c FILE``."""
+    doc: dict[str, Any] = json.loads(bootstrap(config).to_json())
+    return doc
+
+
+def write_bootstrap(config: GatewayConfig, path: Path) -> Path:
+    path.write_text(json.dumps(bootstrap_json(config), indent=2) + "\n")
+    return path

@@ -1,0 +1,226 @@
+"""Client → the real Envoy → (ext_proc: the router) → engine, end to end on 127.0.0.1.
+
+The router is the real one (:func:`build_app` with the gateway attached, as
+``kvfleet router --envoy-xds-port`` runs it); the client is the official ``openai``
+client; the engines are the router's scripted in-test engines, which record what
+reached them: that is the evidence of where Envoy sent each request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from kvfleet.protocol import EngineLoad
+from kvfleet.router.app import build_app
+from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.router.gateway import xds
+from kvfleet.router.gateway.config import GatewayConfig
+from kvfleet.router.gateway.process import EnvoyProcess
+from kvfleet.router.gateway.server import attach
+from kvfleet.router.state import RouterState
+
+from ..fakes import FakeEngine, served
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-0123456789"
+
+
+def tenant(name: str, key: str, **limits: Any) -> TenantEntry:
+    return TenantEntry.model_validate({"tenant": name, "apiKey": key, "limits": limits})
+
+
+@dataclass
+class Stack:
+    envoy: EnvoyProcess
+    state: RouterState
+    engines: dict[str, FakeEngine]  # host:port -> engine
+
+    def client(self, key: str = ALPHA) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.envoy.url}/v1", api_key=key, max_retries=0)
+
+    def received(self) -> dict[str, int]:
+        return {at: len(e.received) for at, e in self.engines.items()}
+
+    def counted(self, tenant: str, code: str) -> float:
+        value: float = self.state.metrics.requests.labels(model="tiny", tenant=tenant, code=code)._value.get()
+        return value
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    free_port: Callable[[], int],
+    engines: list[FakeEngine],
+    tenants: list[TenantEntry],
+    dead: tuple[str, ...] = (),
+    **cfg: Any,
+) -> AsyncIterator[Stack]:
+    """Engines (and ``dead`` URLs), a router with its gateway attached, an Envoy bootstrapped from it."""
+    async with contextlib.AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(served(e.app(), free_port())) for e in engines]
+        config = RouterConfig(
+            engines=urls + list(dead),
+            tenants=tenants,
+            **{"load_interval_s": 0.05, "load_stale_s": 5.0, **cfg},
+        )
+        gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
+        app = attach(build_app(config), gw)
+        await stack.enter_async_context(served(app, free_port()))
+        state: RouterState = app.state.router
+        for _ in range(200):
+            known = state.fleet.engines
+            if all(u in known for u in (*urls, *dead)) and all(known[u].load is not None for u in urls):
+                break
+            await asyncio.sleep(0.02)
+        envoy = EnvoyProcess(gw)
+        await asyncio.to_thread(envoy.start)
+        stack.push_async_callback(asyncio.to_thread, envoy.stop)
+        yield Stack(envoy, state, {u.removeprefix("http://"): e for u, e in zip(urls, engines, strict=True)})
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(free_port_module: Callable[[], int]) -> AsyncIterator[Stack]:
+    tenants = [tenant("alpha", ALPHA), tenant("beta", BETA, requestsPerMinute=1)]
+    async with gateway(free_port_module, [FakeEngine(), FakeEngine()], tenants) as s:
+        yield s
+
+
+async def test_envoy_acknowledges_the_routers_listeners_and_clusters(stack: Stack) -> None:
+    config = stack.envoy.config
+    async with httpx.AsyncClient() as http:
+        dump = (await http.get(stack.envoy.admin_url + "/config_dump")).json()
+    dynamic = {c["@type"].rsplit(".", 1)[1]: c for c in dump["configs"]}
+    clusters = [c["cluster"]["name"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]]
+    listeners = [lst["name"] for lst in dynamic["ListenersConfigDump"]["dynamic_listeners"]]
+    assert sorted(clusters) == ["kvfleet_engines", "kvfleet_ext_proc"]
+    assert listeners == ["kvfleet_gateway"]
+    assert {c["version_info"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]} == {
+        xds_version(config)
+    }
+
+
+def xds_version(config: GatewayConfig) -> str:
+    from kvfleet.router.gateway.ads import AdsServer
+
+    return AdsServer(xds.resources(config)).version
+
+
+async def test_a_completion_reaches_the_engine_the_router_chose_and_is_accounted(stack: Stack) -> None:
+    before = stack.received()
+    raw = await stack.client().completions.with_raw_response.create(
+        model="tiny", prompt="hello", max_tokens=5
+    )
+    completion = raw.parse()
+    chosen = raw.headers["x-kvfleet-engine"]
+    after = stack.received()
+    assert {at: after[at] - before[at] for at in after} == {at: int(at == chosen) for at in after}
+    assert completion.choices[0].text == "Hello world"
+    assert stack.engines[chosen].received[-1] == {"model": "tiny", "prompt": "hello", "max_tokens": 5}
+    assert stack.state.quota.in_flight("alpha") == 0
+    assert all(e.in_flight == 0 for e in stack.state.fleet.engines.values())
+
+
+async def test_a_chat_stream_passes_through_event_by_event_with_usage_taken_from_the_engine(
+    stack: Stack,
+) -> None:
+    generated = stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+    chunks = await stack.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    deltas = [c.choices[0].delta.content async for c in chunks]
+    assert deltas == ["Hel", "lo", " world"]  # the usage chunk the router asked for is not the client's
+    engine = next(e for e in stack.engines.values() if e.received and "messages" in e.received[-1])
+    assert engine.received[-1]["stream_options"] == {"include_usage": True}
+    assert (
+        stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+        == generated + 3
+    )
+
+
+async def test_a_client_that_asks_for_usage_gets_the_engines_usage_chunk(stack: Stack) -> None:
+    chunks = await stack.client().completions.create(
+        model="tiny", prompt="x", stream=True, stream_options={"include_usage": True}
+    )
+    usage = [c.usage async for c in chunks if c.usage is not None]
+    assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(7, 3)]
+
+
+async def test_a_bad_key_is_answered_401_by_envoy_and_reaches_no_engine(stack: Stack) -> None:
+    before = stack.received()
+    with pytest.raises(openai.AuthenticationError) as info:
+        await stack.client("sk-not-a-tenant-000").completions.create(model="tiny", prompt="x")
+    assert info.value.body == {
+        "message": "invalid API key",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    assert stack.received() == before
+
+
+async def test_bad_input_is_refused_naming_the_field_before_the_tenants_one_request_is_spent(
+    stack: Stack,
+) -> None:
+    before = stack.received()
+    async with httpx.AsyncClient(base_url=stack.envoy.url) as http:
+        auth = {"authorization": f"Bearer {BETA}"}
+        bad = await http.post(
+            "/v1/completions", json={"model": "tiny", "max_tokens": 0, "prompt": "x"}, headers=auth
+        )
+        unknown = await http.post("/v1/completions", json={"model": "nope", "prompt": "x"}, headers=auth)
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "max_tokens"
+    assert "max_tokens" in bad.json()["error"]["message"]
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "model_not_found")
+    assert stack.received() == before
+    ok = await stack.client(BETA).completions.create(
+        model="tiny", prompt="x"
+    )  # requestsPerMinute=1 still whole
+    assert ok.choices[0].text == "Hello world"
+
+
+async def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_no_engine_work(stack: Stack) -> None:
+    with contextlib.suppress(openai.RateLimitError):
+        await stack.client(BETA).completions.create(
+            model="tiny", prompt="x"
+        )  # spends the minute's one request
+    before = stack.received()
+    with pytest.raises(openai.RateLimitError) as info:
+        await stack.client(BETA).completions.create(model="tiny", prompt="x")
+    response = info.value.response
+    assert response.status_code == 429
+    assert 1 <= int(response.headers["retry-after"]) <= 60
+    assert info.value.body["code"] == "requests_per_minute"
+    assert "requestsPerMinute=1" in info.value.body["message"]
+    assert stack.received() == before
+    assert stack.state.quota.in_flight("beta") == 0
+
+
+async def test_an_unreachable_engine_is_a_503_openai_error_refunded_and_taken_out(
+    free_port: Callable[[], int],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    tenants = [tenant("alpha", ALPHA, tokensPerMinute=1000)]
+    async with gateway(free_port, [], tenants, dead=(dead,), load_interval_s=30) as s:
+        # The router's last word on the engine is a good load: it died since.
+        s.state.fleet.observe(
+            dead, EngineLoad(model="tiny", kv_cache_usage=0.0, num_waiting=0, num_running=0, max_num_seqs=8)
+        )
+        with pytest.raises(openai.APIStatusError) as info:
+            await s.client().completions.create(model="tiny", prompt="x")
+        assert info.value.status_code == 503
+        assert info.value.response.headers["retry-after"] == "1"
+        assert json.loads(info.value.response.content)["error"]["code"] == "engine_unreachable"
+        assert not s.state.fleet.is_ready(s.state.fleet.engines[dead])
+        assert s.state.quota._state["alpha"].tokens.level == pytest.approx(1000, abs=1)
+        assert s.counted("alpha", "502") == 1
