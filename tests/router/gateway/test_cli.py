@@ -42,11 +42,18 @@ def test_the_envoy_flags_become_the_configs_gateway_part() -> None:
         "10080",
     ]
     config = cli.config_from_args(
-        parse([*argv, "--envoy-admin-port", "9911", "--envoy-xds-host", "router.svc"])
+        parse(
+            [*argv, "--envoy-admin-port", "9911", "--envoy-xds-host", "router.svc", "--max-queue-wait", "20"]
+        )
     )
     assert isinstance(config, RouterConfig)
     assert config.envoy == GatewayConfig(
-        xds_host="router.svc", xds_bind="0.0.0.0", xds_port=18000, listen_port=10080, admin_port=9911
+        xds_host="router.svc",
+        xds_bind="0.0.0.0",
+        xds_port=18000,
+        listen_port=10080,
+        admin_port=9911,
+        message_timeout_s=25.0,
     )
 
 
