@@ -12,9 +12,11 @@ It prints figures and writes them to ``$OUT/gpu_decode.txt`` (or ``bench/results
    initialised Llama-3.2-1B- and Llama-3-8B-shaped models at batch 1, 32 and 128, with the
    triton backend and with the torch reference as the baseline of the same run.
 
-Step 3 runs the engine's own model (``kvfleet.engine.model.llama``, the forward the
-``ModelRunner`` calls) when it is installed; otherwise a stand-in, labelled as such in the
-output: per layer the q/k/v, output and SwiGLU projections as dense matmuls around the
+Step 3 runs the engine's own model (``kvfleet.engine.model.llama``: the forward that
+``ModelRunner.execute`` calls, with random weights built on the device, since a runner loads
+a checkpoint folder and writing 16 GB of random safetensors would eat the GPU loan; the
+runner's batch flattening and sampling are left out) when it is installed; otherwise a
+stand-in, labelled as such in the output: per layer the q/k/v, output and SwiGLU projections as dense matmuls around the
 same store_kv + attention calls, then the lm_head (no norms, no RoPE, no sampling).
 
 Run on the GPU machine:  .venv/bin/python bench/gpu_decode.py
@@ -204,7 +206,7 @@ def model_decoder(
         with torch.inference_mode():
             return model(ids, positions, caches, meta, backend, rows)
 
-    return Decoder("engine model (kvfleet.engine.model.llama)", step)
+    return Decoder("engine model forward (kvfleet.engine.model.llama)", step)
 
 
 @dataclass(frozen=True)

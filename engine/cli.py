@@ -1,15 +1,182 @@
-"""`kvfleet engine`: not built yet; the engine issue (#2, #3) fills it in."""
+"""``kvfleet engine``: serve one model with the paged-KV engine over the OpenAI API (DESIGN.md §3, §5).
+
+Where it sits: ``kvfleet.cli`` dispatches here; :func:`run` turns the flags into one
+validated ``EngineConfig`` (plus the simulator's settings), builds the runner (the real
+model, or ``--simulate``'s timing model), wraps the ``Engine`` in the HTTP app and serves
+it until SIGTERM drains it. This module imports nothing heavy at import time, and the
+simulated path never imports torch.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import sys
+from typing import TYPE_CHECKING, Any
+
+from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
+
+if TYPE_CHECKING:
+    from kvfleet.engine.config import EngineConfig
+    from kvfleet.engine.server.state import ServerState
+
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 1 << 10,
+    "mi": 1 << 20,
+    "gi": 1 << 30,
+    "ti": 1 << 40,
+}
+
+
+def byte_size(text: str) -> int:
+    """``8589934592``, ``8GiB``, ``512MiB``, ``16G`` → bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (use e.g. 8589934592, 8GiB, 512MiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    _server_arguments(parser)
+    _engine_arguments(parser)
+    _sim_arguments(parser)
+
+
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model and server")
+    g.add_argument(
+        "--model", default="tiny", help="a Hugging Face checkpoint folder, or 'tiny' (the embedded model)"
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="the name clients send as 'model' (default: the folder's)"
+    )
+    g.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0, as in a pod)")
+    g.add_argument("--port", type=int, default=DEFAULT_ENGINE_PORT)
+    g.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
+    )
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    e = parser.add_argument_group("engine")
+    e.add_argument("--max-num-seqs", type=int, default=256)
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    mem = e.add_mutually_exclusive_group()
+    mem.add_argument(
+        "--kv-cache-memory", type=byte_size, default=None, metavar="BYTES", help="KV cache size (8GiB)"
+    )
+    mem.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+    e.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV block count (wins over memory)")
+    e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    e.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--attention", default="torch", choices=["torch", "triton"], help="attention backend")
+    e.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
+
+
+def _sim_arguments(parser: argparse.ArgumentParser) -> None:
+    s = parser.add_argument_group("simulated mode (no model, no torch: a timing model on the real scheduler)")
+    s.add_argument("--simulate", action="store_true", help="replace the model with a timing model")
+    s.add_argument(
+        "--sim-gpu", default="h100", help="GPU whose datasheet times the steps (h100, a100, l4, ...)"
+    )
+    s.add_argument(
+        "--sim-model",
+        default=None,
+        help="model whose shape times the steps (default: --model, or llama-3-8b)",
+    )
+    s.add_argument(
+        "--sim-speedup", type=float, default=1.0, help="run the simulated clock this many times faster"
+    )
+    s.add_argument(
+        "--sim-base-ms", type=float, default=None, help="fixed cost of a step (default: weights / bandwidth)"
+    )
+    s.add_argument(
+        "--sim-per-token-ms", type=float, default=None, help="cost per batched token (default: compute)"
+    )
+    s.add_argument(
+        "--sim-per-context-token-us",
+        type=float,
+        default=None,
+        help="cost per token of context read (default: KV bytes)",
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The one validated config of this process (pydantic names the bad flag's field)."""
+    from kvfleet.engine.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        device="cpu" if args.simulate else args.device,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_kv_blocks=args.num_kv_blocks,
+        enable_prefix_caching=not args.no_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+        attention_backend=args.attention,
+    )
+
+
+def build_server_state(args: argparse.Namespace) -> ServerState:
+    from kvfleet.engine.server.app import build_state
+
+    if args.simulate:
+        from kvfleet.engine.sim import build_simulated
+
+        engine = build_simulated(args)
+    else:
+        from kvfleet.engine.engine import Engine
+
+        engine = Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
+    return build_state(
+        engine,
+        engine.tokenizer,
+        name=engine.model_name,
+        max_model_len=engine.max_model_len,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    print("kvfleet engine: not yet built", file=sys.stderr)
-    return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        state = build_server_state(args)
+    except (ValueError, OSError) as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
+        print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    from kvfleet.engine.server.app import create_app
+    from kvfleet.engine.server.serve import serve
+
+    return serve(
+        create_app(state),
+        state,
+        host=args.host,
+        port=args.port,
+        drain_timeout=args.drain_timeout,
+        log_level=args.log_level,
+    )
+
+
+def _one_line(exc: Any) -> str:
+    return " ".join(str(exc).split())

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.detokenizer import IncrementalDetokenizer
 from kvfleet.engine.interfaces import Runner, Tokenizer
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
@@ -74,13 +75,6 @@ class _Request:
         )
 
 
-def _default_detokenizer(tokenizer: Tokenizer) -> Detokenizer:
-    from kvfleet.engine.detokenizer import IncrementalDetokenizer
-
-    detokenizer: Detokenizer = IncrementalDetokenizer(tokenizer)
-    return detokenizer
-
-
 class Engine:
     def __init__(
         self,
@@ -117,7 +111,7 @@ class Engine:
             policy=config.scheduling_policy,
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
-        self._detokenizer = detokenizer_factory or _default_detokenizer
+        self._detokenizer_factory = detokenizer_factory
         self._requests: dict[str, _Request] = {}
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -144,9 +138,14 @@ class Engine:
             Sequence(request_id, prompt_ids, params, index=i, arrival_time=arrival, priority=priority)
             for i in range(params.n)
         ]
-        states = [SeqOutputState(seq, self._detokenizer(self.tokenizer)) for seq in seqs]
+        states = [SeqOutputState(seq, self._make_detokenizer(params)) for seq in seqs]
         self._requests[request_id] = _Request(request_id, prompt_ids, states)
         self.scheduler.add(seqs[0], forks=seqs[1:])
+
+    def _make_detokenizer(self, params: SamplingParams) -> Detokenizer:
+        if self._detokenizer_factory is not None:
+            return self._detokenizer_factory(self.tokenizer)
+        return IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

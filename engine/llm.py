@@ -47,6 +47,9 @@ class LLM:
     def _run(self, pending: set[str]) -> dict[str, RequestOutput]:
         finals: dict[str, RequestOutput] = {}
         while len(finals) < len(pending):
+            if not self.engine.has_unfinished_requests():
+                missing = sorted(pending - set(finals))
+                raise RuntimeError(f"requests {missing} left the engine without a final output")
             for out in self.engine.step():
                 if out.finished and out.request_id in pending:
                     finals[out.request_id] = out

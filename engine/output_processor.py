@@ -27,6 +27,10 @@ class Detokenizer(Protocol):
         """The text the new tokens add (never a split UTF-8 character)."""
         ...
 
+    def flush(self) -> str:
+        """At the end: the incomplete bytes left over, as U+FFFD."""
+        ...
+
 
 DetokenizerFactory = Callable[[Tokenizer], Detokenizer]
 
@@ -94,6 +98,7 @@ class SeqOutputState:
                 self.stop_reason = stop
                 return self._finish(SequenceStatus.FINISHED_STOPPED)
         if self.seq.num_output_tokens >= params.max_tokens or self.seq.num_tokens >= max_len:
+            self.text += self.detokenizer.flush()
             return self._finish(SequenceStatus.FINISHED_LENGTH)
         return None
 

@@ -1,15 +1,62 @@
-"""`kvfleet operator`: not built yet; the operator issue (#5) fills it in."""
+"""`kvfleet operator`: the kopf operator for InferenceService and TenantQuota (DESIGN.md §3, §7)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+from pydantic import ValidationError
+
+from .config import DEFAULT_ENGINE_IMAGE, DEFAULT_PEERING_NAME, OperatorConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    parser.add_argument(
+        "--engine-image", default=DEFAULT_ENGINE_IMAGE, help="image when spec.engine.image is unset"
+    )
+    parser.add_argument(
+        "--standalone", action="store_true", help="no peering: act even if other replicas run"
+    )
+    parser.add_argument(
+        "--peering-name", default=DEFAULT_PEERING_NAME, help="the KopfPeering object replicas share"
+    )
+    parser.add_argument("--priority", type=int, default=None, help="peering priority (default: random)")
+    parser.add_argument(
+        "--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument("--verbose", "-v", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    fields = {
+        "namespaces": tuple(args.namespace),
+        "all_namespaces": args.all_namespaces,
+        "engine_image": args.engine_image,
+        "standalone": args.standalone,
+        "peering_name": args.peering_name,
+        "liveness_endpoint": args.liveness,
+    }
+    if args.priority is not None:
+        fields["priority"] = args.priority
+    return OperatorConfig.model_validate(fields)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("kvfleet operator: not yet built", file=sys.stderr)
-    return 2
+    try:
+        config = config_from_args(args)
+    except ValidationError as exc:
+        print(f"kvfleet operator: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
+    from .runtime import run as run_operator  # kopf loads only when the operator really runs
+
+    run_operator(config)
+    return 0

@@ -100,7 +100,7 @@ class AdmissionQueue(Generic[P]):
                 return placed
         self._enqueue(ticket)
         assert ticket.future is not None
-        timeout = self.max_wait_s if deadline_s is None else min(deadline_s, self.max_wait_s)
+        timeout = self.max_wait_s if deadline_s is None else deadline_s
         try:
             return await asyncio.wait_for(asyncio.shield(ticket.future), timeout)
         except TimeoutError:

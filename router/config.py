@@ -94,6 +94,9 @@ class RouterConfig(BaseModel):
     max_engine_queue: int = Field(default=4, ge=0, description="requests past max_num_seqs per engine")
     admission: bool = Field(default=True, description="False: never queue, send to an engine at once")
     max_queue_wait_s: float = Field(default=10.0, gt=0)
+    cold_start_wait_s: float = Field(
+        default=180.0, gt=0, description="queue deadline while scaling from zero"
+    )
     max_queue_len: int = Field(default=1024, ge=0)
     slo: SLO = Field(default_factory=SLO, description="SLO of models no InferenceService describes")
     autoscale_interval_s: float = Field(default=5.0, gt=0)

@@ -43,6 +43,7 @@ from kvfleet.protocol import (
 )
 from kvfleet.router.config import SLO, RouterConfig, TenantSpec
 from kvfleet.router.discovery import AutoscalingSpec, Endpoint, FleetView, Service
+from kvfleet.router.picker import POLICIES
 from kvfleet.router.tenants import TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,11 @@ def service_of(obj: dict[str, Any]) -> Service | None:
         log.warning("InferenceService %s/%s ignored: %s", namespace, name, exc.errors()[0]["msg"])
         return None
     policy = (spec.get("routing") or {}).get("policy")
+    if policy is not None and policy not in POLICIES:
+        log.warning(
+            "InferenceService %s/%s: unknown routing policy %r, using the default", namespace, name, policy
+        )
+        policy = None
     return Service(name=name, model=model, namespace=namespace, policy=policy, slo=slo, autoscaling=auto)
 
 

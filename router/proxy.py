@@ -80,7 +80,8 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
     service = fleet.service_for(model)
     can_appear = service is not None and service.autoscaling is not None
-    if not fleet.ready_engines(model):
+    cold = not fleet.ready_engines(model)
+    if cold:
         if not can_appear:
             raise RouterError(
                 503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
@@ -106,7 +107,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     queue = state.queue(model)
     enqueued = time.perf_counter()
     try:
-        return await queue.admit(ticket)
+        return await queue.admit(ticket, state.config.cold_start_wait_s if cold else None)
     except Shed as shed:
         raise RouterError(shed.status, shed.reason, shed.message, retry_after_s=shed.retry_after_s) from None
     finally:
@@ -161,7 +162,7 @@ async def serve(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Respo
         with anyio.CancelScope(shield=True):
             await ex.finish(499, used=None, reason="client_disconnected")
         raise
-    headers = _engine_header(upstream.request.url.scheme + "://" + upstream.request.url.netloc.decode())
+    headers = _engine_header(ex.placement.url)
     if upstream.status_code != 200 or not req.stream:
         return await relay_whole(ex, upstream, headers)
     return StreamingResponse(relay_stream(ex, upstream), media_type="text/event-stream", headers=headers)

@@ -1,7 +1,8 @@
 """A client's request as the router reads it, checked before anything is spent (DESIGN §6).
 
-The body is parsed and validated first (a 400 naming the field), so a malformed request
-never takes a request, tokens or a concurrency slot from its tenant's quota. The
+The body is parsed and validated first, by the same models the engine uses
+(:mod:`kvfleet.openai_api`; a 400 naming the field), so a malformed request never takes
+a request, tokens or a concurrency slot from its tenant's quota. The
 router forwards the body it received, adding only ``stream_options.include_usage``
 to streams so that it can account the real usage.
 """
@@ -13,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvfleet import openai_api
+from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
 from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
 
@@ -41,46 +44,26 @@ class ParsedRequest:
         return {**self.body, "stream_options": options}
 
 
-def _bad(message: str, param: str | None) -> RouterError:
-    return RouterError(400, "invalid_request", message, param=param)
-
-
-def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str) -> Any:
-    value = body.get(name)
-    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
-        raise _bad(f"'{name}' must be {what}, got {json.dumps(value)[:60]}", name)
-    return value
-
-
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
+    """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
+    parsed: ChatCompletionRequest | CompletionRequest
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(f"request body is not valid JSON: {exc}", None) from None
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object", None)
-    model = _field(body, "model", (str,), "a string")
-    if not model:
-        raise _bad("'model' is required", "model")
-    if path == CHAT:
-        messages = _field(body, "messages", (list,), "a list of messages")
-        if not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise _bad("'messages' must be a non-empty list of objects with a 'role'", "messages")
-    elif _field(body, "prompt", (str, list), "a string or a list") in (None, "", []):
-        raise _bad("'prompt' is required", "prompt")
-    max_tokens = _field(body, "max_tokens", (int,), "an integer")
-    if max_tokens is None:
-        max_tokens = _field(body, "max_completion_tokens", (int,), "an integer")
-    if max_tokens is not None and max_tokens < 1:
-        raise _bad(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
-    stream = bool(_field(body, "stream", (bool,), "a boolean"))
-    options = _field(body, "stream_options", (dict,), "an object") or {}
+        if path == CHAT:
+            parsed = openai_api.parse_request(ChatCompletionRequest, raw)
+        else:
+            parsed = openai_api.parse_request(CompletionRequest, raw)
+    except openai_api.APIError as exc:
+        raise RouterError(
+            exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
+        ) from None
+    body: dict[str, Any] = json.loads(raw)
+    max_tokens = parsed.requested_max_tokens
     return ParsedRequest(
         path=path,
-        model=model,
+        model=parsed.model,
         body=body,
-        stream=stream,
-        client_wants_usage=bool(options.get("include_usage")),
+        stream=parsed.stream,
+        client_wants_usage=parsed.include_usage,
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
         prompt=prompt_text(body),
     )

@@ -39,25 +39,6 @@ class ByteTokenizer:
         return "".join(str(m["content"]) for m in messages)
 
 
-class ByteDetokenizer:
-    """Holds back bytes until they form whole UTF-8 characters."""
-
-    def __init__(self, tokenizer: ByteTokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.pending = b""
-
-    def push(self, token_ids: list[int]) -> str:
-        self.pending += b"".join(self.tokenizer.token_bytes(t) for t in token_ids)
-        for cut in range(len(self.pending), max(-1, len(self.pending) - 4), -1):
-            try:
-                text = self.pending[:cut].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            self.pending = self.pending[cut:]
-            return text
-        return ""
-
-
 def next_byte(last: int) -> int:
     """'a' → 'b' → ... → 'z' → 'a'; anything else → 'a'."""
     return ord("a") + (last - ord("a") + 1) % 26 if ord("a") <= last <= ord("z") else ord("a")
@@ -109,6 +90,6 @@ def make_engine(tokenizer: ByteTokenizer) -> Callable[..., Any]:
         config.setdefault("block_size", 4)
         config.setdefault("max_model_len", 64)
         runner = FakeRunner(num_kv_blocks, config["block_size"], next_token)
-        return Engine(EngineConfig(**config), runner, tokenizer, detokenizer_factory=ByteDetokenizer)
+        return Engine(EngineConfig(**config), runner, tokenizer)
 
     return build

@@ -198,3 +198,21 @@ def test_stats_count_tokens_prefix_hits_and_preemptions(make_engine: MakeEngine)
         generation_tokens_total=8,
         num_requests_finished=2,
     )
+
+
+def test_streamed_text_never_splits_a_utf8_character(make_engine: MakeEngine) -> None:
+    script = dict(zip([97, 0xC3, 0xA9, 0xE2, 0x82], [0xC3, 0xA9, 0xE2, 0x82, 0xAC], strict=True))  # a → é → €
+    engine = make_engine(next_token=lambda last: script.get(last, 98))
+    engine.add_request("r", "a", SamplingParams(max_tokens=6))
+    updates = run(engine)
+    assert [u.outputs[0].new_text for u in updates] == ["", "é", "", "", "€", "b"]
+    assert updates[-1].outputs[0].text == "é€b"
+
+
+def test_an_engine_given_a_runner_without_a_tokenizer_is_refused(make_engine: MakeEngine) -> None:
+    from kvfleet.engine.config import EngineConfig
+
+    from .conftest import FakeRunner
+
+    with pytest.raises(ValueError, match="pass both runner and tokenizer, or neither"):
+        Engine(EngineConfig(), FakeRunner())

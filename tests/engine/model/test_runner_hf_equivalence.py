@@ -1,4 +1,7 @@
-"""The model runner, driven by hand-built scheduler plans, against transformers' greedy generate."""
+"""The model runner, driven by hand-built scheduler plans, against transformers' greedy generate.
+
+These run the torch backend; test_engine_hf_equivalence.py runs the same scenarios through the
+whole engine on both backends (triton interpreted on the CPU)."""
 
 from __future__ import annotations
 
@@ -54,8 +57,11 @@ def run_step(runner: ModelRunner, plan: SchedulerPlan) -> dict[int, int]:
     return {seq_id: r.token_id for seq_id, r in results.items()}
 
 
-def make_runner(folder: Path, num_blocks: int = 64) -> ModelRunner:
-    return ModelRunner(EngineConfig(model=str(folder), block_size=BLOCK, num_kv_blocks=num_blocks), folder)
+def make_runner(folder: Path, num_blocks: int = 64, backend: str = "torch") -> ModelRunner:
+    config = EngineConfig(
+        model=str(folder), block_size=BLOCK, num_kv_blocks=num_blocks, attention_backend=backend
+    )
+    return ModelRunner(config, folder)
 
 
 def new_seq(prompt: list[int]) -> Sequence:

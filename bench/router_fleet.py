@@ -1,0 +1,263 @@
+"""Shared plumbing of the router benches: simulated engines, a router process, the workload.
+
+Every bench here runs real processes: ``kvfleet engine --simulate`` (the real scheduler
+and KV accounting on a timing model) as the fleet, ``kvfleet router`` (or vLLM's
+``vllm-router``) in front, and drives them with ``kvfleet bench``'s load core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from kvfleet.bench.load import LoadSpec, stream_one
+from kvfleet.bench.stats import BenchSummary, RequestRecord, summarize
+
+KEY = "sk-bench-0123456789"
+RESULTS = Path(__file__).parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up in {timeout_s}s")
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    max_num_seqs: int = 16
+    num_kv_blocks: int = 512
+    base_ms: float = 10.0
+    per_token_ms: float = 0.05
+    per_context_token_us: float = 0.0
+    max_model_len: int = 4096
+
+    def argv(self) -> list[str]:
+        return [
+            "--max-num-seqs", str(self.max_num_seqs), "--num-kv-blocks", str(self.num_kv_blocks),
+            "--sim-base-ms", str(self.base_ms), "--sim-per-token-ms", str(self.per_token_ms),
+            "--sim-per-context-token-us", str(self.per_context_token_us), "--max-model-len", str(self.max_model_len),
+        ]  # fmt: skip
+
+
+def kvfleet_bin() -> list[str]:
+    return [sys.executable, "-m", "kvfleet.cli"]
+
+
+@contextlib.contextmanager
+def engines(n: int, flags: EngineFlags, cpus: str | None = None) -> Iterator[list[str]]:
+    """``n`` simulated engines of the tiny model; yields their base URLs."""
+    pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
+    ports = [free_port() for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [
+                *pin,
+                *kvfleet_bin(),
+                "engine",
+                "--simulate",
+                "--model",
+                "tiny",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                *flags.argv(),
+            ],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        for port in ports
+    ]
+    try:
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for url, proc in zip(urls, procs, strict=True):
+            _wait_http(url + "/health", proc)
+        yield urls
+    finally:
+        _stop(procs)
+
+
+def tenants_file(directory: Path, tenants: Sequence[tuple[str, str]] = (("bench", KEY),)) -> Path:
+    path = directory / "tenants.yaml"
+    lines = ["tenants:"]
+    for name, key in tenants:
+        lines += [f"  - tenant: {name}", f"    apiKey: {key}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@contextlib.contextmanager
+def kvfleet_router(urls: Sequence[str], extra: Sequence[str] = (), cpus: str | None = None) -> Iterator[str]:
+    """A ``kvfleet router`` process in front of ``urls``; yields its base URL."""
+    pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        argv = [*pin, *kvfleet_bin(), "router", "--engines", ",".join(urls), "--port", str(port),
+                "--tenants", str(tenants_file(Path(tmp))), *extra]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_http(url + "/ready", proc)
+            for _ in range(600):  # until every engine's load has been read
+                if sum(httpx.get(url + "/ready", timeout=2).json()["ready_engines"].values()) == len(urls):
+                    break
+                time.sleep(0.05)
+            yield url
+        finally:
+            _stop([proc])
+
+
+@contextlib.contextmanager
+def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> Iterator[str]:
+    pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
+    binary = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
+    port = free_port()
+    argv = [*pin, binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy,
+            "--log-level", "warning", "--prometheus-port", str(free_port())]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url + "/health", proc)
+        yield url
+    finally:
+        _stop([proc])
+
+
+def prefix_counts(urls: Sequence[str]) -> tuple[float, float]:
+    """(hits, queries) summed over the engines' Prometheus counters."""
+    hits = queries = 0.0
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        for name, value in re.findall(
+            r"^(kvfleet_engine_prefix_cache_\w+_total)(?:\{[^}]*\})? (\S+)$", text, re.M
+        ):
+            if name.endswith("hits_total"):
+                hits += float(value)
+            elif name.endswith("queries_total"):
+                queries += float(value)
+    return hits, queries
+
+
+@dataclass(frozen=True)
+class ChatWorkload:
+    """Chat requests whose system prompts come from ``groups`` long shared prefixes."""
+
+    groups: int = 16
+    prefix_words: int = 150
+    question_words: int = 12
+    max_tokens: int = 16
+    seed: int = 0
+
+    def bodies(self, n: int, model: str = "tiny") -> list[dict[str, object]]:
+        rng = random.Random(self.seed)
+        vocab = ["the", "of", "and", "to", "in", "is", "it", "that", "for", "on", "was", "with", "as", "at"]
+        systems = [
+            " ".join(rng.choice(vocab) for _ in range(self.prefix_words)) + f" [{g}]"
+            for g in range(self.groups)
+        ]
+        bodies: list[dict[str, object]] = []
+        for _ in range(n):
+            question = " ".join(rng.choice(vocab) for _ in range(self.question_words))
+            bodies.append({
+                "model": model, "max_tokens": self.max_tokens, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True,
+                "messages": [{"role": "system", "content": rng.choice(systems)}, {"role": "user", "content": question}],
+            })  # fmt: skip
+        return bodies
+
+
+async def drive(
+    url: str,
+    bodies: Sequence[dict[str, object]],
+    *,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    endpoint: str = "chat",
+    seed: int = 0,
+    timeout_s: float = 120.0,
+) -> tuple[list[RequestRecord], float]:
+    """Send ``bodies`` open-loop at ``rate`` (Poisson) or closed-loop with ``concurrency`` clients."""
+    spec = LoadSpec(
+        url=url, model="tiny", endpoint=endpoint, api_key=KEY, num_requests=len(bodies), timeout_s=timeout_s
+    )  # type: ignore[arg-type]
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+        start = time.perf_counter()
+
+        async def one(body: dict[str, object]) -> RequestRecord:
+            return await stream_one(client, spec, dict(body), 0, time.perf_counter)
+
+        if concurrency is not None:
+            it = iter(bodies)
+            records: list[RequestRecord] = []
+
+            async def worker() -> None:
+                for body in it:
+                    records.append(await one(body))
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        else:
+            tasks, t = [], 0.0
+            for body in bodies:
+                delay = start + t - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(one(body)))
+                t += rng.expovariate(rate) if rate else 0.0
+            records = list(await asyncio.gather(*tasks))
+        return records, time.perf_counter() - start
+
+
+def summary(records: list[RequestRecord], duration: float, slo_ttft_s: float | None = None,
+            slo_tpot_s: float | None = None) -> BenchSummary:  # fmt: skip
+    return summarize(records, duration, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def header(title: str) -> str:
+    cpu = os.cpu_count()
+    return f"# {title}\n# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {cpu} CPUs, simulated engines\n"

@@ -1,0 +1,85 @@
+"""The engine's HTTP app: ``create_app(state)`` wires the routers, the error bodies and the engine loop's life.
+
+Where it sits: ``kvfleet engine`` (``engine/cli.py``) builds an ``Engine``, wraps it with
+:func:`build_state` and serves :func:`create_app` on uvicorn (``engine/server/serve.py``);
+tests do the same with a small engine. The lifespan starts the ``AsyncEngine`` thread
+when the server starts and stops it when the server exits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from kvfleet import __version__
+from kvfleet.engine.async_engine import AsyncEngine, EngineCore
+from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.server.errors import install_error_handlers
+from kvfleet.engine.server.metrics import ServerMetrics
+from kvfleet.engine.server.routes import chat, completions, models, ops
+from kvfleet.engine.server.state import ServedModel, ServerState
+
+
+def build_state(
+    engine: EngineCore,
+    tokenizer: Tokenizer,
+    *,
+    name: str,
+    max_model_len: int,
+    block_size: int,
+    max_num_seqs: int,
+) -> ServerState:
+    """The engine behind its loop thread, with the metrics observing it."""
+    async_engine = AsyncEngine(engine)
+    metrics = ServerMetrics(name, stats=lambda: async_engine.stats_snapshot)
+    async_engine.observer = metrics
+    model = ServedModel(name, max_model_len, block_size, max_num_seqs, created=int(time.time()))
+    return ServerState(engine=async_engine, tokenizer=tokenizer, model=model, metrics=metrics)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            state.engine.stop()
+
+    app = FastAPI(title="kvfleet engine", version=__version__, lifespan=lifespan)
+    app.state.kvfleet = state
+    install_error_handlers(app)
+    for module in (completions, chat, models, ops):
+        app.include_router(module.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with its 422 replaced by the 400 OpenAI error body the server really sends."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                responses = op.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses.setdefault(
+                        "400",
+                        {
+                            "description": "bad input, naming the field",
+                            "content": {
+                                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+                            },
+                        },
+                    )
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema

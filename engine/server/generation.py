@@ -1,0 +1,205 @@
+"""What completions and chat completions share: prompt checks, sampling params, submission, merged streams.
+
+Where it sits: the two routers turn their request bodies into token-id prompts and a
+``SamplingParams`` here, submit one engine request per prompt (``<response id>-<i>``),
+then read :func:`merged` outputs and shape them into their own response types. Output
+deltas are tracked per choice by :class:`ChoiceCursor`, so a stream never repeats or
+skips a token's logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from fastapi import Request
+
+from kvfleet.engine.async_engine import RequestStream
+from kvfleet.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
+from kvfleet.engine.server.state import ServerState
+from kvfleet.openai_api import APIError, ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_responses import FinishReason, Usage
+
+DISCONNECT_POLL_S = 0.2
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, max_model_len: int, index: int) -> None:
+    where = "prompt" if index == 0 else f"prompt[{index}]"
+    if not ids:
+        raise APIError(400, f"{where}: the prompt is empty (0 tokens)", param="prompt")
+    bad = next((t for t in ids if t >= vocab_size), None)
+    if bad is not None:
+        raise APIError(
+            400, f"{where}: token id {bad} is outside the vocabulary (size {vocab_size})", param="prompt"
+        )
+    if len(ids) >= max_model_len:
+        raise APIError(
+            400,
+            f"{where}: the prompt is {len(ids)} tokens, but this model's maximum context length is "
+            f"{max_model_len} tokens (prompt and completion together)",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    """The completion budget: the request's, or what the context leaves; over the context is a 400."""
+    room = max_model_len - prompt_len
+    if requested is None:
+        return room
+    if requested > room:
+        raise APIError(
+            400,
+            f"max_tokens: this model's maximum context length is {max_model_len} tokens, but the request "
+            f"asks for {prompt_len + requested} ({prompt_len} in the prompt, {requested} for the completion)",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_params(
+    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
+) -> SamplingParams:
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=None if req.top_k in (None, -1) else req.top_k,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=min(req.min_tokens, max_tokens),
+            stop=tuple(req.stop_list),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )
+    except SamplingParamsError as exc:
+        raise APIError(400, str(exc), param=exc.field) from None
+
+
+@dataclass
+class Submitted:
+    streams: list[RequestStream]
+    prompt_lens: list[int]
+
+
+async def submit(
+    state: ServerState,
+    response_id: str,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    priority: int,
+) -> Submitted:
+    """One engine request per prompt; if the engine refuses one, the ones already added are aborted."""
+    streams: list[RequestStream] = []
+    try:
+        for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+            streams.append(await state.engine.generate(f"{response_id}-{i}", ids, p, priority=priority))
+    except ValueError as exc:
+        abort_unfinished(state, streams)
+        raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None
+    except BaseException:
+        abort_unfinished(state, streams)
+        raise
+    return Submitted(streams, [len(p) for p in prompts])
+
+
+def abort_unfinished(state: ServerState, streams: Sequence[RequestStream]) -> None:
+    for s in streams:
+        if not s.finished:
+            state.engine.abort(s.request_id)
+
+
+async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from every stream, in the order they arrive."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out))
+        except Exception as exc:
+            queue.put_nowait((i, exc))
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(
+    request: Request, state: ServerState, streams: Sequence[RequestStream]
+) -> AsyncIterator[None]:
+    """While the body runs, a client that goes away aborts the streams' sequences (non-streaming path)."""
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        abort_unfinished(state, streams)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+class ChoiceCursor:
+    """Per choice (prompt index × n + sample index): what was already sent, to send only what is new."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.sent_logprobs: dict[int, int] = {}
+        self.completion_tokens: dict[int, int] = {}
+        self.finished: set[int] = set()
+
+    def choice_index(self, prompt_index: int, out: CompletionOutput) -> int:
+        return prompt_index * self.n + out.index
+
+    def new_logprobs(self, choice: int, out: CompletionOutput) -> list[TokenLogprob]:
+        if out.logprobs is None:
+            return []
+        start = self.sent_logprobs.get(choice, 0)
+        self.sent_logprobs[choice] = len(out.logprobs)
+        return list(out.logprobs[start:])
+
+    def record(self, choice: int, out: CompletionOutput) -> None:
+        self.completion_tokens[choice] = len(out.token_ids)
+        if out.finished:
+            self.finished.add(choice)
+
+    def usage(self, prompt_tokens: int) -> Usage:
+        tokens = sum(self.completion_tokens.values())
+        return Usage(
+            prompt_tokens=prompt_tokens, completion_tokens=tokens, total_tokens=prompt_tokens + tokens
+        )
+
+
+def finish_reason(out: CompletionOutput) -> FinishReason | None:
+    """The engine's finish reason; SequenceStatus has exactly OpenAI's three (and vLLM's "abort")."""
+    return cast("FinishReason | None", out.finish_reason)
+
+
+def token_text(state: ServerState, token_id: int) -> str:
+    return state.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")

@@ -1,0 +1,1 @@
+"""The engine server's routers, one module per resource."""

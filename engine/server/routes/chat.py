@@ -1,0 +1,151 @@
+"""``POST /v1/chat/completions``: chat, whole or streamed as SSE ending in ``data: [DONE]``.
+
+Where it sits: the messages are rendered by the tokenizer's chat template and encoded
+without adding special tokens (the template holds them, as transformers does it); one
+engine request carries the ``n`` choices. A stream opens each choice with a
+``{"role": "assistant", "content": ""}`` delta, then sends content deltas, then a delta
+with the finish reason, then (``stream_options.include_usage``) a usage chunk.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
+from kvfleet.engine.server import generation as gen
+from kvfleet.engine.server.sse import GENERATION_RESPONSES, sse_done, sse_event, start_stream
+from kvfleet.engine.server.state import ServerState, State
+from kvfleet.openai_api import APIError, ChatCompletionRequest
+from kvfleet.openai_responses import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+router = APIRouter(tags=["chat"])
+
+
+def chat_prompt_ids(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
+    try:
+        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except ValueError as exc:  # ChatTemplateError: no template, or it refused the messages
+        raise APIError(400, f"messages: {exc}", param="messages") from None
+    return state.tokenizer.encode(text, add_special_tokens=False)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
+async def create_chat_completion(
+    body: ChatCompletionRequest, state: State, request: Request
+) -> ChatCompletionResponse | StreamingResponse:
+    state.check_accepting(body.model)
+    ids = chat_prompt_ids(state, body.message_dicts())
+    gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
+    max_tokens = gen.resolve_max_tokens(body.requested_max_tokens, len(ids), state.model.max_model_len)
+    params = gen.sampling_params(body, max_tokens, body.num_logprobs)
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        return await start_stream(
+            state,
+            response_id,
+            [ids],
+            [params],
+            body.priority,
+            lambda sub: _stream(state, body, response_id, sub),
+        )
+    async with state.in_flight.track():
+        sub = await gen.submit(state, response_id, [ids], [params], body.priority)
+        async with gen.abort_on_disconnect(request, state, sub.streams):
+            return await _collect(state, body, response_id, sub)
+
+
+async def _collect(
+    state: ServerState, body: ChatCompletionRequest, response_id: str, sub: gen.Submitted
+) -> ChatCompletionResponse:
+    final: dict[int, CompletionOutput] = {}
+    async for _, out in gen.merged(sub.streams):
+        for c in out.outputs:
+            final[c.index] = c
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ChatResponseMessage(content=c.text),
+            logprobs=_logprobs(state, c.logprobs or [], body.top_logprobs or 0) if body.logprobs else None,
+            finish_reason=gen.finish_reason(c),
+            stop_reason=c.stop_reason,
+        )
+        for i, c in sorted(final.items())
+    ]
+    tokens = sum(len(c.token_ids) for c in final.values())
+    prompt = sub.prompt_lens[0]
+    return ChatCompletionResponse(
+        id=response_id,
+        created=int(time.time()),
+        model=state.model.name,
+        choices=choices,
+        usage=Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens),
+    )
+
+
+async def _stream(
+    state: ServerState, body: ChatCompletionRequest, response_id: str, sub: gen.Submitted
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    cursor = gen.ChoiceCursor(body.n)
+
+    def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
+        return sse_event(
+            ChatCompletionChunk(
+                id=response_id, created=created, model=state.model.name, choices=choices, usage=usage
+            )
+        )
+
+    yield chunk(
+        [ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")) for i in range(body.n)]
+    )
+    async for _, out in gen.merged(sub.streams):
+        for c in out.outputs:
+            new_lp = cursor.new_logprobs(c.index, c)
+            cursor.record(c.index, c)
+            if not c.new_text and not c.finished and not new_lp:
+                continue
+            lp = _logprobs(state, new_lp, body.top_logprobs or 0) if body.logprobs else None
+            delta = ChatDelta(content=c.new_text or None)
+            yield chunk(
+                [
+                    ChatChunkChoice(
+                        index=c.index,
+                        delta=delta,
+                        logprobs=lp,
+                        finish_reason=gen.finish_reason(c),
+                        stop_reason=c.stop_reason,
+                    )
+                ]
+            )
+    if body.include_usage:
+        yield chunk([], cursor.usage(sub.prompt_lens[0]))
+    yield sse_done()
+
+
+def _logprobs(state: ServerState, items: list[TokenLogprob], k: int) -> ChatLogprobs:
+    def entry(token_id: int, logprob: float) -> TopLogprob:
+        raw = state.tokenizer.token_bytes(token_id)
+        return TopLogprob(token=raw.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(raw))
+
+    content = []
+    for t in items:
+        e = entry(t.token_id, t.logprob)
+        tops = [entry(tid, lp) for tid, lp in t.top[:k]]
+        content.append(ChatTokenLogprob(token=e.token, logprob=e.logprob, bytes=e.bytes, top_logprobs=tops))
+    return ChatLogprobs(content=content)

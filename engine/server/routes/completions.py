@@ -1,0 +1,151 @@
+"""``POST /v1/completions``: text completion, whole or streamed as SSE ending in ``data: [DONE]``.
+
+Where it sits: after FastAPI parsed the body into a ``CompletionRequest`` (errors become
+OpenAI 400s in ``engine/server/errors.py``), this router tokenizes each prompt, checks it
+against the context, submits one engine request per prompt and shapes the outputs. Choice
+``i`` of prompt ``p`` has index ``p × n + i``, as OpenAI numbers them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
+from kvfleet.engine.server import generation as gen
+from kvfleet.engine.server.sse import GENERATION_RESPONSES, sse_done, sse_event, start_stream
+from kvfleet.engine.server.state import ServerState, State
+from kvfleet.openai_api import CompletionRequest
+from kvfleet.openai_responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
+
+router = APIRouter(tags=["completions"])
+
+
+def _tokenize(state: ServerState, req: CompletionRequest) -> list[list[int]]:
+    prompts = []
+    for i, p in enumerate(req.prompts()):
+        ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, i)
+        prompts.append(ids)
+    return prompts
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATION_RESPONSES)
+async def create_completion(
+    body: CompletionRequest, state: State, request: Request
+) -> CompletionResponse | StreamingResponse:
+    state.check_accepting(body.model)
+    prompts = _tokenize(state, body)
+    params = [
+        gen.sampling_params(
+            body, gen.resolve_max_tokens(body.max_tokens, len(p), state.model.max_model_len), body.logprobs
+        )
+        for p in prompts
+    ]
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        return await start_stream(
+            state,
+            response_id,
+            prompts,
+            params,
+            body.priority,
+            lambda sub: _stream(state, body, response_id, sub),
+        )
+    async with state.in_flight.track():
+        sub = await gen.submit(state, response_id, prompts, params, body.priority)
+        async with gen.abort_on_disconnect(request, state, sub.streams):
+            return await _collect(state, body, response_id, sub)
+
+
+async def _collect(
+    state: ServerState, body: CompletionRequest, response_id: str, sub: gen.Submitted
+) -> CompletionResponse:
+    final: dict[int, CompletionOutput] = {}
+    async for p, out in gen.merged(sub.streams):
+        for c in out.outputs:
+            final[p * body.n + c.index] = c
+    choices = []
+    for index in sorted(final):
+        c = final[index]
+        lp = _logprobs(state, c.logprobs or [], 0, body.logprobs) if body.logprobs is not None else None
+        choices.append(
+            CompletionChoice(
+                index=index,
+                text=c.text,
+                logprobs=lp,
+                finish_reason=gen.finish_reason(c),
+                stop_reason=c.stop_reason,
+            )
+        )
+    completion_tokens = sum(len(c.token_ids) for c in final.values())
+    return CompletionResponse(
+        id=response_id,
+        created=int(time.time()),
+        model=state.model.name,
+        choices=choices,
+        usage=Usage(
+            prompt_tokens=sum(sub.prompt_lens),
+            completion_tokens=completion_tokens,
+            total_tokens=sum(sub.prompt_lens) + completion_tokens,
+        ),
+    )
+
+
+async def _stream(
+    state: ServerState, body: CompletionRequest, response_id: str, sub: gen.Submitted
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    cursor = gen.ChoiceCursor(body.n)
+
+    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        return sse_event(
+            CompletionResponse(
+                id=response_id, created=created, model=state.model.name, choices=choices, usage=usage
+            )
+        )
+
+    async for p, out in gen.merged(sub.streams):
+        for c in out.outputs:
+            index = cursor.choice_index(p, c)
+            new_lp = cursor.new_logprobs(index, c)
+            cursor.record(index, c)
+            if not c.new_text and not c.finished and not new_lp:
+                continue
+            lp = None
+            if body.logprobs is not None:
+                lp = _logprobs(state, new_lp, len(c.text) - len(c.new_text), body.logprobs)
+            yield chunk(
+                [
+                    CompletionChoice(
+                        index=index,
+                        text=c.new_text,
+                        logprobs=lp,
+                        finish_reason=gen.finish_reason(c),
+                        stop_reason=c.stop_reason,
+                    )
+                ]
+            )
+    if body.include_usage:
+        yield chunk([], cursor.usage(sum(sub.prompt_lens)))
+    yield sse_done()
+
+
+def _logprobs(
+    state: ServerState, items: list[TokenLogprob], offset: int, k: int | None
+) -> CompletionLogprobs:
+    tokens = [gen.token_text(state, t.token_id) for t in items]
+    offsets, pos = [], offset
+    for text in tokens:
+        offsets.append(pos)
+        pos += len(text)
+    top = None
+    if k:
+        top = [{gen.token_text(state, tid): lp for tid, lp in t.top[:k]} for t in items]
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=[t.logprob for t in items], top_logprobs=top, text_offset=offsets
+    )

@@ -1,0 +1,69 @@
+"""Run the engine app on uvicorn, draining on SIGTERM.
+
+Where it sits: ``kvfleet engine`` calls :func:`serve`. On the first SIGTERM (or SIGINT)
+the server keeps listening but drains: ``/ready`` answers 503 so Kubernetes and the
+router stop sending, new generation requests get 503 with ``Retry-After``, and running
+requests finish. Once none is left, or after ``drain_timeout`` seconds (the unfinished
+ones are then aborted), uvicorn shuts down and the process exits 0. A second signal
+exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from kvfleet.engine.server.state import ServerState
+
+log = logging.getLogger(__name__)
+ABORT_FLUSH_S = 0.2  # after aborting stragglers, time for their streams to send their last bytes
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+            super().handle_exit(sig, frame)  # a second signal: exit now
+            return
+        log.info("signal %s: draining (up to %.1f s)", sig, self.drain_timeout)
+        self.state.draining = True
+        asyncio.get_event_loop().call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        if not await self.state.in_flight.wait_idle(self.drain_timeout):
+            log.warning("drain timeout: aborting %d unfinished requests", self.state.in_flight.count)
+            for request_id in list(self.state.engine.unfinished_request_ids()):
+                self.state.engine.abort(request_id)
+            await self.state.in_flight.wait_idle(ABORT_FLUSH_S * 10)
+            await asyncio.sleep(ABORT_FLUSH_S)
+        self.should_exit = True
+
+
+def serve(
+    app: FastAPI, state: ServerState, *, host: str, port: int, drain_timeout: float, log_level: str = "info"
+) -> int:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        access_log=False,
+    )
+    server = DrainingServer(config, state, drain_timeout)
+    server.run()
+    return 0 if server.started else 1

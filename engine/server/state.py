@@ -1,0 +1,108 @@
+"""What every route of the engine server shares: the async engine, the tokenizer, the model, the drain state.
+
+Where it sits: ``engine/server/app.py`` builds one :class:`ServerState` per app and hands
+it to the routers through the ``State`` dependency; ``engine/server/serve.py`` flips
+``draining`` on SIGTERM and waits on :attr:`ServerState.in_flight` to reach zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from kvfleet.engine.async_engine import AsyncEngine
+from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.server.metrics import ServerMetrics
+from kvfleet.openai_api import APIError, model_not_found
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # what clients send as "model"
+    max_model_len: int  # prompt + completion tokens one sequence may hold
+    block_size: int
+    max_num_seqs: int
+    created: int  # unix time the server started (the /v1/models "created")
+
+
+class InFlight:
+    """Counts the generation requests being served; ``wait_idle`` returns once none are."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def exit(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    @asynccontextmanager
+    async def track(self) -> AsyncIterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.exit()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    model: ServedModel
+    metrics: ServerMetrics
+    ready: bool = False  # true once the engine loop runs; false again while draining
+    draining: bool = False
+    in_flight: InFlight = field(default_factory=InFlight)
+    request_ids: set[str] = field(default_factory=set)  # engine request ids being served
+
+    @property
+    def stats(self) -> Any:
+        return self.engine.stats_snapshot
+
+    def check_accepting(self, model: str) -> None:
+        """Raise the APIError a new generation request gets now (503 draining, 404 unknown model)."""
+        if self.draining:
+            raise APIError(
+                503,
+                "the engine is draining (shutting down); retry on another replica",
+                type="service_unavailable",
+                code="draining",
+                headers={"Retry-After": "1"},
+            )
+        if not self.engine.is_running:
+            raise APIError(
+                503,
+                "the engine is not running",
+                type="service_unavailable",
+                code="engine_dead",
+                headers={"Retry-After": "5"},
+            )
+        if model != self.model.name:
+            raise model_not_found(model, self.model.name)
+
+
+def get_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.kvfleet
+    return state
+
+
+State = Annotated[ServerState, Depends(get_state)]

@@ -1,0 +1,272 @@
+"""Pure renderers: an InferenceService's spec → the objects it should own (DESIGN.md §7).
+
+The kopf handlers (``handlers.py``) parse the spec, call these functions and hand the
+result to ``children.apply``; nothing here talks to the API server, so every field's
+effect is unit-tested on plain dicts (``tests/operator/test_renderers.py``).
+
+Owned objects, all named after the InferenceService, all with an owner reference:
+an engine ``Deployment`` (container args are the ``kvfleet engine`` flags of DESIGN §3),
+a ``Service`` on the engine port, a ``PodDisruptionBudget``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvfleet.protocol import (
+    API_GROUP,
+    API_VERSION,
+    DEFAULT_ENGINE_PORT,
+    LABEL_APP,
+    LABEL_APP_ENGINE,
+    LABEL_INFERENCESERVICE,
+)
+
+from .spec import InferenceServiceSpec
+
+MODEL_MOUNT = "/models"
+PRESTOP_SLEEP_SECONDS = 5
+ANNOTATION_SERVED_MODEL = "kvfleet.dev/served-model-name"
+ENGINE_CONTAINER = "engine"
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService the objects belong to, as the API server named it."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> Obj:
+        return {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "InferenceService",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the engine finds the weights: ``--model`` path, plus the volume and fetcher it needs."""
+
+    path: str
+    volume: Obj | None = None
+    fetch_repo: str | None = None
+    fetch_revision: str | None = None
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The labels the router selects engine pods by (DESIGN §7); also the immutable Deployment selector."""
+    return {LABEL_APP: LABEL_APP_ENGINE, LABEL_INFERENCESERVICE: name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/part-of": "kvfleet",
+        "app.kubernetes.io/managed-by": "kvfleet-operator",
+    }
+
+
+def selector_string(name: str) -> str:
+    """``status.selector`` for the scale subresource: ``k=v,k=v`` in a fixed order."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+
+
+def endpoint(owner: Owner) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{DEFAULT_ENGINE_PORT}"
+
+
+def model_source(uri: str) -> ModelSource:
+    """``pvc://claim/sub/path`` mounts the claim read-only; ``hf://org/name[@rev]`` downloads
+    into an emptyDir before the engine starts; ``file:///path`` is a path already in the image."""
+    if uri.startswith("pvc://"):
+        claim, _, sub = uri[len("pvc://") :].partition("/")
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return ModelSource(path=f"{MODEL_MOUNT}/{sub}".rstrip("/"), volume=volume)
+    if uri.startswith("hf://"):
+        repo, _, revision = uri[len("hf://") :].partition("@")
+        volume = {"name": "model", "emptyDir": {}}
+        return ModelSource(
+            path=f"{MODEL_MOUNT}/{repo}", volume=volume, fetch_repo=repo, fetch_revision=revision or None
+        )
+    return ModelSource(path=uri[len("file://") :])
+
+
+def engine_args(spec: InferenceServiceSpec) -> list[str]:
+    """The ``kvfleet engine`` flags (DESIGN §3), in a fixed order; optional ones only when set."""
+    eng, model = spec.engine, spec.model
+    args = [
+        "--model", model_source(model.uri).path,
+        "--port", str(DEFAULT_ENGINE_PORT),
+        "--served-model-name", model.name,
+        "--max-num-seqs", str(eng.max_num_seqs),
+        "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
+        "--block-size", str(eng.block_size),
+        "--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}",
+    ]  # fmt: skip
+    if not eng.prefix_caching:
+        args.append("--no-prefix-caching")
+    if model.max_model_len is not None:
+        args += ["--max-model-len", str(model.max_model_len)]
+    if model.dtype is not None:
+        args += ["--dtype", model.dtype]
+    if eng.attention is not None:
+        args += ["--attention", eng.attention]
+    if eng.simulate:
+        args.append("--simulate")
+    return args
+
+
+def _container_resources(spec: InferenceServiceSpec) -> Obj:
+    res = spec.resources
+    requests: Obj = {}
+    limits: Obj = {}
+    if res.cpu is not None:
+        requests["cpu"] = str(res.cpu)
+    if res.memory is not None:
+        requests["memory"] = limits["memory"] = str(res.memory)
+    if res.gpus > 0:
+        limits[res.gpu_resource_name] = str(res.gpus)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _probe(path: str, period: int, failures: int) -> Obj:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _engine_container(spec: InferenceServiceSpec, image: str, source: ModelSource) -> Obj:
+    container: Obj = {
+        "name": ENGINE_CONTAINER,
+        "image": image,
+        "command": ["kvfleet", "engine"],
+        "args": engine_args(spec),
+        "ports": [{"name": "http", "containerPort": DEFAULT_ENGINE_PORT, "protocol": "TCP"}],
+        "startupProbe": _probe("/health", 10, 90),
+        "livenessProbe": _probe("/health", 10, 3),
+        "readinessProbe": _probe("/ready", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+    }
+    if spec.engine.image_pull_policy is not None:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    if resources := _container_resources(spec):
+        container["resources"] = resources
+    if source.volume is not None:
+        container["volumeMounts"] = [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}]
+    return container
+
+
+def _fetch_container(spec: InferenceServiceSpec, image: str, source: ModelSource) -> Obj:
+    """An init container that downloads an ``hf://`` model with ``huggingface_hub`` (in the engine image)."""
+    code = (
+        "import sys; from huggingface_hub import snapshot_download; "
+        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])"
+    )
+    container: Obj = {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["python", "-c", code],
+        "args": [source.fetch_repo or "", source.fetch_revision or "", source.path],
+        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}],
+    }
+    cred = spec.model.credentials_secret_ref
+    if cred is not None:
+        ref = {"secretKeyRef": {"name": cred.name, "key": cred.key}}
+        container["env"] = [{"name": "HF_TOKEN", "valueFrom": ref}]
+    return container
+
+
+def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
+    source = model_source(spec.model.uri)
+    pod: Obj = {
+        "terminationGracePeriodSeconds": spec.engine.drain_seconds + PRESTOP_SLEEP_SECONDS,
+        "enableServiceLinks": False,
+        "containers": [_engine_container(spec, image, source)],
+    }
+    if source.fetch_repo is not None:
+        pod["initContainers"] = [_fetch_container(spec, image, source)]
+    if source.volume is not None:
+        pod["volumes"] = [source.volume]
+    place = spec.placement
+    if place.node_selector:
+        pod["nodeSelector"] = dict(place.node_selector)
+    if place.tolerations:
+        pod["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in place.tolerations]
+    if place.affinity:
+        pod["affinity"] = place.affinity
+    if place.priority_class_name:
+        pod["priorityClassName"] = place.priority_class_name
+    return pod
+
+
+def _metadata(owner: Owner, spec: InferenceServiceSpec) -> Obj:
+    return {
+        "name": owner.name,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name),
+        "annotations": {ANNOTATION_SERVED_MODEL: spec.model.name},
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def render_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> Obj:
+    """The engine Deployment: replicas from ``spec.replicas``; a rollout never drops below them."""
+    pod_annotations = {
+        ANNOTATION_SERVED_MODEL: spec.model.name,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(DEFAULT_ENGINE_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, spec),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": labels(owner.name), "annotations": pod_annotations},
+                "spec": _pod_spec(spec, image),
+            },
+        },
+    }
+
+
+def render_service(owner: Owner, spec: InferenceServiceSpec) -> Obj:
+    port = {"name": "http", "port": DEFAULT_ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, spec),
+        "spec": {"type": "ClusterIP", "selector": selector_labels(owner.name), "ports": [port]},
+    }
+
+
+def render_pdb(owner: Owner, spec: InferenceServiceSpec) -> Obj:
+    """At most one engine pod of the service down at a time for voluntary disruptions (drains)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, spec),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner.name)}},
+    }
+
+
+def render_children(owner: Owner, spec: InferenceServiceSpec, image: str) -> list[Obj]:
+    """Everything the InferenceService owns, in the order it is applied."""
+    return [render_deployment(owner, spec, image), render_service(owner, spec), render_pdb(owner, spec)]

@@ -1,0 +1,66 @@
+"""The Helm chart as real Helm renders it (helm-python-sdk: Helm's Go SDK, no binary), for tests.
+
+Also the one list of metric names the chart's dashboards and rules use, for checking them
+against what the engine and router really export (:func:`chart_metric_names`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+from .crdschema import ROOT
+
+CHART = ROOT / "charts" / "kvfleet"
+DASHBOARDS = sorted((CHART / "files" / "dashboards").glob("*.json"))
+RULES = CHART / "files" / "prometheus" / "kvfleet-rules.yaml"
+
+# Histogram series carry these suffixes; the metric is the name without them.
+_SUFFIXES = ("_bucket", "_sum", "_count")
+_NAME = re.compile(r"\bkvfleet_[a-z0-9_]+")
+
+
+def render(values: dict[str, Any] | None = None, namespace: str = "kvfleet-system") -> list[dict[str, Any]]:
+    """Every object the chart's templates render (CRDs are in crds/, not templates)."""
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values or {}, name="kvf", namespace=namespace)
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def lint() -> dict[str, Any]:
+    return dict(helm.lint(str(CHART)))
+
+
+def _metric(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def expressions() -> list[str]:
+    """Every PromQL expression of the dashboards and the rules."""
+    exprs = [t["expr"] for d in DASHBOARDS for p in json.loads(d.read_text())["panels"] for t in p["targets"]]
+    exprs += [
+        v["query"]
+        for d in DASHBOARDS
+        for v in json.loads(d.read_text())["templating"]["list"]
+        if "query" in v
+    ]
+    exprs += [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    return exprs
+
+
+def chart_metric_names() -> set[str]:
+    """The kvfleet_* metric names (histograms without _bucket/_sum/_count) the chart queries.
+
+    Recorded series (``kvfleet:...``) are the chart's own and not counted."""
+    return {_metric(m) for e in expressions() for m in _NAME.findall(e)}

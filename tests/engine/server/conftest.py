@@ -1,0 +1,87 @@
+"""A real uvicorn server on 127.0.0.1 serving the real Engine over the simulator (deterministic "abcde..." tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from kvfleet.engine import cli
+from kvfleet.engine.server.app import create_app
+from kvfleet.engine.server.state import ServerState
+
+
+def engine_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(["--simulate", "--host", "127.0.0.1", *flags])
+
+
+# A small, instant engine: 64 blocks of 16 tokens, a 256-token context, steps cost nothing.
+FAST = ("--num-kv-blocks", "64", "--max-model-len", "256", "--max-num-seqs", "8", "--sim-base-ms", "0",
+        "--sim-per-token-ms", "0", "--sim-per-context-token-us", "0")  # fmt: skip
+# Steps of 20 ms: streams stay open long enough to disconnect or drain mid-way.
+SLOW = (*FAST[:8], "--sim-base-ms", "20", "--sim-per-token-ms", "0", "--sim-per-context-token-us", "0")
+
+
+@dataclass
+class LiveServer:
+    url: str
+    state: ServerState
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10)
+
+    def wait_until(self, predicate: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.02)
+
+    def load(self) -> dict[str, object]:
+        with self.client() as c:
+            data: dict[str, object] = c.get("/load").json()
+            return data
+
+
+def start_server(*flags: str) -> LiveServer:
+    state = cli.build_server_state(engine_args(*flags))
+    config = uvicorn.Config(create_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not (server.started and server.servers):
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return LiveServer(f"http://127.0.0.1:{port}", state, server, thread)
+
+
+def stop_server(live: LiveServer) -> None:
+    live.server.should_exit = True
+    live.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def fast_server() -> Iterator[LiveServer]:
+    live = start_server(*FAST)
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture
+def slow_server() -> Iterator[LiveServer]:
+    live = start_server(*SLOW)
+    yield live
+    stop_server(live)

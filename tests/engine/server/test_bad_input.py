@@ -1,0 +1,120 @@
+"""Every kind of bad input gets an OpenAI error body with the right status, and disturbs nothing else."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import LiveServer
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def _post(live: LiveServer, path: str, content: bytes | None = None, json: Any = None) -> httpx.Response:
+    with live.client() as c:
+        return c.post(path, content=content, json=json, headers={"content-type": "application/json"})
+
+
+def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def test_malformed_json_is_a_400(fast_server: LiveServer) -> None:
+    err = _error(_post(fast_server, COMPLETIONS, content=b'{"model": "tiny", '), 400)
+    assert err["message"].startswith("the request body is not valid JSON")
+    assert err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"prompt": "x"}, "model", "model: field required"),
+        ({"model": "tiny"}, "prompt", "prompt: field required"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, "max_tokens", "max_tokens: Input should be a valid integer (got '5')"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": -3}, "max_tokens", "max_tokens: Input should be greater than or equal to 1 (got -3)"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 10**12}, "max_tokens", f"max_tokens: Input should be less than or equal to {1 << 31} (got {10**12})"),
+        ({"model": "tiny", "prompt": "x", "temperature": -1}, "temperature", "temperature: Input should be greater than or equal to 0 (got -1)"),
+        ({"model": "tiny", "prompt": {"text": "x"}}, "prompt", None),
+        ({"model": "tiny", "prompt": "x", "n": 0}, "n", "n: Input should be greater than or equal to 1 (got 0)"),
+    ],
+)  # fmt: skip
+def test_wrong_types_missing_fields_and_ranges_name_the_field(
+    fast_server: LiveServer, body: dict[str, Any], param: str, message: str | None
+) -> None:
+    err = _error(_post(fast_server, COMPLETIONS, json=body), 400)
+    assert err["param"] == param
+    if message is not None:
+        assert err["message"] == message
+
+
+def test_a_max_tokens_beyond_the_context_names_both_lengths(fast_server: LiveServer) -> None:
+    err = _error(
+        _post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": "Hello", "max_tokens": 251}), 400
+    )
+    assert err["message"] == (
+        "max_tokens: this model's maximum context length is 256 tokens, but the request asks for 257 "
+        "(6 in the prompt, 251 for the completion)"
+    )
+    assert (err["param"], err["code"]) == ("max_tokens", "context_length_exceeded")
+
+
+def test_a_prompt_over_the_context_names_both_lengths(fast_server: LiveServer) -> None:
+    err = _error(_post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": "x" * 300}), 400)
+    assert err["message"] == (
+        "prompt: the prompt is 301 tokens, but this model's maximum context length is 256 tokens "
+        "(prompt and completion together)"
+    )
+    err = _error(
+        _post(
+            fast_server, CHAT, json={"model": "tiny", "messages": [{"role": "user", "content": "x" * 300}]}
+        ),
+        400,
+    )
+    assert err["code"] == "context_length_exceeded"
+
+
+def test_token_ids_outside_the_vocabulary_are_named(fast_server: LiveServer) -> None:
+    err = _error(_post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": [1, 999]}), 400)
+    assert err["message"] == "prompt: token id 999 is outside the vocabulary (size 259)"
+
+
+def test_an_unknown_model_is_a_404_model_not_found(fast_server: LiveServer) -> None:
+    err = _error(
+        _post(fast_server, CHAT, json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}), 404
+    )
+    assert (err["code"], err["param"]) == ("model_not_found", "model")
+    assert err["message"] == "The model 'gpt-4' does not exist; this server serves 'tiny'"
+
+
+def test_an_empty_message_list_and_a_bad_role_are_400s(fast_server: LiveServer) -> None:
+    err = _error(_post(fast_server, CHAT, json={"model": "tiny", "messages": []}), 400)
+    assert err["message"] == "messages: must contain at least one message"
+    err = _error(
+        _post(fast_server, CHAT, json={"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}), 400
+    )
+    assert err["param"] == "messages.0.role"
+
+
+def test_unknown_paths_and_methods_get_error_bodies(fast_server: LiveServer) -> None:
+    with fast_server.client() as c:
+        assert _error(c.get("/v1/nothing"), 404)["type"] == "not_found_error"
+        assert _error(c.get(COMPLETIONS), 405)["message"] == "Method Not Allowed"
+
+
+def test_bad_requests_leave_the_engine_idle_and_good_ones_served(fast_server: LiveServer) -> None:
+    for body in ({"model": "tiny", "prompt": "x" * 300}, {"model": "nope", "prompt": "x"}, {"model": "tiny"}):
+        assert _post(fast_server, COMPLETIONS, json=body).status_code in (400, 404)
+    load = fast_server.load()
+    assert (load["num_running"], load["num_waiting"], load["kv_cache_usage"]) == (0, 0, 0.0)
+    ok = _post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    assert ok.status_code == 200
+    assert ok.json()["choices"][0]["text"] == "ab"

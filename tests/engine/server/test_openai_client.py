@@ -1,0 +1,116 @@
+"""The official ``openai`` client against a real server: the simulator's k-th token is the k-th letter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import openai
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import LiveServer
+
+
+@pytest.fixture
+def client(fast_server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fast_server.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def test_a_completion_returns_the_text_the_finish_reason_and_the_usage(client: openai.OpenAI) -> None:
+    done = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, temperature=0)
+    assert done.object == "text_completion"
+    assert [(c.index, c.text, c.finish_reason) for c in done.choices] == [(0, "abcde", "length")]
+    assert done.usage is not None
+    # The byte tokenizer: BOS + one token per byte.
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (6, 5, 11)
+
+
+def test_a_streamed_completion_sends_one_chunk_per_token_then_the_usage(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt="Hi", max_tokens=4, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert texts == ["a", "b", "c", "d"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, None, None, "length"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (3, 4)
+
+
+def test_several_prompts_and_n_number_the_choices_prompt_major(client: openai.OpenAI) -> None:
+    done = client.completions.create(model="tiny", prompt=["x", "yy"], max_tokens=2, n=2, seed=3)
+    assert [(c.index, c.text) for c in done.choices] == [(0, "ab"), (1, "ab"), (2, "ab"), (3, "ab")]
+    assert done.usage is not None
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (2 + 3, 8)
+
+
+def test_a_stop_string_ends_the_text_before_it(client: openai.OpenAI) -> None:
+    done = client.completions.create(model="tiny", prompt="Hi", max_tokens=10, stop=["d"])
+    assert (done.choices[0].text, done.choices[0].finish_reason) == ("abc", "stop")
+
+
+def test_token_id_prompts_and_logprobs(client: openai.OpenAI) -> None:
+    done = client.completions.create(model="tiny", prompt=[72, 105], max_tokens=3, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert lp is not None
+    assert lp.tokens == ["a", "b", "c"]
+    assert lp.token_logprobs == [0.0, 0.0, 0.0]
+    assert lp.text_offset == [0, 1, 2]
+    assert lp.top_logprobs == [{"a": 0.0, "b": -10.0}, {"b": 0.0, "c": -10.0}, {"c": 0.0, "d": -10.0}]
+    assert done.usage is not None and done.usage.prompt_tokens == 2
+
+
+def test_a_chat_completion_answers_as_the_assistant(client: openai.OpenAI) -> None:
+    done = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0.7,
+        top_p=0.9,
+    )
+    assert done.object == "chat.completion"
+    assert (done.choices[0].message.role, done.choices[0].message.content) == ("assistant", "abc")
+    assert done.choices[0].finish_reason == "length"
+    rendered = "<s><|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
+    assert done.usage is not None
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (
+        len(rendered) - 2,
+        3,
+    )  # "<s>" is one token
+
+
+def test_a_streamed_chat_opens_with_the_role_and_ends_with_usage(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_completion_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+            top_logprobs=1,
+        )
+    )
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in with_choices) == "abc"
+    assert with_choices[-1].choices[0].finish_reason == "length"
+    tokens = [
+        t.token for c in with_choices if c.choices[0].logprobs for t in c.choices[0].logprobs.content or []
+    ]
+    assert tokens == ["a", "b", "c"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+def test_the_model_list_names_the_served_model(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_an_unknown_model_is_the_clients_not_found_error(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+    assert info.value.code == "model_not_found"

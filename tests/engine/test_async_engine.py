@@ -1,0 +1,134 @@
+"""The engine loop thread: the event loop stays free during a step; add/abort cross threads; timelines are exact."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from kvfleet.engine.async_engine import AsyncEngine, EngineDeadError, RequestMetrics
+from kvfleet.engine.byte_tokenizer import ByteTokenizer
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.engine import Engine
+from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sim import SimRunner, TimingModel
+
+
+def _engine(sleep: Callable[[float], None], step_s: float = 0.01) -> Engine:
+    config = EngineConfig(num_kv_blocks=32, max_model_len=512, device="cpu")
+    runner = SimRunner(32, TimingModel(step_s, 0.0, 0.0), sleep=sleep)
+    return Engine(config, runner=runner, tokenizer=ByteTokenizer())
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.first: list[RequestMetrics] = []
+        self.finished: list[RequestMetrics] = []
+        self.tokens = 0
+
+    def on_first_token(self, m: RequestMetrics) -> None:
+        self.first.append(m)
+
+    def on_tokens(self, m: RequestMetrics, num_new: int, gap: float | None) -> None:
+        self.tokens += num_new
+
+    def on_finished(self, m: RequestMetrics) -> None:
+        self.finished.append(m)
+
+
+async def test_the_event_loop_keeps_running_while_a_step_blocks() -> None:
+    entered, gate = threading.Event(), threading.Event()
+
+    def blocking_sleep(_: float) -> None:
+        entered.set()
+        gate.wait(10)
+
+    engine = AsyncEngine(_engine(blocking_sleep))
+    engine.start()
+    try:
+        stream = await engine.generate("a", [1, 2, 3], SamplingParams(max_tokens=2))
+        await asyncio.to_thread(entered.wait, 10)
+        ticks = 0
+        for _ in range(5):  # the loop thread is inside the step; this coroutine still runs
+            await asyncio.sleep(0)
+            ticks += 1
+        assert (ticks, gate.is_set(), stream.finished) == (5, False, False)
+        gate.set()
+        texts = [out.outputs[0].text async for out in stream]
+        assert texts == ["a", "ab"]
+    finally:
+        gate.set()
+        engine.stop()
+
+
+async def test_each_request_gets_its_own_stream_and_exact_timeline_on_a_simulated_clock() -> None:
+    now = [0.0]
+
+    def advance(seconds: float) -> None:
+        now[0] += seconds
+
+    recorder = Recorder()
+    engine = AsyncEngine(_engine(advance), observer=recorder, clock=lambda: now[0])
+    engine.start()
+    try:
+        a = await engine.generate("a", [1, 2, 3], SamplingParams(max_tokens=4))
+        outs = [out async for out in a]
+    finally:
+        engine.stop()
+    assert [o.outputs[0].new_text for o in outs] == ["a", "b", "c", "d"]
+    m = a.metrics
+    # Four 10 ms steps from an arrival at 0: the first token after one step, then one per step.
+    assert (m.ttft, m.tpot, m.e2e, m.queue_time) == pytest.approx((0.01, 0.01, 0.04, 0.0))
+    assert m.inter_token_latencies == pytest.approx([0.01, 0.01, 0.01])
+    assert (m.num_prompt_tokens, m.num_generation_tokens, m.finish_reason) == (3, 4, "length")
+    assert (recorder.first, recorder.finished, recorder.tokens) == ([m], [m], 4)
+
+
+async def test_a_request_the_engine_refuses_raises_its_error_naming_the_field() -> None:
+    engine = AsyncEngine(_engine(lambda s: None))
+    engine.start()
+    try:
+        with pytest.raises(ValueError, match="^prompt: token id 999 at position 1") as info:
+            await engine.generate("a", [1, 999], SamplingParams())
+        assert getattr(info.value, "field", None) == "prompt"
+        ok = await engine.generate("b", [1], SamplingParams(max_tokens=1))
+        assert [o.outputs[0].text async for o in ok] == ["a"]
+    finally:
+        engine.stop()
+
+
+async def test_abort_ends_the_stream_with_abort_and_frees_the_blocks() -> None:
+    gate = threading.Event()
+    engine = AsyncEngine(_engine(lambda s: gate.wait(0.005)))
+    engine.start()
+    try:
+        stream = await engine.generate("a", list(range(1, 40)), SamplingParams(max_tokens=400))
+        first = await anext(aiter(stream))
+        assert first.outputs[0].text == "a"
+        engine.abort("a")
+        rest = [o async for o in stream]
+        assert rest[-1].outputs[0].finish_reason == "abort"
+        while engine.num_unfinished or engine.stats_snapshot.kv_cache_usage:
+            await asyncio.sleep(0.01)
+        assert (engine.stats_snapshot.num_running, engine.stats_snapshot.kv_cache_usage) == (0, 0.0)
+    finally:
+        engine.stop()
+
+
+async def test_a_failing_step_fails_every_stream_and_stops_the_loop() -> None:
+    def explode(_: float) -> None:
+        raise RuntimeError("device lost")
+
+    engine = AsyncEngine(_engine(explode))
+    engine.start()
+    try:
+        stream = await engine.generate("a", [1, 2], SamplingParams())
+        with pytest.raises(EngineDeadError, match="device lost"):
+            _ = [o async for o in stream]
+        assert engine.is_running is False
+        with pytest.raises(EngineDeadError, match="not running"):
+            await engine.generate("b", [1], SamplingParams())
+    finally:
+        engine.stop()

@@ -1,0 +1,76 @@
+"""``kvfleet engine`` flags: one EngineConfig from them, byte sizes, and bad values refused by name."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvfleet.engine import cli
+
+
+def _args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def test_the_flags_build_one_engine_config() -> None:
+    config = cli.engine_config(
+        _args(
+            "--model", "/models/llama", "--served-model-name", "llama", "--max-num-seqs", "32",
+            "--max-num-batched-tokens", "4096", "--block-size", "32", "--kv-cache-memory", "8GiB",
+            "--num-kv-blocks", "100", "--max-model-len", "4096", "--dtype", "bfloat16", "--attention", "triton",
+            "--no-prefix-caching", "--scheduling-policy", "priority", "--seed", "3",
+        )
+    )  # fmt: skip
+    assert config.model_dump() == {
+        "model": "/models/llama",
+        "served_model_name": "llama",
+        "dtype": "bfloat16",
+        "device": "auto",
+        "seed": 3,
+        "max_model_len": 4096,
+        "block_size": 32,
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 4096,
+        "kv_cache_memory": 8 << 30,
+        "gpu_memory_utilization": 0.9,
+        "num_kv_blocks": 100,
+        "enable_prefix_caching": False,
+        "scheduling_policy": "priority",
+        "attention_backend": "triton",
+        "enable_chunked_prefill": True,
+    }
+
+
+def test_byte_sizes_take_binary_and_decimal_units() -> None:
+    assert [cli.byte_size(s) for s in ("1024", "8GiB", "512MiB", "2G", "1.5k")] == [
+        1024,
+        8 << 30,
+        512 << 20,
+        2 * 10**9,
+        1500,
+    ]
+    with pytest.raises(argparse.ArgumentTypeError, match="not a byte size: 'lots'"):
+        cli.byte_size("lots")
+
+
+def test_memory_is_given_as_bytes_or_as_a_utilisation_not_both() -> None:
+    with pytest.raises(SystemExit):
+        _args("--kv-cache-memory", "1GiB", "--gpu-memory-utilization", "0.5")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--block-size", "12"), "block_size must be a power of two, got 12"),
+        (("--sim-gpu", "h900"), "unknown GPU 'h900'"),
+        (("--sim-speedup", "0"), "sim_speedup must be > 0, got 0.0"),
+    ],
+)
+def test_a_bad_value_exits_2_naming_it(
+    flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.run(_args("--simulate", "--num-kv-blocks", "8", "--port", "9", *flags)) == 2
+    assert message in capsys.readouterr().err

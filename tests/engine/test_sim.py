@@ -1,0 +1,130 @@
+"""The simulated engine: the timing model's step cost, the capacity maths' block count, the real KV accounting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvfleet import capacity
+from kvfleet.engine.byte_tokenizer import ByteTokenizer
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.engine import Engine
+from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
+from kvfleet.engine.sequence import Sequence
+from kvfleet.engine.sim import SimConfigError, SimRunner, TimingModel, kv_blocks_for_hardware
+
+
+def _plan() -> SchedulerPlan:
+    prefill = Sequence("a", list(range(10)), SamplingParams())
+    decode = Sequence("b", list(range(20)), SamplingParams(), output_token_ids=[1, 2, 3])
+    return SchedulerPlan(
+        scheduled=(
+            ScheduledSeq(prefill, num_computed_before=0, num_new_tokens=10, block_ids=(0,)),
+            ScheduledSeq(decode, num_computed_before=22, num_new_tokens=1, block_ids=(1, 2)),
+        )
+    )
+
+
+def test_a_step_costs_the_base_plus_its_batched_tokens_plus_its_context() -> None:
+    timing = TimingModel(base_s=0.005, per_token_s=1e-4, per_context_token_s=1e-6)
+    # 11 batched tokens (a 10-token prefill chunk and one decode); contexts 10 + 23.
+    assert timing.step_seconds(_plan()) == pytest.approx(0.005 + 11e-4 + 33e-6)
+    assert timing.step_seconds(SchedulerPlan()) == 0.0
+
+
+def test_the_hardware_timing_comes_from_the_capacity_maths() -> None:
+    timing = TimingModel.for_hardware("h100", "llama-3-8b")
+    # Llama 3 8B: 32 layers × 8 KV heads × 128 dims × K and V × 2 bytes = 131072 bytes per token.
+    assert capacity.kv_bytes_per_token(capacity.resolve_model("llama-3-8b")) == 131072
+    assert timing.per_context_token_s == 131072 / 3.35e12
+    assert timing.base_s == pytest.approx(16.06e9 / 3.35e12, rel=0.01)  # read every bf16 weight once
+    assert timing.per_token_s == pytest.approx(2 * 8.03e9 / (989e12 * 0.5), rel=0.01)
+
+
+def test_the_block_count_is_the_kv_memory_over_the_block_size() -> None:
+    assert kv_blocks_for_hardware("h100", "llama-3-8b", block_size=16, kv_cache_memory=1 << 30) == 512
+    plan = capacity.plan_capacity(
+        capacity.resolve_model("llama-3-8b"),
+        capacity.resolve_gpu("h100"),
+        context=2048,
+        max_num_batched_tokens=2048,
+    )
+    assert kv_blocks_for_hardware("h100", "llama-3-8b", block_size=16) == plan.kv_bytes // (131072 * 16)
+
+
+def test_an_unknown_gpu_and_a_bad_speedup_are_refused_by_name() -> None:
+    with pytest.raises(capacity.UnknownGPUError, match="unknown GPU 'h900'"):
+        TimingModel.for_hardware("h900", "llama-3-8b")
+    with pytest.raises(SimConfigError, match="sim_speedup must be > 0"):
+        SimRunner(8, TimingModel(0, 0, 0), speedup=0)
+    with pytest.raises(SimConfigError, match="base_s must be >= 0"):
+        TimingModel(-1, 0, 0)
+
+
+def test_the_runner_sleeps_the_step_over_the_speedup_and_samples_the_alphabet() -> None:
+    slept: list[float] = []
+    runner = SimRunner(8, TimingModel(0.01, 0.0, 0.0), speedup=4, sleep=slept.append)
+    plan = _plan()
+    samples = runner.execute(plan)
+    assert slept == [0.0025]
+    assert runner.simulated_seconds == 0.01
+    # Both entries reach the end of their tokens: the prefill samples its 1st token, the decode its 4th.
+    prefill, decode = (s.seq.seq_id for s in plan.scheduled)
+    assert {sid: s.token_id for sid, s in samples.items()} == {prefill: ord("a"), decode: ord("d")}
+
+
+def _engine(num_kv_blocks: int, **config: object) -> Engine:
+    cfg = EngineConfig(num_kv_blocks=num_kv_blocks, max_model_len=1024, device="cpu", **config)  # type: ignore[arg-type]
+    return Engine(cfg, runner=SimRunner(num_kv_blocks, TimingModel(0, 0, 0)), tokenizer=ByteTokenizer())
+
+
+def test_the_real_engine_over_the_simulator_accounts_blocks_and_never_emits_eos() -> None:
+    engine = _engine(8)
+    engine.add_request("r", list(range(40)), SamplingParams(max_tokens=30))
+    engine.step()  # the 40-token prompt and the first output token: 3 blocks of 16
+    assert (engine.stats().num_running, engine.stats().kv_cache_usage) == (1, 3 / 8)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out
+    assert final is not None
+    assert (final.outputs[0].text, final.outputs[0].finish_reason) == (
+        "abcdefghijklmnopqrstuvwxyzabcd",
+        "length",
+    )
+    assert engine.stats().kv_cache_usage == 0.0
+
+
+def test_two_requests_that_outgrow_the_cache_preempt_one() -> None:
+    engine = _engine(6, enable_prefix_caching=False)
+    for rid in ("a", "b"):
+        engine.add_request(rid, list(range(30)), SamplingParams(max_tokens=40))
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o.outputs[0].text for o in engine.step() if o.finished})
+    assert engine.stats().num_preemptions >= 1
+    assert finished == {
+        "a": ("abcdefghijklmnopqrstuvwxyz" * 2)[:40],
+        "b": ("abcdefghijklmnopqrstuvwxyz" * 2)[:40],
+    }
+
+
+def test_a_simulated_server_serves_a_request_without_importing_torch() -> None:
+    code = """
+import argparse, sys
+from starlette.testclient import TestClient
+from kvfleet.engine import cli
+from kvfleet.engine.server.app import create_app
+p = argparse.ArgumentParser(); cli.add_arguments(p)
+state = cli.build_server_state(p.parse_args(["--simulate", "--num-kv-blocks", "16", "--sim-speedup", "1000"]))
+with TestClient(create_app(state)) as c:
+    r = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3})
+print(r.json()["choices"][0]["text"], "torch" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert out == ["abc", "False"]

@@ -1,0 +1,158 @@
+"""The CRDs: valid Kubernetes, their schemas and CEL rules refuse what they should, and the
+operator's own parsing agrees with them (defaults and refusals)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from kvfleet.operator.spec import SpecError, parse_inferenceservice, parse_tenantquota
+from kvfleet.operator.testing.crdschema import CRD_DIR, ROOT, admit, apply_defaults, load_crds, schema_of
+
+CRDS = load_crds()
+K8S = "1.35"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def isvc(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": {"name": "m", "uri": "file:///w"}}
+    body.update(spec)
+    return {
+        "apiVersion": "kvfleet.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "m"},
+        "spec": body,
+    }
+
+
+def tq(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"tenant": "t", "apiKeySecretRef": {"name": "s"}}
+    body.update(spec)
+    return {
+        "apiVersion": "kvfleet.dev/v1alpha1",
+        "kind": "TenantQuota",
+        "metadata": {"name": "t"},
+        "spec": body,
+    }
+
+
+@pytest.mark.parametrize("path", sorted(CRD_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_crd_file_is_valid_kubernetes(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def test_the_inferenceservice_crd_has_scale_status_columns_and_short_names() -> None:
+    crd = CRDS["inferenceservices"]
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Model",
+        "Replicas",
+        "Ready",
+        "Status",
+        "Fits",
+        "Age",
+    ]
+    assert crd["spec"]["names"]["shortNames"] == ["kis"]
+    assert CRDS["tenantquotas"]["spec"]["names"]["shortNames"] == ["tq"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_manifest_is_admitted(path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        if doc["apiVersion"].startswith("kvfleet.dev/"):
+            _, errors = admit(CRDS[doc["kind"].lower() + "s"], doc)
+            assert errors == []
+        else:
+            kubernetes_validate.validate(doc, K8S, strict=True)
+    assert docs
+
+
+REFUSED_ISVC = [
+    (
+        isvc(model={"name": "m", "uri": "s3://bucket/w"}),
+        "uri must be pvc://CLAIM[/PATH], hf://ORG/NAME[@REVISION] or file:///ABSOLUTE/PATH",
+    ),
+    (isvc(autoscaling={"minReplicas": 5, "maxReplicas": 2}), "minReplicas must be <= maxReplicas"),
+    (isvc(autoscaling={"minReplicas": 0, "maxReplicas": 2}), "minReplicas 0 needs scaleToZero: true"),
+    (isvc(engine={"gpuMemoryUtilization": 1.5}), "gpuMemoryUtilization must be in (0, 1]"),
+    (
+        isvc(engine={"maxNumSeqs": 512, "maxNumBatchedTokens": 256}),
+        "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence needs a token each step)",
+    ),
+    (isvc(resources={"gpus": 0, "gpuType": "h100"}), "gpuType needs gpus > 0"),
+]
+
+
+@pytest.mark.parametrize(("obj", "message"), REFUSED_ISVC, ids=[m for _, m in REFUSED_ISVC])
+def test_the_cel_rules_refuse_impossible_inferenceservices(obj: dict[str, Any], message: str) -> None:
+    _, errors = admit(CRDS["inferenceservices"], obj)
+    assert len(errors) == 1 and errors[0].endswith(message)
+
+
+@pytest.mark.parametrize("obj", [o for o, _ in REFUSED_ISVC], ids=[m for _, m in REFUSED_ISVC])
+def test_the_operator_refuses_the_same_inferenceservices_naming_the_field(obj: dict[str, Any]) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_inferenceservice(obj["spec"])
+    assert err.value.field.startswith("spec.")
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (isvc(engine={"blockSize": 12}), ".spec.engine.blockSize: 12 is not one of [8, 16, 32, 64, 128]"),
+        (isvc(replicas=-1), ".spec.replicas: -1 is less than the minimum of 0"),
+        (isvc(modle={"name": "x"}), "unknown field '.spec.modle'"),
+        (
+            {**isvc(), "metadata": {"name": "Llama_3"}},
+            "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)",
+        ),
+    ],
+)
+def test_the_schema_refuses_out_of_range_and_unknown_fields(obj: dict[str, Any], message: str) -> None:
+    _, errors = admit(CRDS["inferenceservices"], obj)
+    assert errors == [message] or errors[0].endswith(message)
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (
+            tq(limits={"tokensPerMinute": 1000, "maxTokensPerRequest": 4000}),
+            "maxTokensPerRequest must be <= tokensPerMinute (such a request could never be admitted)",
+        ),
+        (
+            tq(limits={"requestsPerMinute": 0}),
+            ".spec.limits.requestsPerMinute: 0 is less than the minimum of 1",
+        ),
+        (tq(weight=0), ".spec.weight: 0 is less than the minimum of 1"),
+        ({**tq(), "spec": {"tenant": "t"}}, "<root>: 'apiKeySecretRef' is a required property"),
+    ],
+)
+def test_tenantquotas_with_bad_limits_are_refused(obj: dict[str, Any], message: str) -> None:
+    _, errors = admit(CRDS["tenantquotas"], obj)
+    assert errors and errors[0].endswith(message.replace("<root>", ".spec"))
+    with pytest.raises(SpecError):
+        parse_tenantquota(obj["spec"])
+
+
+def test_the_crd_defaults_are_the_operators_defaults() -> None:
+    minimal = isvc(autoscaling={"maxReplicas": 3}, slo={}, routing={})
+    defaulted = apply_defaults(schema_of(CRDS["inferenceservices"]), copy.deepcopy(minimal))
+    assert defaulted["spec"]["engine"]["blockSize"] == 16
+    assert parse_inferenceservice(defaulted["spec"]) == parse_inferenceservice(minimal["spec"])
+    quota = tq(limits={})
+    defaulted_tq = apply_defaults(schema_of(CRDS["tenantquotas"]), copy.deepcopy(quota))
+    assert defaulted_tq["spec"]["apiKeySecretRef"] == {"name": "s", "key": "api-key"}
+    assert parse_tenantquota(defaulted_tq["spec"]) == parse_tenantquota(quota["spec"])

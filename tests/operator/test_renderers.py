@@ -1,0 +1,190 @@
+"""The pure renderers: every spec field and what it becomes in the engine Deployment, Service, PDB."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from kvfleet.operator import renderers
+from kvfleet.operator.spec import parse_inferenceservice
+
+OWNER = renderers.Owner(name="llama", namespace="prod", uid="0f6e5d0c-0000-4000-8000-000000000001")
+K8S = "1.35"
+
+
+def spec(**fields: Any) -> Any:
+    body: dict[str, Any] = {"model": {"name": "llama-3-8b", "uri": "file:///models/llama"}}
+    body.update(fields)
+    return parse_inferenceservice(body)
+
+
+def pod(**fields: Any) -> dict[str, Any]:
+    return renderers.render_deployment(OWNER, spec(**fields), "img:1")["spec"]["template"]["spec"]
+
+
+def container(**fields: Any) -> dict[str, Any]:
+    return dict(pod(**fields)["containers"][0])
+
+
+def test_default_spec_renders_the_engine_flags_of_the_design_in_order() -> None:
+    assert container()["command"] == ["kvfleet", "engine"]
+    assert container()["args"] == [
+        "--model", "/models/llama",
+        "--port", "8000",
+        "--served-model-name", "llama-3-8b",
+        "--max-num-seqs", "256",
+        "--max-num-batched-tokens", "8192",
+        "--block-size", "16",
+        "--gpu-memory-utilization", "0.9",
+    ]  # fmt: skip
+
+
+def test_every_engine_and_model_field_becomes_its_flag() -> None:
+    args = container(
+        model={"name": "m", "uri": "file:///w", "dtype": "float16", "maxModelLen": 4096},
+        engine={
+            "blockSize": 32,
+            "maxNumSeqs": 8,
+            "maxNumBatchedTokens": 512,
+            "gpuMemoryUtilization": 0.85,
+            "prefixCaching": False,
+            "attention": "triton",
+            "simulate": True,
+        },
+    )["args"]
+    assert args == [
+        "--model", "/w",
+        "--port", "8000",
+        "--served-model-name", "m",
+        "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "512",
+        "--block-size", "32",
+        "--gpu-memory-utilization", "0.85",
+        "--no-prefix-caching",
+        "--max-model-len", "4096",
+        "--dtype", "float16",
+        "--attention", "triton",
+        "--simulate",
+    ]  # fmt: skip
+
+
+def test_gpus_are_limits_of_the_named_resource_and_cpu_memory_are_requests() -> None:
+    res = container(resources={"gpus": 2, "gpuResourceName": "amd.com/gpu", "cpu": "8", "memory": "64Gi"})[
+        "resources"
+    ]
+    assert res == {
+        "requests": {"cpu": "8", "memory": "64Gi"},
+        "limits": {"memory": "64Gi", "amd.com/gpu": "2"},
+    }
+    assert container(resources={"gpus": 1})["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert "resources" not in container(resources={"gpus": 0})
+
+
+def test_probes_hit_health_and_ready_and_prestop_sleeps_before_the_drain() -> None:
+    c = container(engine={"drainSeconds": 90})
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert pod(engine={"drainSeconds": 90})["terminationGracePeriodSeconds"] == 95
+
+
+def test_a_pvc_uri_mounts_the_claim_read_only_and_points_the_engine_inside_it() -> None:
+    p = pod(model={"name": "m", "uri": "pvc://weights/llama/8b"})
+    assert p["volumes"] == [
+        {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}
+    ]
+    assert p["containers"][0]["volumeMounts"] == [{"name": "model", "mountPath": "/models", "readOnly": True}]
+    assert p["containers"][0]["args"][:2] == ["--model", "/models/llama/8b"]
+    assert renderers.model_source("pvc://weights").path == "/models"
+
+
+def test_an_hf_uri_downloads_into_an_empty_dir_first_with_the_token_secret() -> None:
+    model = {
+        "name": "m",
+        "uri": "hf://meta-llama/Meta-Llama-3-8B@main",
+        "credentialsSecretRef": {"name": "hf"},
+    }
+    p = pod(model=model)
+    assert p["volumes"] == [{"name": "model", "emptyDir": {}}]
+    fetch = p["initContainers"][0]
+    assert fetch["args"] == ["meta-llama/Meta-Llama-3-8B", "main", "/models/meta-llama/Meta-Llama-3-8B"]
+    assert fetch["env"] == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    ]
+    assert p["containers"][0]["args"][:2] == ["--model", "/models/meta-llama/Meta-Llama-3-8B"]
+
+
+def test_placement_fields_reach_the_pod() -> None:
+    placement = {
+        "nodeSelector": {"gpu": "h100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {}},
+        "priorityClassName": "inference",
+    }
+    p = pod(placement=placement)
+    assert p["nodeSelector"] == {"gpu": "h100"}
+    assert p["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (p["affinity"], p["priorityClassName"]) == ({"nodeAffinity": {}}, "inference")
+    assert {"nodeSelector", "tolerations", "affinity", "priorityClassName"}.isdisjoint(pod())
+
+
+def test_replicas_rolling_update_labels_and_owner_reference() -> None:
+    dep = renderers.render_deployment(OWNER, spec(replicas=3, engine={"image": "mine:2"}), "img:1")
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    assert dep["spec"]["selector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "kvfleet-engine", "kvfleet.dev/inferenceservice": "llama"}
+    }
+    assert dep["spec"]["template"]["metadata"]["labels"]["kvfleet.dev/inferenceservice"] == "llama"
+    assert dep["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "kvfleet.dev/v1alpha1",
+            "kind": "InferenceService",
+            "name": "llama",
+            "uid": OWNER.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert (
+        dep["spec"]["template"]["spec"]["containers"][0]["image"] == "img:1"
+    )  # the caller resolves the image
+
+
+def test_service_and_pdb_select_the_engine_pods() -> None:
+    svc = renderers.render_service(OWNER, spec())
+    pdb = renderers.render_pdb(OWNER, spec())
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert (
+        svc["spec"]["selector"]
+        == pdb["spec"]["selector"]["matchLabels"]
+        == renderers.selector_labels("llama")
+    )
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"model": {"name": "m", "uri": "pvc://w/x"}, "resources": {"gpus": 4, "cpu": 16, "memory": "200Gi"}},
+        {
+            "model": {"name": "m", "uri": "hf://org/name", "credentialsSecretRef": {"name": "hf"}},
+            "replicas": 0,
+        },
+        {
+            "placement": {
+                "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute"}]
+            }
+        },
+    ],
+)
+def test_every_rendered_object_is_valid_kubernetes(fields: dict[str, Any]) -> None:
+    for obj in renderers.render_children(OWNER, spec(**fields), "img:1"):
+        kubernetes_validate.validate(obj, K8S, strict=True)
