@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from router_fleet import RESULTS, EngineFlags, drive, engines, free_port, header, kvfleet_router, ms, summary
 
@@ -31,11 +33,19 @@ def bodies(n: int, max_tokens: int) -> list[dict[str, object]]:
             for i in range(n)]  # fmt: skip
 
 
-def measure(url: str, n: int, ceiling_n: int, clients: int) -> tuple[BenchSummary, BenchSummary]:
+@dataclass(frozen=True)
+class Measured:
+    light: BenchSummary
+    heavy: BenchSummary
+    errors: Counter[str]
+
+
+def measure(url: str, n: int, ceiling_n: int, clients: int) -> Measured:
     asyncio.run(drive(url, bodies(20, 2), concurrency=2, endpoint="completions"))  # warm connections up
     light, t1 = asyncio.run(drive(url, bodies(n, 8), concurrency=2, endpoint="completions"))
     heavy, t2 = asyncio.run(drive(url, bodies(ceiling_n, 1), concurrency=clients, endpoint="completions"))
-    return summary(light, t1), summary(heavy, t2)
+    errors = Counter(r.error or "?" for r in light + heavy if not r.ok)
+    return Measured(summary(light, t1), summary(heavy, t2), errors)
 
 
 @contextlib.contextmanager
@@ -60,7 +70,7 @@ def main() -> None:
     gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
     extra = ["--envoy-xds-port", str(gw.xds_port), "--envoy-port", str(gw.listen_port),
              "--envoy-admin-port", str(gw.admin_port)]  # fmt: skip
-    results: dict[str, tuple[BenchSummary, BenchSummary]] = {}
+    results: dict[str, Measured] = {}
     with engines(1, flags, cpus="1") as urls:
         results["direct"] = measure(urls[0], args.requests, args.ceiling_requests, args.clients)
         with kvfleet_router(urls, extra=extra, cpus="0") as router, pinned_envoy(gw, cpus="0") as envoy:
@@ -68,17 +78,19 @@ def main() -> None:
             results["envoy+ext_proc"] = measure(envoy.url, args.requests, args.ceiling_requests, args.clients)
     lines = [header("gateway overhead: Envoy + ext_proc vs the router's proxy vs straight to one engine")]
     lines.append(f"{'path':<16}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'ceiling req/s':>15}{'failed':>8}")
-    for name, (light, heavy) in results.items():
-        lines.append(f"{name:<16}{ms(light.ttft.p50):>12}{ms(light.ttft.p99):>12}"
-                     f"{heavy.request_throughput:>15.1f}{light.num_failed + heavy.num_failed:>8}")  # fmt: skip
-    (d_light, d_heavy), (r_light, r_heavy) = results["direct"], results["router proxy"]
-    e_light, e_heavy = results["envoy+ext_proc"]
-    for name, light, heavy in (("router proxy", r_light, r_heavy), ("envoy+ext_proc", e_light, e_heavy)):
-        lines.append(f"{name}: added TTFT p50 {ms(light.ttft.p50 - d_light.ttft.p50)} ms, "
-                     f"p99 {ms(light.ttft.p99 - d_light.ttft.p99)} ms; "
-                     f"ceiling / direct {heavy.request_throughput / d_heavy.request_throughput:.2f}")  # fmt: skip
-    lines.append(f"envoy+ext_proc / router proxy: TTFT p50 {e_light.ttft.p50 / r_light.ttft.p50:.2f}x, "
-                 f"ceiling {e_heavy.request_throughput / r_heavy.request_throughput:.2f}x")  # fmt: skip
+    for name, m in results.items():
+        lines.append(f"{name:<16}{ms(m.light.ttft.p50):>12}{ms(m.light.ttft.p99):>12}"
+                     f"{m.heavy.request_throughput:>15.1f}{sum(m.errors.values()):>8}")  # fmt: skip
+    d, r, e = results["direct"], results["router proxy"], results["envoy+ext_proc"]
+    for name, m in (("router proxy", r), ("envoy+ext_proc", e)):
+        lines.append(f"{name}: added TTFT p50 {ms(m.light.ttft.p50 - d.light.ttft.p50)} ms, "
+                     f"p99 {ms(m.light.ttft.p99 - d.light.ttft.p99)} ms; "
+                     f"ceiling / direct {m.heavy.request_throughput / d.heavy.request_throughput:.2f}")  # fmt: skip
+    lines.append(f"envoy+ext_proc / router proxy: TTFT p50 {e.light.ttft.p50 / r.light.ttft.p50:.2f}x, "
+                 f"ceiling {e.heavy.request_throughput / r.heavy.request_throughput:.2f}x")  # fmt: skip
+    for name, m in results.items():
+        if m.errors:
+            lines.append(f"{name} failures: " + ", ".join(f"{k} x{v}" for k, v in m.errors.most_common()))
     text = "\n".join(lines)
     print(text)
     (RESULTS / "gateway_overhead.txt").write_text(text + "\n")
