@@ -64,6 +64,7 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
         xds_port=args.envoy_xds_port,
         listen_port=args.envoy_port,
         admin_port=args.envoy_admin_port,
+        message_timeout_s=args.max_queue_wait + 5.0,  # Envoy waits out the router's admission queue
     )
 
 

@@ -224,3 +224,33 @@ async def test_an_unreachable_engine_is_a_503_openai_error_refunded_and_taken_ou
         assert not s.state.fleet.is_ready(s.state.fleet.engines[dead])
         assert s.state.quota._state["alpha"].tokens.level == pytest.approx(1000, abs=1)
         assert s.counted("alpha", "502") == 1
+
+
+async def test_requests_queue_inside_ext_proc_and_are_shed_at_the_deadline_by_envoy(
+    free_port: Callable[[], int],
+) -> None:
+    engine = FakeEngine(load={"max_num_seqs": 1})
+    engine.gate = asyncio.Event()
+    cfg = {"max_engine_queue": 0, "max_queue_wait_s": 0.3}
+    async with (
+        gateway(free_port, [engine], [tenant("alpha", ALPHA)], **cfg) as s,
+        httpx.AsyncClient(base_url=s.envoy.url, timeout=10) as http,
+    ):
+        auth, body = {"authorization": f"Bearer {ALPHA}"}, {"model": "tiny", "prompt": "x"}
+        first = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
+        for _ in range(300):
+            if engine.active:
+                break
+            await asyncio.sleep(0.01)
+        shed = await http.post("/v1/completions", json=body, headers=auth)
+        assert (shed.status_code, shed.headers["retry-after"]) == (503, "1")
+        assert shed.json()["error"]["code"] == "deadline"
+        waiting = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
+        for _ in range(300):
+            if s.state.waiting("tiny"):
+                break
+            await asyncio.sleep(0.01)
+        assert s.state.waiting("tiny") == 1  # held by the router while Envoy waits on ext_proc
+        engine.gate.set()
+        assert [(await first).status_code, (await waiting).status_code] == [200, 200]
+        assert len(engine.received) == 2
