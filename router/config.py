@@ -86,7 +86,7 @@ class RouterConfig(BaseModel):
     chars_per_token: float = Field(default=4.0, gt=0, description="prompt token estimate at admission")
     default_max_tokens: int = Field(default=256, ge=1)
     load_interval_s: float = Field(default=0.2, gt=0)
-    load_stale_s: float = Field(default=1.0, gt=0)
+    load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")
     engine_connect_timeout_s: float = Field(default=2.0, gt=0)
     engine_read_timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)

@@ -117,7 +117,21 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         state.metrics.queue_wait.labels(model=model, tenant=spec.tenant).observe(wait)
 
 
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+_DOWN = (httpx.ConnectError, httpx.ConnectTimeout)
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+async def _send(state: RouterState, ex: Exchange, url: str) -> httpx.Response:
+    # A pooled keep-alive connection the engine already closed fails before any byte is
+    # read: that is the connection's fault, not the engine's, so it is retried once, fresh.
+    for attempt in range(2):
+        request = state.client.build_request("POST", url + ex.req.path, json=ex.req.upstream_body())
+        try:
+            return await state.client.send(request, stream=True)
+        except _STALE:
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def open_upstream(state: RouterState, ex: Exchange) -> httpx.Response:
@@ -126,10 +140,9 @@ async def open_upstream(state: RouterState, ex: Exchange) -> httpx.Response:
     while True:
         assert ex.placement is not None
         url = ex.placement.url
-        request = state.client.build_request("POST", url + ex.req.path, json=ex.req.upstream_body())
         try:
-            return await state.client.send(request, stream=True)
-        except _RETRYABLE:
+            return await _send(state, ex, url)
+        except (*_DOWN, *_STALE):
             state.fleet.mark_failed(url)
             tried.append(url)
         except httpx.TimeoutException:

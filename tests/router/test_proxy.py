@@ -239,7 +239,7 @@ async def test_requests_wait_while_every_engine_is_saturated_and_shed_at_the_dea
             auth = {"Authorization": f"Bearer {KEY}"}
             body = {"model": "tiny", "prompt": "x"}
             first = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
-            for _ in range(200):
+            for _ in range(3000):
                 if engine.active:
                     break
                 await asyncio.sleep(0.01)
@@ -247,7 +247,7 @@ async def test_requests_wait_while_every_engine_is_saturated_and_shed_at_the_dea
             assert shed.status_code == 503 and shed.headers["retry-after"] == "1"
             assert shed.json()["error"]["code"] == "deadline"
             waiting = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
-            for _ in range(200):
+            for _ in range(3000):
                 if state.waiting("tiny"):
                     break
                 await asyncio.sleep(0.01)
