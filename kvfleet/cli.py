@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("kvfleet.fleet", "local fleet: engines + router, no cluster"),
+    "up": ("kvfleet.router.local", "local fleet: engines + router, no cluster"),
     "engine": ("kvfleet.engine.cli", "serve one model with the paged-KV engine (OpenAI API)"),
     "router": ("kvfleet.router.cli", "the multi-tenant, KV- and prefix-aware router"),
     "operator": ("kvfleet.operator.cli", "the kopf operator for InferenceService and TenantQuota"),

@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValidationError as exc:
-        print(f"kvfleet operator: {exc.errors()[0]['msg']}", file=sys.stderr)
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        print(f"kvfleet operator: {where + ': ' if where else ''}{err['msg']}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"

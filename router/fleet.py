@@ -36,6 +36,7 @@ class EngineState:
     loaded_at: float | None = None
     failed_at: float | None = None
     in_flight: int = 0
+    pending_tokens: int = 0  # of requests placed since ``load`` was read
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Fleet:
         if load is None:
             self.mark_failed(url)
             return
-        engine.load, engine.loaded_at = load, self.clock()
+        engine.load, engine.loaded_at, engine.pending_tokens = load, self.clock(), 0
 
     def mark_failed(self, url: str) -> None:
         engine = self.engines.get(url)
@@ -112,14 +113,21 @@ class Fleet:
         ready = [e for e in self.ready_engines(model) if e.url not in exclude]
         matched = self.prefix.matched_blocks(hashes, [e.url for e in ready])
         return [
-            Candidate(e.url, e.load, e.in_flight, matched[e.url], len(hashes))
+            Candidate(e.url, e.load, e.in_flight, matched[e.url], len(hashes), e.pending_tokens)
             for e in sorted(ready, key=lambda e: e.url)
             if e.load is not None
         ]
 
     def place(
-        self, model: str, hashes: Sequence[int], *, exclude: Sequence[str] = (), allow_saturated: bool = False
+        self,
+        model: str,
+        hashes: Sequence[int],
+        *,
+        tokens: int = 0,
+        exclude: Sequence[str] = (),
+        allow_saturated: bool = False,
     ) -> Placement | None:
+        """Pick and reserve an engine; ``tokens`` (the request's KV estimate) counts against it until next load."""
         cands = self.candidates(model, hashes, exclude)
         if not allow_saturated:
             cands = [c for c in cands if not is_saturated(c, self.context)]
@@ -131,6 +139,7 @@ class Fleet:
             return None
         self._rotation[model] = rotation + 1
         self.engines[choice.url].in_flight += 1
+        self.engines[choice.url].pending_tokens += tokens
         self.prefix.record(hashes, choice.url)
         return Placement(choice.url, model, choice.score, tuple(hashes))
 

@@ -8,7 +8,7 @@ share work. Policies register by name in :data:`POLICIES`:
 * ``round-robin``: rotation order only;
 * ``least-request``: fewest requests in flight (router's count or the engine's
   running + waiting, whichever is larger);
-* ``kv-aware``: lowest KV-cache usage;
+* ``kv-aware``: lowest KV-cache usage (reported, plus the tokens sent since the report);
 * ``prefix-aware``: most leading prompt blocks already sent there (:mod:`.prefix`);
 * ``default``: ``(w_prefix·prefix + w_kv·kv + w_load·load) / Σw``, the weighted mix.
 """
@@ -31,10 +31,19 @@ class Candidate:
     in_flight: int
     prefix_blocks: int = 0
     prompt_blocks: int = 0
+    pending_tokens: int = 0
 
     @property
     def busy(self) -> int:
         return max(self.in_flight, self.load.num_running + self.load.num_waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """The last reported usage plus what the router sent since: loads are ~200 ms old, and
+        without this every request in between would herd onto the same least-used engine."""
+        capacity = self.load.num_kv_blocks * self.load.block_size
+        pending = self.pending_tokens / capacity if capacity else 0.0
+        return min(1.0, self.load.kv_cache_usage + pending)
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ def is_saturated(c: Candidate, ctx: PickContext) -> bool:
 
 
 def kv_score(c: Candidate, ctx: PickContext) -> float:
-    return 1.0 - c.load.kv_cache_usage
+    return 1.0 - c.kv_usage
 
 
 def load_score(c: Candidate, ctx: PickContext) -> float:

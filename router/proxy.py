@@ -78,6 +78,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     """An engine for the request: at once, or after waiting in the model's queue."""
     fleet, model = state.fleet, ex.req.model
     hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
+    kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
     can_appear = service is not None and service.autoscaling is not None
     cold = not fleet.ready_engines(model)
@@ -89,7 +90,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         if state.autoscaler is not None:
             state.autoscaler.poke()  # held in the queue while the autoscaler scales from zero
     if not state.config.admission:
-        placed = fleet.place(model, hashes, allow_saturated=True)
+        placed = fleet.place(model, hashes, tokens=kv_tokens, allow_saturated=True)
         if placed is None:
             raise RouterError(
                 503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
@@ -101,7 +102,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         priority=spec.priority,
         weight=spec.weight,
         tokens=ex.prompt_estimate,
-        place=lambda: fleet.place(model, hashes),
+        place=lambda: fleet.place(model, hashes, tokens=kv_tokens),
         max_queued=spec.limits.max_queued_requests,
     )
     queue = state.queue(model)

@@ -6,6 +6,8 @@ against what the engine and router really export (:func:`chart_metric_names`).
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 from typing import Any
@@ -25,9 +27,14 @@ _NAME = re.compile(r"\bkvfleet_[a-z0-9_]+")
 
 
 def render(values: dict[str, Any] | None = None, namespace: str = "kvfleet-system") -> list[dict[str, Any]]:
-    """Every object the chart's templates render (CRDs are in crds/, not templates)."""
+    """Every object the chart's templates render (CRDs are in crds/, not templates); a fresh copy."""
+    return copy.deepcopy(_render(json.dumps(values or {}, sort_keys=True), namespace))
+
+
+@functools.cache
+def _render(values: str, namespace: str) -> list[dict[str, Any]]:
     with helm.Chart.load(str(CHART)) as chart:
-        manifests = chart.render(values or {}, name="kvf", namespace=namespace)
+        manifests = chart.render(json.loads(values), name="kvf", namespace=namespace)
     docs: list[dict[str, Any]] = []
     for path, text in sorted(manifests.items()):
         if path.endswith(".yaml"):

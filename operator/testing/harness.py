@@ -72,7 +72,7 @@ async def running_operator(
         finally:
             ready.set()
 
-    thread = threading.Thread(target=main, name="kopf-operator", daemon=True)
+    thread = threading.Thread(target=main, name=f"kopf-operator-{config.priority}", daemon=True)
     thread.start()
     try:
         await asyncio.to_thread(ready.wait, 30)

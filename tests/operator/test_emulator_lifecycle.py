@@ -85,7 +85,7 @@ async def test_scaling_and_changing_engine_args_patch_only_the_deployment(cluste
     async with running_operator(CONFIG):
         await cluster.user.apply(inferenceservice())
         await eventually(lambda: cluster.get(PDB), what="the children")
-        await settle(cluster.server)
+        await settle(cluster.server, quiet=0.5)
         before = len(cluster.server.requests)
         await cluster.user.scale("llama", 3)
         await eventually(lambda: (cluster.get(DEPLOY) or {})["spec"]["replicas"] == 3, what="3 replicas")
@@ -139,7 +139,7 @@ async def test_status_only_changes_do_not_rerender_children(cluster: Cluster) ->
     async with running_operator(CONFIG):
         await cluster.user.apply(inferenceservice())
         await eventually(lambda: cluster.get(PDB), what="the children")
-        await settle(cluster.server)
+        await settle(cluster.server, quiet=0.5)
         before = len(cluster.server.requests)
         await roll_out(cluster.client, "llama", ready=0)  # a Deployment status change alone
         await settle(cluster.server)
@@ -161,7 +161,7 @@ async def test_a_deleted_deployment_is_created_again(cluster: Cluster) -> None:
     async with running_operator(CONFIG):
         await cluster.user.apply(inferenceservice())
         uid = (await eventually(lambda: cluster.get(DEPLOY), what="the Deployment"))["metadata"]["uid"]
-        await settle(cluster.server)
+        await settle(cluster.server, quiet=0.5)
         path = "/apis/apps/v1/namespaces/default/deployments/llama"
         await cluster.server.delete(path)
         again = await eventually(lambda: (d := cluster.get(DEPLOY)) and d["metadata"]["uid"] != uid and d)

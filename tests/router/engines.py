@@ -60,18 +60,41 @@ def sim_engines(n: int, extra: Sequence[str] = ()) -> Iterator[list[tuple[str, s
 
 
 @contextlib.contextmanager
-def router_process(engine_urls: Sequence[str], tenants: Path, extra: Sequence[str] = ()) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "kvfleet.cli", "router", "--engines", ",".join(engine_urls), "--port", str(port),
-            "--tenants", str(tenants), *extra]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def router_processes(
+    n: int, engine_urls: Sequence[str], tenants: Path, extra: Sequence[str] = ()
+) -> Iterator[list[str]]:
+    """``n`` ``kvfleet router`` processes, started together; yields once each has read every engine's load."""
+    ports = [free_port() for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvfleet.cli",
+                "router",
+                "--engines",
+                ",".join(engine_urls),
+                "--port",
+                str(port),
+                "--tenants",
+                str(tenants),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for port in ports
+    ]
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/ready", proc)
-        for _ in range(400):
-            if sum(httpx.get(url + "/ready", timeout=2).json()["ready_engines"].values()) == len(engine_urls):
-                break
-            time.sleep(0.05)
-        yield url
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for url, proc in zip(urls, procs, strict=True):
+            wait_http(url + "/ready", proc)
+            for _ in range(400):
+                if sum(httpx.get(url + "/ready", timeout=2).json()["ready_engines"].values()) == len(
+                    engine_urls
+                ):
+                    break
+                time.sleep(0.05)
+        yield urls
     finally:
-        stop([proc])
+        stop(procs)

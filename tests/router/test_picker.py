@@ -134,3 +134,13 @@ def test_prompt_text_of_chat_and_completion_requests() -> None:
     assert prompt_text(chat) == "system\nbe brief\nuser\nhi\n"
     assert prompt_text({"prompt": ["ab", "cd"]}) == "abcd"
     assert prompt_text({"prompt": "hello"}) == "hello"
+
+
+def test_kv_aware_counts_tokens_sent_since_the_last_load_so_requests_do_not_herd() -> None:
+    fresh = EngineLoad(model="m", kv_cache_usage=0.10, num_waiting=0, num_running=0, max_num_seqs=8,
+                       num_kv_blocks=100, block_size=16)  # fmt: skip
+    warm = fresh.model_copy(update={"kv_cache_usage": 0.05})
+    a = Candidate("http://a", fresh, in_flight=0)
+    b = Candidate("http://b", warm, in_flight=2, pending_tokens=160)  # 160 / 1600 = +0.10
+    assert b.kv_usage == pytest.approx(0.15)
+    assert choose([a, b], policy("kv-aware"), CTX, 0) == Choice("http://a", pytest.approx(0.9))

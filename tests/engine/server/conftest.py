@@ -17,10 +17,10 @@ from kvfleet.engine.server.app import create_app
 from kvfleet.engine.server.state import ServerState
 
 
-def engine_args(*flags: str) -> argparse.Namespace:
+def engine_args(*flags: str, simulate: bool = True) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    return parser.parse_args(["--simulate", "--host", "127.0.0.1", *flags])
+    return parser.parse_args([*(["--simulate"] if simulate else []), "--host", "127.0.0.1", *flags])
 
 
 # A small, instant engine: 64 blocks of 16 tokens, a 256-token context, steps cost nothing.
@@ -53,8 +53,8 @@ class LiveServer:
             return data
 
 
-def start_server(*flags: str) -> LiveServer:
-    state = cli.build_server_state(engine_args(*flags))
+def start_server(*flags: str, simulate: bool = True) -> LiveServer:
+    state = cli.build_server_state(engine_args(*flags, simulate=simulate))
     config = uvicorn.Config(create_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -83,5 +83,23 @@ def fast_server() -> Iterator[LiveServer]:
 @pytest.fixture
 def slow_server() -> Iterator[LiveServer]:
     live = start_server(*SLOW)
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def tiny_server() -> Iterator[LiveServer]:
+    """The real tiny model (torch, CPU) behind the server."""
+    live = start_server(
+        "--model",
+        "tiny",
+        "--num-kv-blocks",
+        "64",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "4",
+        simulate=False,
+    )
     yield live
     stop_server(live)

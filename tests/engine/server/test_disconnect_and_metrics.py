@@ -157,3 +157,20 @@ def test_the_load_document_is_the_routers_engine_load(fast_server: LiveServer) -
         64,
         False,
     )
+
+
+def test_a_non_streaming_client_that_gives_up_aborts_its_sequence(slow_server: LiveServer) -> None:
+    body = {"model": "tiny", "prompt": "wait for me", "max_tokens": 200}  # 4 s of 20 ms steps
+    with httpx.Client(base_url=slow_server.url, timeout=0.5) as c:
+        try:
+            c.post("/v1/completions", json=body)
+            raise AssertionError("the completion should have outlasted the client's timeout")
+        except httpx.ReadTimeout:
+            pass
+    slow_server.wait_until(
+        lambda: (
+            _samples(slow_server).get("kvfleet_engine_requests_finished_total{finish_reason=abort}") == 1.0
+        ),
+        "the abandoned request to be aborted",
+    )
+    assert (slow_server.load()["num_running"], slow_server.load()["kv_cache_usage"]) == (0, 0.0)

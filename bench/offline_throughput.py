@@ -1,0 +1,161 @@
+"""Offline throughput: kvfleet's engine vs transformers' generate, and continuous vs static batching.
+
+The same model (``tiny`` by default) and the same prompts for every contender: ``--num-prompts``
+prompts (256 in the issue's workload) with input lengths uniform in [16, 512] tokens and
+output lengths uniform in [16, 256] tokens, drawn from a fixed seed; every request
+generates exactly its output length (greedy, EOS ignored).
+
+Contenders, each with at most ``--batch-size`` sequences at a time:
+- kvfleet, continuous batching (scheduling_policy="fcfs"): a finished sequence's slot is
+  refilled at the next step, prefill chunks mix with decodes;
+- kvfleet, static batches (scheduling_policy="static"): a new batch starts only when the
+  whole previous batch has finished;
+- transformers ``generate`` in padded static batches (left padding, every row runs to the
+  batch's longest output).
+
+Throughput is useful output tokens (the ones requested) per second of wall time; the
+printed ratios compare contenders measured in the same run. Run:
+``python bench/offline_throughput.py [--num-prompts 256] [--batch-size 32] [--model tiny]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine.model.tiny import BOS_ID, PAD_ID
+from kvfleet.engine.runner import resolve_model_path
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int]
+    output_len: int
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    seconds: float
+    output_tokens: int
+    prompt_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.output_tokens + self.prompt_tokens) / self.seconds
+
+
+def workload(n: int, seed: int, vocab: int = 256) -> list[Request]:
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(n):
+        input_len, output_len = rng.randint(16, 512), rng.randint(16, 256)
+        prompt = [BOS_ID] + [rng.randrange(vocab) for _ in range(input_len - 1)]
+        requests.append(Request(prompt, output_len))
+    return requests
+
+
+def run_kvfleet(name: str, model: Path, requests: list[Request], policy: str, batch_size: int) -> Result:
+    llm = LLM(
+        model=str(model),
+        scheduling_policy=policy,
+        max_num_seqs=batch_size,
+        max_num_batched_tokens=2048,
+    )
+    params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    llm.generate([requests[0].prompt], params[:1])  # warm-up: first-call allocations
+    start = time.perf_counter()
+    outputs = llm.generate([r.prompt for r in requests], params)
+    seconds = time.perf_counter() - start
+    produced = [len(o.outputs[0].token_ids) for o in outputs]
+    assert produced == [r.output_len for r in requests], "every request must produce its output length"
+    return Result(name, seconds, sum(produced), sum(len(r.prompt) for r in requests))
+
+
+def run_hf(model_dir: Path, requests: list[Request], batch_size: int) -> Result:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    start = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        _hf_batch(model, requests[i : i + batch_size])
+    seconds = time.perf_counter() - start
+    return Result(
+        "transformers generate (padded static batches)",
+        seconds,
+        sum(r.output_len for r in requests),
+        sum(len(r.prompt) for r in requests),
+    )
+
+
+def _hf_batch(model: torch.nn.Module, batch: list[Request]) -> None:
+    width = max(len(r.prompt) for r in batch)
+    ids = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, r in enumerate(batch):
+        ids[row, width - len(r.prompt) :] = torch.tensor(r.prompt)
+        mask[row, width - len(r.prompt) :] = 1
+    longest = max(r.output_len for r in batch)
+    with torch.inference_mode():
+        model.generate(  # type: ignore[operator]
+            ids, attention_mask=mask, do_sample=False, max_new_tokens=longest, pad_token_id=PAD_ID
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads for every contender (1: no spin-wait on a shared box)",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = resolve_model_path(args.model)
+    requests = workload(args.num_prompts, args.seed)
+    print(
+        f"offline throughput: model={args.model} prompts={len(requests)} batch={args.batch_size} "
+        f"input 16-512, output 16-256 (seed {args.seed}); torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+        f"cuda={torch.cuda.is_available()}"
+    )
+    print(
+        f"prompt tokens {sum(len(r.prompt) for r in requests)}, output tokens {sum(r.output_len for r in requests)}"
+    )
+    results = [
+        run_kvfleet("kvfleet continuous batching", model, requests, "fcfs", args.batch_size),
+        run_kvfleet("kvfleet static batches", model, requests, "static", args.batch_size),
+        run_hf(model, requests, args.batch_size),
+    ]
+    for r in results:
+        print(
+            f"{r.name:<48} {r.seconds:8.2f} s  {r.tokens_per_s:9.1f} output tok/s  "
+            f"{r.total_tokens_per_s:9.1f} total tok/s"
+        )
+    cont, static, hf = results
+    print(
+        f"kvfleet continuous / transformers generate: {cont.tokens_per_s / hf.tokens_per_s:.2f}x (target >= 3x)"
+    )
+    print(
+        f"kvfleet continuous / kvfleet static:        {cont.tokens_per_s / static.tokens_per_s:.2f}x (target >= 2x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""`kvfleet up`: a local fleet with no cluster: engine processes plus the router in this process.
+
+Where it sits: the same router as in a cluster (:func:`kvfleet.router.app.build_app`),
+with two local pieces plugged in. :class:`LocalFleet` is the autoscaler's
+:class:`~kvfleet.router.autoscaler.Scaler`: asked for N replicas it starts or stops
+``kvfleet engine`` processes, and tells the router's
+:class:`~kvfleet.router.discovery.StaticDiscovery` which URLs exist. Engines are
+separate processes (``python -m kvfleet.cli engine ...``), so the router's process never
+imports torch; the router's poller decides when a new engine is ready (its ``/load``
+answers) exactly as it does for pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file
+from kvfleet.router.discovery import AutoscalingSpec, Endpoint, Service, StaticDiscovery
+
+LOCAL_TENANT = "local"
+LOCAL_API_KEY = "sk-kvfleet-local"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class EngineProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class LocalFleet:
+    """Starts and stops engine processes for one service; the autoscaler's Scaler in local mode."""
+
+    engine_command: list[str]  # `kvfleet engine` arguments, without --port
+    host: str = "127.0.0.1"
+    drain_timeout_s: float = 30.0
+    engines: list[EngineProcess] = field(default_factory=list)
+    on_change: list[Callable[[list[str]], None]] = field(default_factory=list)  # told the engine URLs
+
+    def urls(self) -> list[str]:
+        return [e.url for e in self.engines]
+
+    def _notify(self) -> None:
+        for callback in self.on_change:
+            callback(self.urls())
+
+    def start_engine(self) -> EngineProcess:
+        port = free_port(self.host)
+        argv = [sys.executable, "-m", "kvfleet.cli", "engine", *self.engine_command, "--host", self.host]
+        process = subprocess.Popen([*argv, "--port", str(port)], start_new_session=True)
+        engine = EngineProcess(f"http://{self.host}:{port}", process)
+        self.engines.append(engine)
+        self._notify()
+        return engine
+
+    def stop_engine(self, engine: EngineProcess) -> None:
+        """Take the engine out of discovery first, then SIGTERM: it drains its streams and exits."""
+        self.engines.remove(engine)
+        self._notify()
+        if engine.process.poll() is None:
+            engine.process.send_signal(signal.SIGTERM)
+
+    async def current_replicas(self, service: object) -> int:
+        del service
+        for engine in [e for e in self.engines if e.process.poll() is not None]:
+            self.engines.remove(engine)  # died on its own: the autoscaler will start another
+            self._notify()
+        return len(self.engines)
+
+    async def set_replicas(self, service: object, replicas: int) -> None:
+        del service
+        while len(self.engines) < replicas:
+            self.start_engine()
+        stopping = []
+        while len(self.engines) > replicas:
+            engine = self.engines[-1]
+            self.stop_engine(engine)
+            stopping.append(engine)
+        await asyncio.gather(*(self._wait_exit(e) for e in stopping))
+
+    async def _wait_exit(self, engine: EngineProcess) -> None:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(engine.process.wait), self.drain_timeout_s + 5)
+        except asyncio.TimeoutError:
+            engine.process.kill()
+
+    async def close(self) -> None:
+        engines = list(self.engines)
+        for engine in engines:
+            self.stop_engine(engine)
+        await asyncio.gather(*(self._wait_exit(e) for e in engines))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
+    parser.add_argument("--model", default="tiny", help="a Hugging Face checkpoint folder, or 'tiny'")
+    parser.add_argument(
+        "--served-model-name", help="the model name clients ask for (default: the folder name)"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080, help="the router's port: the fleet's one endpoint")
+    parser.add_argument("--tenants", type=Path, help="tenants YAML file; default: one local tenant")
+    parser.add_argument(
+        "--simulate", action="store_true", help="simulated engines (timing model, no weights)"
+    )
+    parser.add_argument(
+        "--min-replicas", type=int, help="autoscale between --min-replicas and --max-replicas"
+    )
+    parser.add_argument("--max-replicas", type=int)
+    parser.add_argument("--target-queue-depth", type=float, default=4.0)
+    parser.add_argument("--policy", default="default", help="routing policy")
+    parser.add_argument(
+        "--engine-arg", action="append", default=[], metavar="ARG", help="extra `kvfleet engine` argument"
+    )
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def _served_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return str(args.served_model_name)
+    return "tiny" if args.model == "tiny" else Path(args.model).resolve().name
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    if args.replicas < 0:
+        return f"--replicas must be >= 0, got {args.replicas}"
+    low = args.replicas if args.min_replicas is None else args.min_replicas
+    high = max(args.replicas, low) if args.max_replicas is None else args.max_replicas
+    if not 0 <= low <= high:
+        return f"need 0 <= --min-replicas ({low}) <= --max-replicas ({high})"
+    if not low <= args.replicas <= high:
+        return f"--replicas {args.replicas} is outside [{low}, {high}]"
+    if args.model != "tiny" and not args.simulate and not Path(args.model).is_dir():
+        return f"--model {args.model!r} is neither 'tiny' nor a checkpoint folder"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _validate(args)
+    if error:
+        print(f"kvfleet up: {error}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args))
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from kvfleet.router.app import build_app
+
+    config, fleet, discovery = _build(args)
+    app = build_app(config, scaler=fleet, discovery=discovery)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    await fleet.set_replicas(None, args.replicas)
+    key_note = "" if args.tenants else f" (API key: {LOCAL_API_KEY})"
+    print(
+        f"kvfleet up: {args.replicas} engine(s) of {_served_name(args)!r}; router on "
+        f"http://{args.host}:{args.port}/v1{key_note}",
+        flush=True,
+    )
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then restores the handlers it found and
+    # raises the signal again; with ours in place that second delivery only asks to stop,
+    # so the engines below are drained instead of orphaned.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    try:
+        await server.serve()
+    finally:
+        await fleet.close()
+
+
+def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDiscovery]:
+    name = _served_name(args)
+    low = args.replicas if args.min_replicas is None else args.min_replicas
+    high = max(args.replicas, low) if args.max_replicas is None else args.max_replicas
+    autoscaling = AutoscalingSpec(
+        minReplicas=max(low, 1),
+        maxReplicas=high,
+        scaleToZero=low == 0,
+        targetQueueDepth=args.target_queue_depth,
+    )
+    service = Service(name=name, model=name, namespace="local", policy=args.policy, autoscaling=autoscaling)
+    if args.tenants:
+        tenants = load_tenants_file(args.tenants)
+    else:
+        tenants = [TenantEntry.model_validate({"tenant": LOCAL_TENANT, "apiKey": LOCAL_API_KEY})]
+    config = RouterConfig(tenants=tenants, host=args.host, port=args.port, policy=args.policy)
+    discovery = StaticDiscovery([], services=(service,))
+    engine_command = ["--model", args.model, "--served-model-name", name, "--log-level", args.log_level]
+    engine_command += args.engine_arg
+    if args.simulate:
+        engine_command.append("--simulate")
+    fleet = LocalFleet(engine_command)
+    fleet.on_change.append(
+        lambda urls: discovery.set_engines([Endpoint(u, service.key) for u in urls], (service,))
+    )
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return config, fleet, discovery

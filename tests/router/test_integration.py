@@ -1,0 +1,130 @@
+"""The router in front of real simulated engines (``kvfleet engine --simulate``), as a user meets it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from kvfleet.router.app import build_app
+from kvfleet.router.config import RouterConfig, TenantEntry
+
+from .conftest import free_port
+from .engines import router_processes, sim_engines
+from .fakes import served
+
+KEY = "sk-alice-0123456789"
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[list[str]]:
+    """Three simulated engines shared by the tests that leave them as they found them."""
+    with sim_engines(3) as engines:
+        yield [u for u, _ in engines]
+
+
+def alice(**limits: Any) -> TenantEntry:
+    return TenantEntry.model_validate({"tenant": "alice", "apiKey": KEY, "limits": limits})
+
+
+@contextlib.asynccontextmanager
+async def in_process_router(urls: list[str], **cfg: Any) -> AsyncIterator[tuple[str, Any]]:
+    config = RouterConfig(engines=urls, tenants=[alice(**cfg.pop("limits", {}))], load_interval_s=0.05,
+                          load_stale_s=5.0, **cfg)  # fmt: skip
+    app = build_app(config)
+    async with served(app, free_port()) as url:
+        state = app.state.router
+        for _ in range(500):
+            if all(state.fleet.is_ready(e) for e in state.fleet.engines.values()):
+                break
+            await asyncio.sleep(0.02)
+        yield url, state
+
+
+async def test_the_openai_client_streams_chat_through_the_router_and_real_usage_is_accounted(fleet) -> None:
+    async with in_process_router(fleet) as (url, state):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        stream = await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hello there"}],
+            stream=True,
+            max_tokens=6,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = [c async for c in stream]
+        assert all(c.usage is None for c in chunks), "the usage chunk the router asked for is not passed on"
+        m = state.metrics
+        assert m.generation_tokens.labels(model="tiny", tenant="alice")._value.get() == 6
+        assert m.prompt_tokens.labels(model="tiny", tenant="alice")._value.get() > 0
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["tiny"]
+
+
+async def test_requests_sharing_a_prefix_go_to_the_engine_that_has_it(fleet) -> None:
+    system = "You are a careful assistant. " * 12
+    async with in_process_router(fleet, prefix_chunk_chars=16) as (url, _):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        engines = []
+        for question in ["one?", "two?", "three?", "four?"]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="tiny", max_tokens=2,
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            )  # fmt: skip
+            engines.append(raw.headers["x-kvfleet-engine"])
+        assert len(set(engines)) == 1, engines
+        other = await client.completions.with_raw_response.create(
+            model="tiny", prompt="unrelated", max_tokens=2
+        )
+        assert other.headers["x-kvfleet-engine"] != engines[0], "a cold prompt goes to a less busy engine"
+
+
+async def test_an_engine_killed_mid_stream_gives_an_error_event_and_no_new_requests() -> None:
+    with sim_engines(2, ["--sim-base-ms", "40"]) as fleet:
+        urls = [u for u, _ in fleet]
+        async with (
+            in_process_router(urls, limits={"maxConcurrentRequests": 4}) as (url, state),
+            httpx.AsyncClient(base_url=url, timeout=30) as http,
+        ):
+            body = {"model": "tiny", "prompt": "x", "stream": True, "max_tokens": 200, "ignore_eos": True}
+            auth = {"Authorization": f"Bearer {KEY}"}
+            async with http.stream("POST", "/v1/completions", json=body, headers=auth) as r:
+                victim = "http://" + r.headers["x-kvfleet-engine"]
+                lines = r.aiter_lines()
+                first = await anext(lines)
+                assert first.startswith("data: {")
+                dict(fleet)[victim].send_signal(signal.SIGKILL)
+                rest = [line async for line in lines if line]
+            assert '"code": "engine_failed"' in rest[-2] and rest[-1] == "data: [DONE]"
+            assert state.quota.in_flight("alice") == 0
+            for _ in range(4):
+                ok = await http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2},
+                                     headers=auth)  # fmt: skip
+                assert ok.status_code == 200
+                assert "http://" + ok.headers["x-kvfleet-engine"] != victim
+
+
+async def test_two_router_processes_on_one_redis_never_admit_more_than_the_quota(
+    fleet, redis_server, tmp_path: Path
+) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        f"tenants:\n  - tenant: alice\n    apiKey: {KEY}\n    limits: {{requestsPerMinute: 12}}\n"
+    )
+    with router_processes(2, fleet, tenants, ["--redis", redis_server.url]) as routers:
+        async with httpx.AsyncClient(timeout=30) as http:
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            responses = await asyncio.gather(*(
+                http.post(f"{routers[i % 2]}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+                for i in range(40)
+            ))  # fmt: skip
+    codes = [r.status_code for r in responses]
+    # 12 per minute refills one every 5 s: a run this short gets the burst of 12 and at most a refill or two
+    assert 12 <= codes.count(200) <= 14 and codes.count(200) + codes.count(429) == 40
+    assert all(r.headers["retry-after"] for r in responses if r.status_code == 429)

@@ -1,0 +1,83 @@
+"""`kvfleet up`'s supervisor: the local Scaler that starts and stops real (simulated) engine processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import httpx
+import pytest
+
+from kvfleet.router.local import LocalFleet, _validate, add_arguments
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--replicas", "-1"], "--replicas must be >= 0, got -1"),
+        (
+            ["--min-replicas", "3", "--max-replicas", "2"],
+            "need 0 <= --min-replicas (3) <= --max-replicas (2)",
+        ),
+        (["--replicas", "5", "--min-replicas", "1", "--max-replicas", "4"], "--replicas 5 is outside [1, 4]"),
+        (
+            ["--model", "/no/such/folder"],
+            "--model '/no/such/folder' is neither 'tiny' nor a checkpoint folder",
+        ),
+    ],
+)
+def test_bad_fleet_flags_are_refused_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
+    assert _validate(_args(*argv)) == message
+
+
+def test_good_fleet_flags_pass_validation() -> None:
+    assert _validate(_args("--replicas", "0", "--max-replicas", "3")) is None
+
+
+async def _wait_ready(url: str) -> None:
+    async with httpx.AsyncClient() as client:
+        for _ in range(300):  # bounded: ~60 s
+            try:
+                if (await client.get(f"{url}/ready")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"engine {url} never became ready")
+
+
+async def test_scaling_up_starts_engines_and_scaling_down_drains_the_newest_first() -> None:
+    fleet = LocalFleet(["--model", "tiny", "--simulate", "--log-level", "warning"], drain_timeout_s=10)
+    seen: list[list[str]] = []
+    fleet.on_change.append(lambda urls: seen.append(list(urls)))
+    try:
+        await fleet.set_replicas(None, 2)
+        first, second = fleet.urls()
+        await asyncio.gather(_wait_ready(first), _wait_ready(second))
+        assert await fleet.current_replicas(None) == 2
+        stopped = fleet.engines[-1].process
+        await fleet.set_replicas(None, 1)
+        assert fleet.urls() == [first]
+        assert stopped.returncode == 0, "a drained engine exits 0"
+        assert seen == [[first], [first, second], [first]]
+    finally:
+        await fleet.close()
+    assert fleet.urls() == []
+
+
+async def test_an_engine_that_dies_on_its_own_is_no_longer_counted() -> None:
+    fleet = LocalFleet(["--model", "tiny", "--simulate", "--log-level", "warning"], drain_timeout_s=10)
+    try:
+        await fleet.set_replicas(None, 1)
+        fleet.engines[0].process.kill()
+        fleet.engines[0].process.wait()
+        assert await fleet.current_replicas(None) == 0
+        assert fleet.urls() == []
+    finally:
+        await fleet.close()
