@@ -113,6 +113,7 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
         "--block-size", str(eng.block_size),
         "--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}",
+        "--drain-timeout", str(eng.drain_seconds),
     ]  # fmt: skip
     if not eng.prefix_caching:
         args.append("--no-prefix-caching")

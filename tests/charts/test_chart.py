@@ -151,6 +151,13 @@ def test_the_service_level_dashboard_shows_each_signal_per_model_and_tenant() ->
     assert all('tenant=~"$tenant"' in e and 'model=~"$model"' in e for e in router_exprs)
 
 
+def test_engine_series_are_selected_by_model_name_as_the_engine_labels_them() -> None:
+    board = json.loads((CHART / "files" / "dashboards" / "kvfleet-engines.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    assert all('model_name=~"$model"' in e for e in exprs)
+    assert all("model_name" in e for e in expressions() if "kvfleet_engine_" in e and "histogram" not in e)
+
+
 def test_each_dashboard_is_shipped_as_a_grafana_configmap() -> None:
     maps = [d for d in by_kind(render(), "ConfigMap") if "dashboard" in d["metadata"]["name"]]
     assert sorted(maps[i]["metadata"]["name"] for i in range(len(maps))) == [

@@ -38,6 +38,7 @@ def test_default_spec_renders_the_engine_flags_of_the_design_in_order() -> None:
         "--max-num-batched-tokens", "8192",
         "--block-size", "16",
         "--gpu-memory-utilization", "0.9",
+        "--drain-timeout", "60",
     ]  # fmt: skip
 
 
@@ -62,6 +63,7 @@ def test_every_engine_and_model_field_becomes_its_flag() -> None:
         "--max-num-batched-tokens", "512",
         "--block-size", "32",
         "--gpu-memory-utilization", "0.85",
+        "--drain-timeout", "60",
         "--no-prefix-caching",
         "--max-model-len", "4096",
         "--dtype", "float16",
@@ -188,3 +190,32 @@ def test_service_and_pdb_select_the_engine_pods() -> None:
 def test_every_rendered_object_is_valid_kubernetes(fields: dict[str, Any]) -> None:
     for obj in renderers.render_children(OWNER, spec(**fields), "img:1"):
         kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_the_engine_command_line_accepts_every_rendered_argument() -> None:
+    from kvfleet.cli import build_parser
+
+    fields = {
+        "model": {"name": "m", "uri": "pvc://w/x", "dtype": "bfloat16", "maxModelLen": 2048},
+        "engine": {"prefixCaching": False, "attention": "triton", "simulate": True, "drainSeconds": 45},
+    }
+    args = build_parser(only="engine").parse_args(["engine", *container(**fields)["args"]])
+    assert (args.model, args.served_model_name, args.port, args.max_model_len, args.dtype) == (
+        "/models/x",
+        "m",
+        8000,
+        2048,
+        "bfloat16",
+    )
+    assert (args.no_prefix_caching, args.attention, args.simulate, args.drain_timeout) == (
+        True,
+        "triton",
+        True,
+        45.0,
+    )
+    assert (args.max_num_seqs, args.max_num_batched_tokens, args.block_size, args.gpu_memory_utilization) == (
+        256,
+        8192,
+        16,
+        0.9,
+    )
