@@ -1,0 +1,203 @@
+"""The torch backend's fast path: a step's sequences in a few padded SDPA calls, planned once per step.
+
+Where it sits: ``TorchAttentionBackend.forward`` (``torch_backend.py``) calls
+:meth:`BatchedAttention.forward` for every layer of a step. The first layer's call turns
+the step's :class:`AttentionMetadata` into a :class:`StepLayout` (which sequences share a
+call, their padded query rows, their key blocks and their attention mask); the other
+layers of the same step reuse it, so the per-layer work is one gather of K/V blocks and
+one ``scaled_dot_product_attention`` per group. ``paged_attention_reference`` (the loop
+over sequences) stays the oracle this path is tested against.
+
+Groups: decoding sequences (one query row) and prefill chunks are grouped apart, each
+sorted by length and cut into a few buckets, so keys are padded to the bucket's longest
+context rather than the step's. Grouped-query heads fold into the query axis (the ``g``
+query heads of one KV head become ``g`` rows per token), so K/V are never repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.attention.base import AttentionMetadata
+
+DECODE_BUCKET = 8  # decoding sequences per SDPA call, at least (fewer, longer calls beat many short ones)
+MAX_DECODE_BUCKETS = 4
+PREFILL_BUCKET = 4  # prefill chunks per SDPA call
+
+
+def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """Which keys each query row may attend: causal (key position <= query position).
+
+    ``query_pos``: (G, Lq) positions of the query rows; ``key_pos``: (Lk,). Returns (G, Lq, Lk)
+    bool. Keys past a sequence's length (padding) are excluded because every query position is
+    below the length. Further restrictions (a sliding window) are one more term ANDed here.
+    """
+    return key_pos[None, None, :] <= query_pos[:, :, None]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Sequences attended in one SDPA call; G sequences, each padded to Lq query rows and nb blocks."""
+
+    q_rows: torch.Tensor  # (G * Lq,) int64: flat query row of each padded row (padding repeats a real row)
+    out_index: torch.Tensor | None  # (R,) int64: which padded rows are real (None: all of them)
+    out_rows: torch.Tensor  # (R,) int64: the flat output row of each real padded row
+    blocks: torch.Tensor  # (G * nb,) int64: block ids, table order, padded with block 0
+    allowed: torch.Tensor  # (G, 1, Lq * g, nb * block_size) bool, the mask SDPA takes
+    num_seqs: int
+    query_len: int
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    groups: tuple[Group, ...]
+
+
+def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | None) -> list[list[int]]:
+    """Cut sequences (sorted by ``lens``) into runs of at least ``size``, at most ``max_buckets`` runs."""
+    ranked = sorted(order, key=lambda s: lens[s])
+    count = max(1, len(ranked) // size)
+    if max_buckets is not None:
+        count = min(count, max_buckets)
+    per = -(-len(ranked) // count)
+    return [ranked[i : i + per] for i in range(0, len(ranked), per)]
+
+
+def _group(
+    seqs: list[int], starts: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int, g: int
+) -> Group:
+    # Invariant: padded row i of sequence s sits at position start_s + min(i, qlen_s - 1) and reads
+    # query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never fully masked.
+    qlens = [starts[s + 1] - starts[s] for s in seqs]
+    width = max(qlens)
+    num_blocks = -(-max(seq_lens[s] for s in seqs) // block_size)
+    q_rows: list[int] = []
+    positions: list[int] = []
+    out_index: list[int] = []
+    out_rows: list[int] = []
+    blocks: list[int] = []
+    for n, (s, qlen) in enumerate(zip(seqs, qlens, strict=True)):
+        first_pos = seq_lens[s] - qlen
+        for i in range(width):
+            j = min(i, qlen - 1)
+            q_rows.append(starts[s] + j)
+            positions.append(first_pos + j)
+        out_index.extend(range(n * width, n * width + qlen))
+        out_rows.extend(range(starts[s], starts[s] + qlen))
+        table = tables[s][:num_blocks]
+        blocks.extend(table + [0] * (num_blocks - len(table)))
+    query_pos = torch.tensor(positions, dtype=torch.int64).view(len(seqs), width)
+    allowed = key_allowed(query_pos, torch.arange(num_blocks * block_size))
+    allowed = allowed[:, :, None, :].expand(-1, -1, g, -1).reshape(len(seqs), 1, width * g, -1)
+    padded = len(out_rows) != len(q_rows)
+    return Group(
+        q_rows=torch.tensor(q_rows, dtype=torch.int64),
+        out_index=torch.tensor(out_index, dtype=torch.int64) if padded else None,
+        out_rows=torch.tensor(out_rows, dtype=torch.int64),
+        blocks=torch.tensor(blocks, dtype=torch.int64),
+        allowed=allowed,
+        num_seqs=len(seqs),
+        query_len=width,
+        num_blocks=num_blocks,
+    )
+
+
+def plan_step(meta: AttentionMetadata, block_size: int, group_size: int, device: torch.device) -> StepLayout:
+    """Group the step's sequences into padded SDPA calls (decodes and prefill chunks apart)."""
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    tables = meta.block_tables.tolist()
+    decode = [s for s in range(len(seq_lens)) if starts[s + 1] - starts[s] == 1]
+    prefill = [s for s in range(len(seq_lens)) if starts[s + 1] - starts[s] > 1]
+    qlens = [starts[s + 1] - starts[s] for s in range(len(seq_lens))]
+    runs = []
+    if decode:
+        runs += _buckets(decode, seq_lens, DECODE_BUCKET, MAX_DECODE_BUCKETS)
+    if prefill:
+        runs += _buckets(prefill, qlens, PREFILL_BUCKET, None)
+    groups = [_group(run, starts, seq_lens, tables, block_size, group_size) for run in runs]
+    if device.type != "cpu":
+        groups = [_to(grp, device) for grp in groups]
+    return StepLayout(tuple(groups))
+
+
+def _to(grp: Group, device: torch.device) -> Group:
+    return Group(
+        q_rows=grp.q_rows.to(device),
+        out_index=None if grp.out_index is None else grp.out_index.to(device),
+        out_rows=grp.out_rows.to(device),
+        blocks=grp.blocks.to(device),
+        allowed=grp.allowed.to(device),
+        num_seqs=grp.num_seqs,
+        query_len=grp.query_len,
+        num_blocks=grp.num_blocks,
+    )
+
+
+class BatchedAttention:
+    """Holds the current step's layout and the scratch buffers K/V blocks are gathered into.
+
+    The scratch buffers grow to the largest group seen and are reused by every layer and
+    step: gathering into fresh tensors of a few MB each would page-fault on every call.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[AttentionMetadata, int, int, torch.device] | None = None
+        self._layout = StepLayout(())
+        self._scratch: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def layout(
+        self, meta: AttentionMetadata, block_size: int, group_size: int, device: torch.device
+    ) -> StepLayout:
+        key = (meta, block_size, group_size, device)
+        # A new step: every layer of one step shares the metadata object (compared by identity).
+        if self._key is None or self._key[0] is not meta or self._key[1:] != key[1:]:
+            self._layout = plan_step(meta, block_size, group_size, device)
+            self._key = key
+        return self._layout
+
+    def _buffers(self, k_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (k_cache.dtype, k_cache.device)
+        width = k_cache[0].numel()
+        kb, vb = self._scratch.get(key, (k_cache.new_empty(0, width), k_cache.new_empty(0, width)))
+        if kb.shape[0] < rows or kb.shape[1] != width:
+            kb, vb = k_cache.new_empty(rows, width), k_cache.new_empty(rows, width)
+            self._scratch[key] = (kb, vb)
+        return kb[:rows], vb[:rows]
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+        heads = q.shape[1]
+        g = heads // kv_heads
+        dtype = torch.promote_types(q.dtype, k_cache.dtype)  # no copy when both are float32
+        layout = self.layout(meta, block_size, g, q.device)
+        out = torch.empty_like(q)
+        k_flat, v_flat = k_cache.view(num_blocks, -1), v_cache.view(num_blocks, -1)
+        for grp in layout.groups:
+            n, lq, keys = grp.num_seqs, grp.query_len, grp.num_blocks * block_size
+            kb, vb = self._buffers(k_cache, grp.blocks.shape[0])
+            torch.index_select(k_flat, 0, grp.blocks, out=kb)
+            torch.index_select(v_flat, 0, grp.blocks, out=vb)
+            k = kb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
+            v = vb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
+            qg = q.index_select(0, grp.q_rows).view(n, lq, kv_heads, g, head_dim)
+            qg = qg.transpose(1, 2).reshape(n, kv_heads, lq * g, head_dim).to(dtype)
+            o = F.scaled_dot_product_attention(
+                qg, k.to(dtype), v.to(dtype), attn_mask=grp.allowed, scale=scale
+            )
+            o = o.view(n, kv_heads, lq, g, head_dim).transpose(1, 2).reshape(n * lq, heads, head_dim)
+            if grp.out_index is not None:
+                o = o.index_select(0, grp.out_index)
+            out.index_copy_(0, grp.out_rows, o.to(q.dtype))
+        return out
