@@ -17,6 +17,7 @@ query heads of one KV head become ``g`` rows per token), so K/V are never repeat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,8 @@ class Group:
     out_index: torch.Tensor | None  # (R,) int64: which padded rows are real (None: all of them)
     out_rows: torch.Tensor  # (R,) int64: the flat output row of each real padded row
     blocks: torch.Tensor  # (G * nb,) int64: block ids, table order, padded with block 0
-    allowed: torch.Tensor  # (G, 1, Lq * g, nb * block_size) bool, the mask SDPA takes
+    bias: torch.Tensor  # (G, 1, Lq * g, nb * block_size): 0 where key_allowed, -inf elsewhere
+    pad_keys: torch.Tensor  # (P,) int64: gathered key rows past their sequence's length, zeroed
     num_seqs: int
     query_len: int
     num_blocks: int
@@ -55,6 +57,15 @@ class Group:
 @dataclass(frozen=True)
 class StepLayout:
     groups: tuple[Group, ...]
+
+
+class Geometry(NamedTuple):
+    """What a layout depends on besides the metadata: the cache's block size, the GQA group, the dtype."""
+
+    block_size: int
+    group_size: int  # query heads per KV head
+    dtype: torch.dtype  # of the computation (and of the additive mask)
+    device: torch.device
 
 
 def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | None) -> list[list[int]]:
@@ -68,10 +79,11 @@ def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | No
 
 
 def _group(
-    seqs: list[int], starts: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int, g: int
+    seqs: list[int], starts: list[int], seq_lens: list[int], tables: list[list[int]], geo: Geometry
 ) -> Group:
     # Invariant: padded row i of sequence s sits at position start_s + min(i, qlen_s - 1) and reads
     # query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never fully masked.
+    block_size, g = geo.block_size, geo.group_size
     qlens = [starts[s + 1] - starts[s] for s in seqs]
     width = max(qlens)
     num_blocks = -(-max(seq_lens[s] for s in seqs) // block_size)
@@ -91,22 +103,28 @@ def _group(
         table = tables[s][:num_blocks]
         blocks.extend(table + [0] * (num_blocks - len(table)))
     query_pos = torch.tensor(positions, dtype=torch.int64).view(len(seqs), width)
-    allowed = key_allowed(query_pos, torch.arange(num_blocks * block_size))
+    key_pos = torch.arange(num_blocks * block_size)
+    allowed = key_allowed(query_pos, key_pos)
     allowed = allowed[:, :, None, :].expand(-1, -1, g, -1).reshape(len(seqs), 1, width * g, -1)
+    # An additive mask, built once per step: SDPA takes it as is (a bool mask is converted per call).
+    bias = torch.zeros(allowed.shape, dtype=geo.dtype).masked_fill_(~allowed, float("-inf"))
     padded = len(out_rows) != len(q_rows)
+    lens = torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64)
+    pad_keys = (key_pos[None, :] >= lens[:, None]).view(-1).nonzero().view(-1)
     return Group(
         q_rows=torch.tensor(q_rows, dtype=torch.int64),
         out_index=torch.tensor(out_index, dtype=torch.int64) if padded else None,
         out_rows=torch.tensor(out_rows, dtype=torch.int64),
         blocks=torch.tensor(blocks, dtype=torch.int64),
-        allowed=allowed,
+        bias=bias,
+        pad_keys=pad_keys,
         num_seqs=len(seqs),
         query_len=width,
         num_blocks=num_blocks,
     )
 
 
-def plan_step(meta: AttentionMetadata, block_size: int, group_size: int, device: torch.device) -> StepLayout:
+def plan_step(meta: AttentionMetadata, geo: Geometry) -> StepLayout:
     """Group the step's sequences into padded SDPA calls (decodes and prefill chunks apart)."""
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
@@ -119,9 +137,9 @@ def plan_step(meta: AttentionMetadata, block_size: int, group_size: int, device:
         runs += _buckets(decode, seq_lens, DECODE_BUCKET, MAX_DECODE_BUCKETS)
     if prefill:
         runs += _buckets(prefill, qlens, PREFILL_BUCKET, None)
-    groups = [_group(run, starts, seq_lens, tables, block_size, group_size) for run in runs]
-    if device.type != "cpu":
-        groups = [_to(grp, device) for grp in groups]
+    groups = [_group(run, starts, seq_lens, tables, geo) for run in runs]
+    if geo.device.type != "cpu":
+        groups = [_to(grp, geo.device) for grp in groups]
     return StepLayout(tuple(groups))
 
 
@@ -131,7 +149,8 @@ def _to(grp: Group, device: torch.device) -> Group:
         out_index=None if grp.out_index is None else grp.out_index.to(device),
         out_rows=grp.out_rows.to(device),
         blocks=grp.blocks.to(device),
-        allowed=grp.allowed.to(device),
+        bias=grp.bias.to(device),
+        pad_keys=grp.pad_keys.to(device),
         num_seqs=grp.num_seqs,
         query_len=grp.query_len,
         num_blocks=grp.num_blocks,
@@ -146,18 +165,15 @@ class BatchedAttention:
     """
 
     def __init__(self) -> None:
-        self._key: tuple[AttentionMetadata, int, int, torch.device] | None = None
+        self._key: tuple[AttentionMetadata, Geometry] | None = None
         self._layout = StepLayout(())
         self._scratch: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def layout(
-        self, meta: AttentionMetadata, block_size: int, group_size: int, device: torch.device
-    ) -> StepLayout:
-        key = (meta, block_size, group_size, device)
+    def layout(self, meta: AttentionMetadata, geo: Geometry) -> StepLayout:
         # A new step: every layer of one step shares the metadata object (compared by identity).
-        if self._key is None or self._key[0] is not meta or self._key[1:] != key[1:]:
-            self._layout = plan_step(meta, block_size, group_size, device)
-            self._key = key
+        if self._key is None or self._key[0] is not meta or self._key[1] != geo:
+            self._layout = plan_step(meta, geo)
+            self._key = (meta, geo)
         return self._layout
 
     def _buffers(self, k_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,8 +196,8 @@ class BatchedAttention:
         num_blocks, block_size, kv_heads, head_dim = k_cache.shape
         heads = q.shape[1]
         g = heads // kv_heads
-        dtype = torch.promote_types(q.dtype, k_cache.dtype)  # no copy when both are float32
-        layout = self.layout(meta, block_size, g, q.device)
+        dtype = torch.promote_types(q.dtype, k_cache.dtype)
+        layout = self.layout(meta, Geometry(block_size, g, dtype, q.device))
         out = torch.empty_like(q)
         k_flat, v_flat = k_cache.view(num_blocks, -1), v_cache.view(num_blocks, -1)
         for grp in layout.groups:
@@ -189,15 +205,20 @@ class BatchedAttention:
             kb, vb = self._buffers(k_cache, grp.blocks.shape[0])
             torch.index_select(k_flat, 0, grp.blocks, out=kb)
             torch.index_select(v_flat, 0, grp.blocks, out=vb)
+            if grp.pad_keys.numel():
+                # Slots past a sequence's length hold stale (or never written) values; a masked
+                # score times a NaN there would still be NaN, so they are zeroed, not just masked.
+                kb.view(n * keys, -1).index_fill_(0, grp.pad_keys, 0.0)
+                vb.view(n * keys, -1).index_fill_(0, grp.pad_keys, 0.0)
             k = kb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
             v = vb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
             qg = q.index_select(0, grp.q_rows).view(n, lq, kv_heads, g, head_dim)
-            qg = qg.transpose(1, 2).reshape(n, kv_heads, lq * g, head_dim).to(dtype)
-            o = F.scaled_dot_product_attention(
-                qg, k.to(dtype), v.to(dtype), attn_mask=grp.allowed, scale=scale
-            )
+            qg = qg.transpose(1, 2).reshape(n, kv_heads, lq * g, head_dim)
+            if k.dtype != dtype or qg.dtype != dtype:  # mixed precision only; float32 copies nothing
+                qg, k, v = qg.to(dtype), k.to(dtype), v.to(dtype)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.bias, scale=scale)
             o = o.view(n, kv_heads, lq, g, head_dim).transpose(1, 2).reshape(n * lq, heads, head_dim)
             if grp.out_index is not None:
                 o = o.index_select(0, grp.out_index)
-            out.index_copy_(0, grp.out_rows, o.to(q.dtype))
+            out.index_copy_(0, grp.out_rows, o if o.dtype == q.dtype else o.to(q.dtype))
         return out
