@@ -3,9 +3,9 @@
 Where it sits: ``TorchAttentionBackend.forward`` (``torch_backend.py``) calls
 :meth:`BatchedAttention.forward` for every layer of a step. The first layer's call turns
 the step's :class:`AttentionMetadata` into a :class:`StepLayout` (which sequences share a
-call, their padded query rows, their key blocks and their attention mask); the other
-layers of the same step reuse it, so the per-layer work is one gather of K/V blocks and
-one ``scaled_dot_product_attention`` per group. ``paged_attention_reference`` (the loop
+call, their padded query rows, the cache slot of each key row and their attention mask);
+the other layers of the same step reuse it, so the per-layer work is one gather of K/V
+rows and one ``scaled_dot_product_attention`` per group. ``paged_attention_reference`` (the loop
 over sequences) stays the oracle this path is tested against.
 
 Groups: decoding sequences (one query row) and prefill chunks are grouped apart, each
@@ -41,14 +41,13 @@ def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Group:
-    """Sequences attended in one SDPA call; G sequences, each padded to Lq query rows and nb blocks."""
+    """Sequences attended in one SDPA call; G sequences, each padded to Lq query rows and nb blocks of keys."""
 
     q_rows: torch.Tensor  # (G * Lq,) int64: flat query row of each padded row (padding repeats a real row)
     out_index: torch.Tensor | None  # (R,) int64: which padded rows are real (None: all of them)
     out_rows: torch.Tensor  # (R,) int64: the flat output row of each real padded row
-    blocks: torch.Tensor  # (G * nb,) int64: block ids, table order, padded with block 0
+    key_slots: torch.Tensor  # (G * nb * block_size,) int64: the cache slot of each padded key row
     bias: torch.Tensor  # (G, 1, Lq * g, nb * block_size): 0 where key_allowed, -inf elsewhere
-    pad_keys: torch.Tensor  # (P,) int64: gathered key rows past their sequence's length, zeroed
     num_seqs: int
     query_len: int
     num_blocks: int
@@ -81,8 +80,10 @@ def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | No
 def _group(
     seqs: list[int], starts: list[int], seq_lens: list[int], tables: list[list[int]], geo: Geometry
 ) -> Group:
-    # Invariant: padded row i of sequence s sits at position start_s + min(i, qlen_s - 1) and reads
-    # query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never fully masked.
+    # Invariant: padded query row i of sequence s sits at position start_s + min(i, qlen_s - 1) and
+    # reads query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never
+    # fully masked; a padding key row reads the sequence's own position-0 slot (stored, so finite)
+    # and is masked, so a sequence never reads a slot it did not store (stale or NaN contents).
     block_size, g = geo.block_size, geo.group_size
     qlens = [starts[s + 1] - starts[s] for s in seqs]
     width = max(qlens)
@@ -91,7 +92,7 @@ def _group(
     positions: list[int] = []
     out_index: list[int] = []
     out_rows: list[int] = []
-    blocks: list[int] = []
+    tables_padded: list[list[int]] = []
     for n, (s, qlen) in enumerate(zip(seqs, qlens, strict=True)):
         first_pos = seq_lens[s] - qlen
         for i in range(width):
@@ -101,7 +102,7 @@ def _group(
         out_index.extend(range(n * width, n * width + qlen))
         out_rows.extend(range(starts[s], starts[s] + qlen))
         table = tables[s][:num_blocks]
-        blocks.extend(table + [0] * (num_blocks - len(table)))
+        tables_padded.append(table + [table[0]] * (num_blocks - len(table)))
     query_pos = torch.tensor(positions, dtype=torch.int64).view(len(seqs), width)
     key_pos = torch.arange(num_blocks * block_size)
     allowed = key_allowed(query_pos, key_pos)
@@ -110,14 +111,15 @@ def _group(
     bias = torch.zeros(allowed.shape, dtype=geo.dtype).masked_fill_(~allowed, float("-inf"))
     padded = len(out_rows) != len(q_rows)
     lens = torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64)
-    pad_keys = (key_pos[None, :] >= lens[:, None]).view(-1).nonzero().view(-1)
+    key_at = torch.where(key_pos[None, :] < lens[:, None], key_pos[None, :], 0)
+    table_t = torch.tensor(tables_padded, dtype=torch.int64)
+    key_slots = table_t.gather(1, key_at // block_size) * block_size + key_at % block_size
     return Group(
         q_rows=torch.tensor(q_rows, dtype=torch.int64),
         out_index=torch.tensor(out_index, dtype=torch.int64) if padded else None,
         out_rows=torch.tensor(out_rows, dtype=torch.int64),
-        blocks=torch.tensor(blocks, dtype=torch.int64),
+        key_slots=key_slots.view(-1),
         bias=bias,
-        pad_keys=pad_keys,
         num_seqs=len(seqs),
         query_len=width,
         num_blocks=num_blocks,
@@ -148,9 +150,8 @@ def _to(grp: Group, device: torch.device) -> Group:
         q_rows=grp.q_rows.to(device),
         out_index=None if grp.out_index is None else grp.out_index.to(device),
         out_rows=grp.out_rows.to(device),
-        blocks=grp.blocks.to(device),
+        key_slots=grp.key_slots.to(device),
         bias=grp.bias.to(device),
-        pad_keys=grp.pad_keys.to(device),
         num_seqs=grp.num_seqs,
         query_len=grp.query_len,
         num_blocks=grp.num_blocks,
@@ -158,7 +159,7 @@ def _to(grp: Group, device: torch.device) -> Group:
 
 
 class BatchedAttention:
-    """Holds the current step's layout and the scratch buffers K/V blocks are gathered into.
+    """Holds the current step's layout and the scratch buffers K/V rows are gathered into.
 
     The scratch buffers grow to the largest group seen and are reused by every layer and
     step: gathering into fresh tensors of a few MB each would page-fault on every call.
@@ -178,7 +179,7 @@ class BatchedAttention:
 
     def _buffers(self, k_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         key = (k_cache.dtype, k_cache.device)
-        width = k_cache[0].numel()
+        width = k_cache[0, 0].numel()  # one token's keys: num_kv_heads * head_dim
         kb, vb = self._scratch.get(key, (k_cache.new_empty(0, width), k_cache.new_empty(0, width)))
         if kb.shape[0] < rows or kb.shape[1] != width:
             kb, vb = k_cache.new_empty(rows, width), k_cache.new_empty(rows, width)
@@ -199,17 +200,13 @@ class BatchedAttention:
         dtype = torch.promote_types(q.dtype, k_cache.dtype)
         layout = self.layout(meta, Geometry(block_size, g, dtype, q.device))
         out = torch.empty_like(q)
-        k_flat, v_flat = k_cache.view(num_blocks, -1), v_cache.view(num_blocks, -1)
+        k_flat = k_cache.view(num_blocks * block_size, kv_heads * head_dim)
+        v_flat = v_cache.view(num_blocks * block_size, kv_heads * head_dim)
         for grp in layout.groups:
             n, lq, keys = grp.num_seqs, grp.query_len, grp.num_blocks * block_size
-            kb, vb = self._buffers(k_cache, grp.blocks.shape[0])
-            torch.index_select(k_flat, 0, grp.blocks, out=kb)
-            torch.index_select(v_flat, 0, grp.blocks, out=vb)
-            if grp.pad_keys.numel():
-                # Slots past a sequence's length hold stale (or never written) values; a masked
-                # score times a NaN there would still be NaN, so they are zeroed, not just masked.
-                kb.view(n * keys, -1).index_fill_(0, grp.pad_keys, 0.0)
-                vb.view(n * keys, -1).index_fill_(0, grp.pad_keys, 0.0)
+            kb, vb = self._buffers(k_cache, grp.key_slots.shape[0])
+            torch.index_select(k_flat, 0, grp.key_slots, out=kb)
+            torch.index_select(v_flat, 0, grp.key_slots, out=vb)
             k = kb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
             v = vb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
             qg = q.index_select(0, grp.q_rows).view(n, lq, kv_heads, g, head_dim)
