@@ -73,7 +73,7 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     if config.max_model_len > limit:
         raise ModelLoadError(
             f"max_model_len={config.max_model_len} exceeds the model's limit of {limit} "
-            f"(max_position_embeddings / sliding_window in config.json)"
+            f"(max_position_embeddings in config.json, as far as its rope_scaling stretches it)"
         )
     return config.max_model_len
 
