@@ -93,3 +93,18 @@ def test_the_window_changes_what_the_mistral_checkpoint_generates(
     assert windowed != reference(hf_greedy, unwindowed, [LONG])
     llm = LLM(model=str(unwindowed), num_kv_blocks=64, block_size=4)
     assert generate(llm, [LONG]) == reference(hf_greedy, unwindowed, [LONG])
+
+
+def test_dynamic_rope_turns_prefix_caching_off_so_a_shared_prefix_still_matches_transformers(
+    hf_checkpoints: dict[str, Path], hf_greedy: Any
+) -> None:
+    """A dynamic-rope block's keys depend on the length of the step that computed them (the
+    41-token prefill rotated its first blocks with stretched frequencies): reusing them for a
+    shorter prompt would differ from transformers, so no block is reused."""
+    folder = hf_checkpoints["llama-rope-dynamic"]
+    llm = LLM(model=str(folder), num_kv_blocks=64, block_size=4)
+    short = LONG[:12] + [7, 8, 9]
+    assert generate(llm, [LONG]) == reference(hf_greedy, folder, [LONG])
+    (out,) = llm.generate([short], GREEDY)
+    assert out.outputs[0].token_ids == reference(hf_greedy, folder, [short])[0]
+    assert (out.num_cached_tokens, llm.engine.stats().prefix_cache_hits) == (0, 0)
