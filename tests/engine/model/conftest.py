@@ -156,7 +156,7 @@ def load_hf(folder: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def hf_greedy() -> Any:
-    """``hf_greedy(folder, prompt_ids, n)``: the reference tokens."""
+    """``hf_greedy(folder, prompt_ids, n, fresh=False)``: the reference tokens."""
     return _hf_greedy
 
 
