@@ -31,8 +31,10 @@ def _attend_one(
     table: torch.Tensor,
     seq_len: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One sequence's query rows (L, H, D) against its first ``seq_len`` cached keys, causally."""
+    """One sequence's query rows (L, H, D) against its first ``seq_len`` cached keys, causally
+    (and only the last ``window`` keys up to each row's position, when a window is given)."""
     num_heads, num_kv_heads = q_s.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_size = k_cache.shape[1]
@@ -45,21 +47,30 @@ def _attend_one(
     values = values.repeat_interleave(group, dim=1).float()
     scores = torch.einsum("qhd,khd->hqk", q_s.float(), keys) * scale
     positions = torch.arange(seq_len - query_len, seq_len, device=q_s.device)
-    mask = torch.arange(seq_len, device=q_s.device)[None, :] > positions[:, None]
+    key_pos = torch.arange(seq_len, device=q_s.device)[None, :]
+    mask = key_pos > positions[:, None]
+    if window is not None:
+        mask |= key_pos <= positions[:, None] - window
     scores.masked_fill_(mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values).to(q_s.dtype)
 
 
 def paged_attention_reference(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    # Invariant: row i of sequence s attends exactly keys 0..(seq_len - query_len + i).
+    # Invariant: row i of sequence s at position p = seq_len - query_len + i attends exactly
+    # keys 0..p, or max(0, p - window + 1)..p with a window.
     out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
     for s, seq_len in enumerate(meta.seq_lens.tolist()):
         rows = slice(starts[s], starts[s + 1])
-        out[rows] = _attend_one(q[rows], k_cache, v_cache, meta.block_tables[s], seq_len, scale)
+        out[rows] = _attend_one(q[rows], k_cache, v_cache, meta.block_tables[s], seq_len, scale, window)
     return out
 
 
@@ -86,8 +97,9 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
-        return self._batched.forward(q, k_cache, v_cache, meta, scale)
+        return self._batched.forward(q, k_cache, v_cache, meta, scale, sliding_window)
 
 
 register_backend("torch", TorchAttentionBackend)

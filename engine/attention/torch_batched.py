@@ -16,7 +16,7 @@ query heads of one KV head become ``g`` rows per token), so K/V are never repeat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -29,33 +29,17 @@ MAX_DECODE_BUCKETS = 4
 PREFILL_BUCKET = 4  # prefill chunks per SDPA call
 
 
-def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-    """Which keys each query row may attend: causal (key position <= query position).
+def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Which keys each query row may attend: causal, and within the sliding window if there is one.
 
     ``query_pos``: (G, Lq) positions of the query rows; ``key_pos``: (Lk,). Returns (G, Lq, Lk)
-    bool. Keys past a sequence's length (padding) are excluded because every query position is
-    below the length. Further restrictions (a sliding window) are one more term ANDed here.
+    bool: key p is allowed for the row at position q iff p <= q (and q - window < p). Keys past
+    a sequence's length (padding) are excluded because every query position is below the length.
     """
-    return key_pos[None, None, :] <= query_pos[:, :, None]
-
-
-@dataclass(frozen=True)
-class Group:
-    """Sequences attended in one SDPA call; G sequences, each padded to Lq query rows and nb blocks of keys."""
-
-    q_rows: torch.Tensor  # (G * Lq,) int64: flat query row of each padded row (padding repeats a real row)
-    out_index: torch.Tensor | None  # (R,) int64: which padded rows are real (None: all of them)
-    out_rows: torch.Tensor  # (R,) int64: the flat output row of each real padded row
-    key_slots: torch.Tensor  # (G * nb * block_size,) int64: the cache slot of each padded key row
-    bias: torch.Tensor  # (G, 1, Lq * g, nb * block_size): 0 where key_allowed, -inf elsewhere
-    num_seqs: int
-    query_len: int
-    num_blocks: int
-
-
-@dataclass(frozen=True)
-class StepLayout:
-    groups: tuple[Group, ...]
+    allowed = key_pos[None, None, :] <= query_pos[:, :, None]
+    if window is not None:
+        allowed &= key_pos[None, None, :] > query_pos[:, :, None] - window
+    return allowed
 
 
 class Geometry(NamedTuple):
@@ -65,6 +49,40 @@ class Geometry(NamedTuple):
     group_size: int  # query heads per KV head
     dtype: torch.dtype  # of the computation (and of the additive mask)
     device: torch.device
+
+
+@dataclass
+class Group:
+    """Sequences attended in one SDPA call; G sequences, each padded to Lq query rows and nb blocks of keys."""
+
+    q_rows: torch.Tensor  # (G * Lq,) int64: flat query row of each padded row (padding repeats a real row)
+    out_index: torch.Tensor | None  # (R,) int64: which padded rows are real (None: all of them)
+    out_rows: torch.Tensor  # (R,) int64: the flat output row of each real padded row
+    key_slots: torch.Tensor  # (G * nb * block_size,) int64: the cache slot of each padded key row
+    query_pos: torch.Tensor  # (G, Lq) int64: the position of each padded query row
+    num_seqs: int
+    query_len: int
+    num_blocks: int
+    geo: Geometry
+    # window → (G, 1, Lq * g, nb * block_size) additive mask (0 where key_allowed, -inf elsewhere),
+    # built once per step and window: SDPA takes it as is (a bool mask is converted per call).
+    _biases: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def bias(self, window: int | None) -> torch.Tensor:
+        mask = self._biases.get(window)
+        if mask is None:
+            n, lq, g = self.num_seqs, self.query_len, self.geo.group_size
+            key_pos = torch.arange(self.num_blocks * self.geo.block_size, device=self.query_pos.device)
+            allowed = key_allowed(self.query_pos, key_pos, window)
+            allowed = allowed[:, :, None, :].expand(-1, -1, g, -1).reshape(n, 1, lq * g, -1)
+            mask = torch.zeros(allowed.shape, dtype=self.geo.dtype, device=allowed.device)
+            mask = self._biases[window] = mask.masked_fill_(~allowed, float("-inf"))
+        return mask
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    groups: tuple[Group, ...]
 
 
 def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | None) -> list[list[int]]:
@@ -84,7 +102,7 @@ def _group(
     # reads query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never
     # fully masked; a padding key row reads the sequence's own position-0 slot (stored, so finite)
     # and is masked, so a sequence never reads a slot it did not store (stale or NaN contents).
-    block_size, g = geo.block_size, geo.group_size
+    block_size = geo.block_size
     qlens = [starts[s + 1] - starts[s] for s in seqs]
     width = max(qlens)
     num_blocks = -(-max(seq_lens[s] for s in seqs) // block_size)
@@ -105,10 +123,6 @@ def _group(
         tables_padded.append(table + [table[0]] * (num_blocks - len(table)))
     query_pos = torch.tensor(positions, dtype=torch.int64).view(len(seqs), width)
     key_pos = torch.arange(num_blocks * block_size)
-    allowed = key_allowed(query_pos, key_pos)
-    allowed = allowed[:, :, None, :].expand(-1, -1, g, -1).reshape(len(seqs), 1, width * g, -1)
-    # An additive mask, built once per step: SDPA takes it as is (a bool mask is converted per call).
-    bias = torch.zeros(allowed.shape, dtype=geo.dtype).masked_fill_(~allowed, float("-inf"))
     padded = len(out_rows) != len(q_rows)
     lens = torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64)
     key_at = torch.where(key_pos[None, :] < lens[:, None], key_pos[None, :], 0)
@@ -119,10 +133,11 @@ def _group(
         out_index=torch.tensor(out_index, dtype=torch.int64) if padded else None,
         out_rows=torch.tensor(out_rows, dtype=torch.int64),
         key_slots=key_slots.view(-1),
-        bias=bias,
+        query_pos=query_pos,
         num_seqs=len(seqs),
         query_len=width,
         num_blocks=num_blocks,
+        geo=geo,
     )
 
 
@@ -151,10 +166,11 @@ def _to(grp: Group, device: torch.device) -> Group:
         out_index=None if grp.out_index is None else grp.out_index.to(device),
         out_rows=grp.out_rows.to(device),
         key_slots=grp.key_slots.to(device),
-        bias=grp.bias.to(device),
+        query_pos=grp.query_pos.to(device),
         num_seqs=grp.num_seqs,
         query_len=grp.query_len,
         num_blocks=grp.num_blocks,
+        geo=grp.geo,
     )
 
 
@@ -193,6 +209,7 @@ class BatchedAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         num_blocks, block_size, kv_heads, head_dim = k_cache.shape
         heads = q.shape[1]
@@ -213,7 +230,7 @@ class BatchedAttention:
             qg = qg.transpose(1, 2).reshape(n, kv_heads, lq * g, head_dim)
             if k.dtype != dtype or qg.dtype != dtype:  # mixed precision only; float32 copies nothing
                 qg, k, v = qg.to(dtype), k.to(dtype), v.to(dtype)
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.bias, scale=scale)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.bias(window), scale=scale)
             o = o.view(n, kv_heads, lq, g, head_dim).transpose(1, 2).reshape(n * lq, heads, head_dim)
             if grp.out_index is not None:
                 o = o.index_select(0, grp.out_index)

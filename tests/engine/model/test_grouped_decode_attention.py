@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvfleet.engine.attention import AttentionMetadata, get_backend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 
 
-def test_decoding_sequences_batched_together_match_the_per_sequence_reference() -> None:
+@pytest.mark.parametrize("window", [None, 1, 3, 6])
+def test_decoding_sequences_batched_together_match_the_per_sequence_reference(window: int | None) -> None:
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, block = 8, 2, 16, 4
     k_cache = torch.randn(20, block, kv_heads, dim, generator=gen)
@@ -30,8 +32,8 @@ def test_decoding_sequences_batched_together_match_the_per_sequence_reference() 
         max_seq_len=14,
     )
     q = torch.randn(starts[-1], heads, dim, generator=gen)
-    ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5)
-    torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5))
+    ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5, window)
+    torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))
 
 
 def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_reference() -> None:
@@ -67,7 +69,7 @@ def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_ref
     backend = get_backend("torch")
     ours = backend.forward(q, k_cache, v_cache, meta, dim**-0.5)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5))
-    # the second layer of the same step reuses the step's grouping with another cache
+    # the next layer of the same step reuses the step's grouping, with another cache and a window
     k2, v2 = k_cache.flip(0), v_cache.flip(0)
-    again = backend.forward(q, k2, v2, meta, dim**-0.5)
-    torch.testing.assert_close(again, paged_attention_reference(q, k2, v2, meta, dim**-0.5))
+    again = backend.forward(q, k2, v2, meta, dim**-0.5, 5)
+    torch.testing.assert_close(again, paged_attention_reference(q, k2, v2, meta, dim**-0.5, 5))
