@@ -103,3 +103,19 @@ def tiny_server() -> Iterator[LiveServer]:
     )
     yield live
     stop_server(live)
+
+
+@pytest.fixture
+def own_fast_server() -> Iterator[LiveServer]:
+    """A fast server of the test's own, for a test that breaks it."""
+    live = start_server(*FAST)
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture
+def thread_server() -> Iterator[LiveServer]:
+    """The engine core in a thread of the server (``--engine-core thread``)."""
+    live = start_server("--engine-core", "thread", *FAST)
+    yield live
+    stop_server(live)
