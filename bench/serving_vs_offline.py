@@ -4,10 +4,13 @@ Both sides run the same prompts (token ids, the ones ``kvfleet bench`` draws for
 greedy, exactly ``--output-len`` tokens each (``ignore_eos``), under one ``EngineConfig``:
 the offline ``LLM`` is built from it and the server gets it as flags (printed below).
 Offline: ``LLM.generate`` with every prompt at once, in this process. Serving: a
-``kvfleet engine --model tiny`` process per ``--engine-core`` mode, streamed by a
-``kvfleet bench --concurrency 32 --json`` process of its own (so the client's event loop
-competes with neither side's GIL). Each run measures offline and then every mode back to
+``kvfleet engine --model tiny`` process per ``--engine-core`` mode, streamed at
+``--concurrency`` (32) by ``kvfleet bench``'s load core in a client process of its own (so
+the client's event loop competes with neither side's GIL). Each run measures offline and then every mode back to
 back, so a ratio compares neighbours in time; the figure is the median over ``--runs``.
+The CPU time each process spent per output token (from /proc) is printed too: unlike the
+ratio, it barely moves with the machine's load, and it says what a quieter machine with a
+core per process would reach.
 
 Every process runs torch with one intra-op thread (``OMP_NUM_THREADS=1``, set here before
 torch loads and inherited by the engine and its core): on a busy 2-core machine torch's
@@ -19,22 +22,25 @@ default of two spinning OpenMP threads made steps up to 70 times slower.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
-import json
+import dataclasses
+import multiprocessing
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (see the docstring)
 
-from engine_process import engine_process  # noqa: E402
+from engine_process import engine_process_handle  # noqa: E402
 
-from kvfleet.bench import LoadSpec, parse_distribution  # noqa: E402
+from kvfleet.bench import LoadSpec, parse_distribution, run_load  # noqa: E402
 from kvfleet.bench.load import plan_requests  # noqa: E402
 from kvfleet.engine.config import EngineConfig  # noqa: E402
 from kvfleet.engine.llm import LLM  # noqa: E402
@@ -53,39 +59,76 @@ def server_flags(config: EngineConfig) -> list[str]:
     ]  # fmt: skip
 
 
-def offline_run(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
-    """Output tokens/s of one ``LLM.generate`` over every prompt at once."""
+def offline_run(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, float]:
+    """(output tokens/s, CPU µs per output token) of one ``LLM.generate`` over every prompt at once."""
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     assert tokens == len(prompts) * output_len
-    return tokens / (time.perf_counter() - start)
+    return tokens / (time.perf_counter() - start), (time.process_time() - cpu) / tokens * 1e6
 
 
-def client_run(url: str, args: argparse.Namespace, num_requests: int, output_len: int) -> dict[str, Any]:
-    """``kvfleet bench --json`` in a process of its own; its summary."""
-    cmd = [sys.executable, "-m", "kvfleet.cli", "bench", "--url", url, "--model", "tiny",
-           "--concurrency", str(args.concurrency), "--num-requests", str(num_requests),
-           "--input-len", f"fixed:{args.input_len}", "--output-len", f"fixed:{output_len}",
-           "--ignore-eos", "--json", "--no-progress"]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    summary: dict[str, Any] = json.loads(out.stdout)
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def core_pid(server_pid: int) -> int | None:
+    """The engine core process of a ``kvfleet engine`` (its multiprocessing child), if it has one."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == server_pid and b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                return int(stat.parent.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@dataclass
+class Server:
+    mode: str
+    url: str
+    pid: int
+    core: int | None
+
+    def cpu(self) -> tuple[float, float]:
+        return cpu_seconds(self.pid), 0.0 if self.core is None else cpu_seconds(self.core)
+
+
+def client_job(spec: LoadSpec) -> tuple[dict[str, Any], float]:
+    """In the client process: one closed-loop run; its summary and the CPU seconds it took."""
+    cpu = time.process_time()
+    result = asyncio.run(run_load(spec))
+    return result.summary().to_dict(), time.process_time() - cpu
+
+
+def client_run(client: Executor, server: Server, spec: LoadSpec) -> dict[str, Any]:
+    """One run of ``kvfleet bench``'s load core in the client process; with CPU µs per output token per process."""
+    api0, core0 = server.cpu()
+    summary, client_cpu = client.submit(client_job, dataclasses.replace(spec, url=server.url)).result()
+    api1, core1 = server.cpu()
+    per_token = 1e6 / max(1, summary["total_output_tokens"])
+    summary["cpu_us_per_token"] = {
+        "api": (api1 - api0) * per_token,
+        "core": (core1 - core0) * per_token,
+        "client": client_cpu * per_token,
+    }
     return summary
 
 
-def bench_prompts(args: argparse.Namespace) -> list[list[int]]:
-    """The prompts ``kvfleet bench`` sends with these flags (same spec, same seed)."""
-    spec = LoadSpec(
+def bench_spec(args: argparse.Namespace, num_requests: int, output_len: int) -> LoadSpec:
+    return LoadSpec(
         url="",
         model="tiny",
-        num_requests=args.num_requests,
+        num_requests=num_requests,
         concurrency=args.concurrency,
         input_len=parse_distribution(f"fixed:{args.input_len}"),
-        output_len=parse_distribution(f"fixed:{args.output_len}"),
+        output_len=parse_distribution(f"fixed:{output_len}"),
         extra_body={"ignore_eos": True},
     )
-    return [list(r.prompt) for r in plan_requests(spec, random.Random(spec.seed))]
 
 
 def load() -> str:
@@ -93,12 +136,13 @@ def load() -> str:
 
 
 @contextlib.contextmanager
-def servers(modes: list[str], config: EngineConfig) -> Iterator[dict[str, str]]:
+def servers(modes: list[str], config: EngineConfig) -> Iterator[list[Server]]:
     with contextlib.ExitStack() as stack:
-        urls = {
-            m: stack.enter_context(engine_process(*server_flags(config), "--engine-core", m)) for m in modes
-        }
-        yield urls
+        out = []
+        for m in modes:
+            url, proc = stack.enter_context(engine_process_handle(*server_flags(config), "--engine-core", m))
+            out.append(Server(m, url, proc.pid, core_pid(proc.pid)))
+        yield out
 
 
 def main() -> None:
@@ -115,7 +159,8 @@ def main() -> None:
     config = EngineConfig(
         model="tiny", device="cpu", num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.concurrency
     )
-    prompts = bench_prompts(args)
+    spec = bench_spec(args, args.num_requests, args.output_len)
+    prompts = [list(r.prompt) for r in plan_requests(spec, random.Random(spec.seed))]  # what run_load sends
 
     print(
         f"tiny model, {args.num_requests} requests x {args.input_len} prompt + {args.output_len} output tokens"
@@ -127,25 +172,30 @@ def main() -> None:
     print(f"start: {load()}")
     llm = LLM(config.model, **config.model_dump(exclude={"model"}))
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
-    offline: list[float] = []
+    offline: list[tuple[float, float]] = []
     serving: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    with servers(modes, config) as urls:
-        for url in urls.values():
-            client_run(url, args, num_requests=args.concurrency, output_len=2)  # warm-up
+    spawn = multiprocessing.get_context("spawn")
+    with servers(modes, config) as running, ProcessPoolExecutor(1, mp_context=spawn) as client:
+        for server in running:
+            client_run(client, server, bench_spec(args, args.concurrency, 2))  # warm-up
         for run in range(args.runs):
             offline.append(offline_run(llm, prompts, args.output_len))
-            line = f"run {run + 1}: offline {offline[-1]:.1f} tok/s"
-            for mode, url in urls.items():
-                s = client_run(url, args, args.num_requests, args.output_len)
+            line = f"run {run + 1}: offline {offline[-1][0]:.1f} tok/s"
+            for server in running:
+                s = client_run(client, server, spec)
                 assert (
                     s["num_failed"] == 0 and s["total_output_tokens"] == args.num_requests * args.output_len
                 ), s
-                serving[mode].append(s)
-                line += f", {mode} core {s['output_token_throughput']:.1f} tok/s"
+                serving[server.mode].append(s)
+                line += f", {server.mode} core {s['output_token_throughput']:.1f} tok/s"
             print(f"{line}  ({load()})")
-    print(f"offline LLM.generate, median of {args.runs}: {statistics.median(offline):.1f} tok/s")
+    tps = [t for t, _ in offline]
+    cpu = statistics.median(c for _, c in offline)
+    print(
+        f"offline LLM.generate, median of {args.runs}: {statistics.median(tps):.1f} tok/s, CPU {cpu:.0f} us/token"
+    )
     for mode, runs in serving.items():
-        report(mode, runs, offline)
+        report(mode, runs, tps)
     print(f"end: {load()}")
 
 
@@ -162,6 +212,11 @@ def report(mode: str, runs: list[dict[str, Any]], offline: list[float]) -> None:
     print(
         f"  median run: TTFT p50 {ttft['p50'] * 1e3:.1f} ms, p99 {ttft['p99'] * 1e3:.1f} ms; "
         f"TPOT p50 {tpot['p50'] * 1e3:.1f} ms, p99 {tpot['p99'] * 1e3:.1f} ms"
+    )
+    cpu = {k: statistics.median(s["cpu_us_per_token"][k] for s in runs) for k in ("api", "core", "client")}
+    print(
+        f"  CPU per output token (median): API process {cpu['api']:.0f} us, core process {cpu['core']:.0f} us, "
+        f"bench client {cpu['client']:.0f} us"
     )
 
 
