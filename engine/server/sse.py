@@ -1,9 +1,11 @@
 """Server-sent events for the generation routes, with the request's sequences tied to the response's life.
 
-Where it sits: a router submits its engine requests *before* answering (so a refusal is
-still a proper 400), then returns :func:`start_stream`'s response. Whatever ends the
-response (the last ``data: [DONE]``, a client that disconnects, an error), its sequences
-are aborted if unfinished, freeing their KV blocks, and the in-flight count drops.
+Where it sits: both generation routes hand their validated prompts to
+:func:`generation_response`, which submits the engine requests *before* answering (so a
+refusal is still a proper 400), then streams (:func:`start_stream`) or collects. Whatever
+ends a stream (the last ``data: [DONE]``, a client that disconnects, an error), its
+sequences are aborted if unfinished, freeing their KV blocks, and the in-flight count
+drops. Per-token chunks are written from a :class:`ChunkTemplate`, not a pydantic model.
 """
 
 from __future__ import annotations
