@@ -16,6 +16,7 @@ serves (:func:`resources`):
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import json
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,20 @@ def _seconds(s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=s)
 
 
-def _static_http2_cluster(name: str, host: str, port: int) -> Cluster:
-    """A one-endpoint cluster spoken to in HTTP/2 (gRPC needs it)."""
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _router_cluster(name: str, host: str, port: int) -> Cluster:
+    """The router's gRPC port as a cluster spoken to in HTTP/2 (gRPC needs it).
+
+    STATIC for an IP address; STRICT_DNS for a name (the router's Service in a cluster),
+    which Envoy resolves and re-resolves itself.
+    """
     h2 = HttpProtocolOptions(
         explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
             http2_protocol_options=Http2ProtocolOptions()
@@ -107,7 +120,7 @@ def _static_http2_cluster(name: str, host: str, port: int) -> Cluster:
     endpoint = LbEndpoint(endpoint=Endpoint(address=_address(host, port)))
     return Cluster(
         name=name,
-        type=ClusterDiscoveryType.STATIC,
+        type=ClusterDiscoveryType.STATIC if _is_ip(host) else ClusterDiscoveryType.STRICT_DNS,
         connect_timeout=_seconds(1.0),
         typed_extension_protocol_options={HTTP_OPTIONS_EXTENSION: AnyProto.pack(h2)},
         load_assignment=ClusterLoadAssignment(
@@ -117,7 +130,7 @@ def _static_http2_cluster(name: str, host: str, port: int) -> Cluster:
 
 
 def ext_proc_cluster(config: GatewayConfig) -> Cluster:
-    return _static_http2_cluster(EXT_PROC_CLUSTER, config.xds_host, config.xds_port)
+    return _router_cluster(EXT_PROC_CLUSTER, config.xds_host, config.xds_port)
 
 
 def engines_cluster(config: GatewayConfig) -> Cluster:
@@ -197,7 +210,7 @@ def bootstrap(config: GatewayConfig) -> Bootstrap:
         node=Node(id=config.node_id, cluster=NODE_CLUSTER),
         admin=Admin(address=_address("127.0.0.1", config.admin_port)),
         static_resources=StaticResources(
-            clusters=[_static_http2_cluster(ADS_CLUSTER, config.xds_host, config.xds_port)]
+            clusters=[_router_cluster(ADS_CLUSTER, config.xds_host, config.xds_port)]
         ),
         dynamic_resources=BootstrapDynamicResources(ads_config=ads, lds_config=from_ads, cds_config=from_ads),
     )

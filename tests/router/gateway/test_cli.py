@@ -29,6 +29,8 @@ def test_the_envoy_flags_become_the_configs_gateway_part() -> None:
         "18000",
         "--envoy-port",
         "10080",
+        "--envoy-listen-host",
+        "0.0.0.0",
     ]
     config = cli.config_from_args(
         parse(
@@ -40,6 +42,7 @@ def test_the_envoy_flags_become_the_configs_gateway_part() -> None:
         xds_host="router.svc",
         xds_bind="0.0.0.0",
         xds_port=18000,
+        listen_host="0.0.0.0",
         listen_port=10080,
         admin_port=9911,
         message_timeout_s=25.0,

@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import openai
@@ -21,71 +19,13 @@ import pytest
 import pytest_asyncio
 
 from kvfleet.protocol import EngineLoad
-from kvfleet.router.app import build_app
-from kvfleet.router.config import RouterConfig, TenantEntry
 from kvfleet.router.gateway import xds
 from kvfleet.router.gateway.config import GatewayConfig
-from kvfleet.router.gateway.process import EnvoyProcess
-from kvfleet.router.gateway.server import attach
-from kvfleet.router.state import RouterState
 
-from ..fakes import FakeEngine, served
+from ..fakes import FakeEngine
+from .stack import ALPHA, BETA, Stack, gateway, tenant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-0123456789"
-
-
-def tenant(name: str, key: str, **limits: Any) -> TenantEntry:
-    return TenantEntry.model_validate({"tenant": name, "apiKey": key, "limits": limits})
-
-
-@dataclass
-class Stack:
-    envoy: EnvoyProcess
-    state: RouterState
-    engines: dict[str, FakeEngine]  # host:port -> engine
-
-    def client(self, key: str = ALPHA) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.envoy.url}/v1", api_key=key, max_retries=0)
-
-    def received(self) -> dict[str, int]:
-        return {at: len(e.received) for at, e in self.engines.items()}
-
-    def counted(self, tenant: str, code: str) -> float:
-        value: float = self.state.metrics.requests.labels(model="tiny", tenant=tenant, code=code)._value.get()
-        return value
-
-
-@contextlib.asynccontextmanager
-async def gateway(
-    free_port: Callable[[], int],
-    engines: list[FakeEngine],
-    tenants: list[TenantEntry],
-    dead: tuple[str, ...] = (),
-    **cfg: Any,
-) -> AsyncIterator[Stack]:
-    """Engines (and ``dead`` URLs), a router with its gateway attached, an Envoy bootstrapped from it."""
-    async with contextlib.AsyncExitStack() as stack:
-        urls = [await stack.enter_async_context(served(e.app(), free_port())) for e in engines]
-        config = RouterConfig(
-            engines=urls + list(dead),
-            tenants=tenants,
-            **{"load_interval_s": 0.05, "load_stale_s": 5.0, **cfg},
-        )
-        gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
-        app = attach(build_app(config), gw)
-        await stack.enter_async_context(served(app, free_port()))
-        state: RouterState = app.state.router
-        for _ in range(200):
-            known = state.fleet.engines
-            if all(u in known for u in (*urls, *dead)) and all(known[u].load is not None for u in urls):
-                break
-            await asyncio.sleep(0.02)
-        envoy = EnvoyProcess(gw)
-        await asyncio.to_thread(envoy.start)
-        stack.push_async_callback(asyncio.to_thread, envoy.stop)
-        yield Stack(envoy, state, {u.removeprefix("http://"): e for u, e in zip(urls, engines, strict=True)})
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
