@@ -2,11 +2,13 @@
 
 ``kvfleet router --envoy-xds-port P`` runs :func:`serve` next to the router's HTTP app,
 in the same event loop, so ext_proc decisions use the very state the router's own
-proxy uses.
+proxy uses. While it runs, the gate's engines are read every ``SYNC_INTERVAL_S`` and a
+changed set becomes a new ADS snapshot that Envoy gets at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -20,16 +22,26 @@ from kvfleet.router.gateway.gate import Gate
 from kvfleet.router.gateway.router_gate import RouterGate
 from kvfleet.router.gateway.xds import resources
 
+SYNC_INTERVAL_S = 0.1
+
+
+async def _sync_forever(gate: Gate, config: GatewayConfig, ads: AdsServer) -> None:
+    while True:
+        await asyncio.sleep(SYNC_INTERVAL_S)
+        ads.update(resources(config, gate.endpoints()))
+
 
 @contextlib.asynccontextmanager
 async def serve(gate: Gate, config: GatewayConfig) -> AsyncIterator[AdsServer]:
     """Listen on ``config.xds_bind:xds_port`` until the block exits; yields the ADS service."""
-    ads = AdsServer(resources(config))
+    ads = AdsServer(resources(config, gate.endpoints()))
     server = Server([ads, ExtProcServer(gate)])
     await server.start(config.xds_bind, config.xds_port)
+    sync = asyncio.create_task(_sync_forever(gate, config, ads))
     try:
         yield ads
     finally:
+        sync.cancel()
         server.close()
         await server.wait_closed()
 
@@ -44,7 +56,7 @@ def attach(app: FastAPI, config: GatewayConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with inner(app), serve(RouterGate(app.state.router), config):
+        async with inner(app), serve(RouterGate(app.state.router, config.num_retries), config):
             yield
 
     app.router.lifespan_context = lifespan

@@ -19,8 +19,10 @@ import pytest
 import pytest_asyncio
 
 from kvfleet.protocol import EngineLoad
+from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway import xds
 from kvfleet.router.gateway.config import GatewayConfig
+from kvfleet.router.gateway.router_gate import RouterGate, fallbacks
 
 from ..fakes import FakeEngine
 from .stack import ALPHA, BETA, Stack, gateway, tenant
@@ -42,17 +44,28 @@ async def test_envoy_acknowledges_the_routers_listeners_and_clusters(stack: Stac
     dynamic = {c["@type"].rsplit(".", 1)[1]: c for c in dump["configs"]}
     clusters = [c["cluster"]["name"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]]
     listeners = [lst["name"] for lst in dynamic["ListenersConfigDump"]["dynamic_listeners"]]
-    assert sorted(clusters) == ["kvfleet_engines", "kvfleet_ext_proc"]
+    assert sorted(clusters) == ["kvfleet_engines/tiny", "kvfleet_ext_proc"]
     assert listeners == ["kvfleet_gateway"]
     assert {c["version_info"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]} == {
-        xds_version(config)
+        xds_version(config, {"tiny": sorted(stack.engines)})
     }
 
 
-def xds_version(config: GatewayConfig) -> str:
+def xds_version(config: GatewayConfig, fleet: dict[str, list[str]]) -> str:
     from kvfleet.router.gateway.ads import AdsServer
 
-    return AdsServer(xds.resources(config)).version
+    return AdsServer(xds.resources(config, fleet)).version
+
+
+async def test_the_gate_offers_envoy_the_ready_engines_and_names_the_others_as_fallbacks(
+    stack: Stack,
+) -> None:
+    gate = RouterGate(stack.state, num_retries=2)
+    assert gate.endpoints() == {"tiny": sorted(stack.engines)}
+    first, second = sorted(stack.engines)
+    chosen = Placement(url=f"http://{first}", model="tiny", score=0.0)
+    assert fallbacks(stack.state, chosen, 2) == (second,)
+    assert fallbacks(stack.state, chosen, 0) == ()
 
 
 async def test_a_completion_reaches_the_engine_the_router_chose_and_is_accounted(stack: Stack) -> None:
@@ -194,3 +207,48 @@ async def test_requests_queue_inside_ext_proc_and_are_shed_at_the_deadline_by_en
         engine.gate.set()
         assert [(await first).status_code, (await waiting).status_code] == [200, 200]
         assert len(engine.received) == 2
+
+
+async def envoy_holds(stack: Stack, at: str) -> None:
+    """Wait until the router's latest snapshot (with engine ``at``) is Envoy's."""
+    async with httpx.AsyncClient() as http:
+        for _ in range(300):
+            clusters = (await http.get(stack.envoy.admin_url + "/clusters")).text
+            if f"kvfleet_engines/tiny::{at}::" in clusters:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"Envoy never got {at} in the tiny cluster")
+
+
+async def test_a_dead_engine_the_router_chose_is_retried_by_envoy_on_the_live_one(
+    free_port: Callable[[], int],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    live = FakeEngine(load={"num_waiting": 3})  # busier than the dead one looks: the dead one is chosen
+    good = EngineLoad(model="tiny", kv_cache_usage=0.0, num_waiting=0, num_running=0, max_num_seqs=8)
+    async with gateway(free_port, [live], [tenant("alpha", ALPHA)], dead=(dead,), load_interval_s=30) as s:
+        (live_at,) = s.engines
+        served = []
+        for prompt in ("a", "b"):
+            s.state.fleet.observe(dead, good)  # it died since its last good load
+            await envoy_holds(s, dead.removeprefix("http://"))
+            raw = await s.client().completions.with_raw_response.create(model="tiny", prompt=prompt)
+            served.append((raw.parse().choices[0].text, raw.headers["x-kvfleet-engine"]))
+            assert not s.state.fleet.is_ready(s.state.fleet.engines[dead])  # taken out by the retry
+        s.state.fleet.observe(dead, good)
+        await envoy_holds(s, dead.removeprefix("http://"))
+        chunks = await s.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        deltas = [c.choices[0].delta.content async for c in chunks]
+        async with httpx.AsyncClient() as http:
+            stats = (
+                await http.get(s.envoy.admin_url + "/stats", params={"filter": "upstream_rq_retry_success"})
+            ).text
+    assert served == [("Hello world", live_at), ("Hello world", live_at)]
+    assert deltas == ["Hel", "lo", " world"]
+    assert [r.get("prompt", "chat") for r in live.received] == ["a", "b", "chat"]
+    assert "cluster.kvfleet_engines/tiny.upstream_rq_retry_success: 3" in stats.splitlines()
+    assert s.counted("alpha", "200") == 3
+    assert s.state.quota.in_flight("alpha") == 0
+    assert {u: e.in_flight for u, e in s.state.fleet.engines.items()} == {dead: 0, "http://" + live_at: 0}
