@@ -77,6 +77,12 @@ def _add_envoy_arguments(group: argparse._ArgumentGroup) -> None:
         help="Envoy's admin port (bound to 127.0.0.1) in the bootstrap --envoy-bootstrap writes",
     )
     group.add_argument(
+        "--envoy-retries",
+        type=int,
+        default=2,
+        help="engines Envoy tries after the router's choice when a connection fails before the request is sent",
+    )
+    group.add_argument(
         "--envoy-bootstrap",
         type=Path,
         help="write Envoy's bootstrap (JSON; start Envoy with -c FILE) to this file at start-up",
@@ -95,6 +101,7 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
         listen_host=args.envoy_listen_host,
         listen_port=args.envoy_port,
         admin_port=args.envoy_admin_port,
+        num_retries=args.envoy_retries,
         message_timeout_s=args.max_queue_wait + 5.0,  # Envoy waits out the router's admission queue
     )
 
