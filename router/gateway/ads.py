@@ -5,7 +5,8 @@ for a type URL; the router answers with every resource of that type, a version a
 nonce. Envoy then ACKs (same version and nonce back) or NACKs (``error_detail`` set,
 the previous version). The resources come from the gateway's config and the router's
 fleet (:mod:`kvfleet.router.gateway.xds`); when the fleet changes, :meth:`AdsServer.update`
-takes the new snapshot and every open stream pushes it to its Envoy unasked.
+takes the new snapshot and every open stream pushes it to its Envoy unasked; and
+:meth:`AdsServer.until_acked` waits until an Envoy has taken a resource.
 """
 
 from __future__ import annotations
@@ -43,13 +44,36 @@ class AdsServer(AggregatedDiscoveryServiceBase):
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.acked: dict[str, str] = {}
+        self.acked_names: dict[str, frozenset[str]] = {}  # of the resources of each type acked last
         self.rejected: dict[str, str] = {}
         self._changed = asyncio.Event()
+        self._acked = asyncio.Event()
         self._take(snapshot)
 
     def _take(self, snapshot: Snapshot) -> None:
         self.packed = {url: [AnyProto.pack(r) for r in items] for url, items in snapshot.items()}
+        self.names = {
+            url: frozenset(str(getattr(r, "name", "")) for r in items) for url, items in snapshot.items()
+        }
         self.version = _version(self.packed)
+
+    def _ack(self, type_url: str) -> None:
+        self.acked[type_url] = self.version
+        self.acked_names[type_url] = self.names.get(type_url, frozenset())
+        acked, self._acked = self._acked, asyncio.Event()
+        acked.set()
+
+    async def until_acked(self, type_url: str, name: str, timeout_s: float) -> bool:
+        """Wait until an Envoy has acknowledged a version holding resource ``name`` (False: timed out)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while name not in self.acked_names.get(type_url, frozenset()):
+            waiter = self._acked
+            try:
+                await asyncio.wait_for(waiter.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return False
+        return True
 
     def update(self, snapshot: Snapshot) -> bool:
         """Serve ``snapshot`` from now on; True (and every stream pushes it) when it differs."""
@@ -86,7 +110,7 @@ class AdsServer(AggregatedDiscoveryServiceBase):
             )
         if request.response_nonce and request.response_nonce == sent.get(type_url):
             if request.version_info == self.version:
-                self.acked[type_url] = self.version
+                self._ack(type_url)
             return None
         if type_url in sent and request.version_info == self.version:
             return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import betterproto2
 from envoy_data_plane.envoy.config.core.v3 import (
@@ -100,14 +100,22 @@ def route_to(admitted: Admitted) -> CommonResponse:
     )
 
 
-class ExtProcServer(ExternalProcessorBase):
-    """Answers Envoy's ext_proc streams with the :class:`Gate`'s decisions."""
+BeforeRouting = Callable[[Admitted], Awaitable[None]]
 
-    def __init__(self, gate: Gate) -> None:
+
+class ExtProcServer(ExternalProcessorBase):
+    """Answers Envoy's ext_proc streams with the :class:`Gate`'s decisions.
+
+    ``before_routing`` runs between an admission and the answer that routes it (the
+    gateway server makes sure Envoy holds the request's cluster by then).
+    """
+
+    def __init__(self, gate: Gate, before_routing: BeforeRouting | None = None) -> None:
         self.gate = gate
+        self.before_routing = before_routing
 
     async def process(self, messages: AsyncIterator[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
-        exchange = _Exchange(self.gate)
+        exchange = _Exchange(self.gate, self.before_routing)
         try:
             async for message in messages:
                 response = await exchange.step(message)
@@ -125,8 +133,9 @@ class ExtProcServer(ExternalProcessorBase):
 class _Exchange:
     """One HTTP request's conversation with Envoy, one message at a time."""
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: Gate, before_routing: BeforeRouting | None = None) -> None:
         self.gate = gate
+        self.before_routing = before_routing
         self.headers: dict[str, str] = {}
         self.admitted: Admitted | None = None
         self.status: int | None = None
@@ -144,6 +153,8 @@ class _Exchange:
             self.done = True
             return immediate(result)
         self.admitted = result
+        if self.before_routing is not None:
+            await self.before_routing(result)
         return route_to(result)
 
     async def step(self, message: ProcessingRequest) -> ProcessingResponse | None:

@@ -18,11 +18,12 @@ from grpclib.server import Server
 from kvfleet.router.gateway.ads import AdsServer
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.extproc import ExtProcServer
-from kvfleet.router.gateway.gate import Gate
+from kvfleet.router.gateway.gate import Admitted, Gate
 from kvfleet.router.gateway.router_gate import RouterGate
-from kvfleet.router.gateway.xds import resources
+from kvfleet.router.gateway.xds import CLUSTER_TYPE, model_cluster, resources
 
 SYNC_INTERVAL_S = 0.1
+CLUSTER_WAIT_S = 2.0  # how long a request for a model Envoy has no cluster for yet waits for one
 
 
 async def _sync_forever(gate: Gate, config: GatewayConfig, ads: AdsServer) -> None:
@@ -35,7 +36,17 @@ async def _sync_forever(gate: Gate, config: GatewayConfig, ads: AdsServer) -> No
 async def serve(gate: Gate, config: GatewayConfig) -> AsyncIterator[AdsServer]:
     """Listen on ``config.xds_bind:xds_port`` until the block exits; yields the ADS service."""
     ads = AdsServer(resources(config, gate.endpoints()))
-    server = Server([ads, ExtProcServer(gate)])
+
+    async def cluster_ready(admitted: Admitted) -> None:
+        # An engine of a model new to the fleet may be chosen before the next sync: push
+        # now, and hold the request until Envoy has the model's cluster (else Envoy has
+        # nowhere to send it). Without it by the deadline, Envoy answers 503 itself.
+        name = model_cluster(admitted.model)
+        if name not in ads.acked_names.get(CLUSTER_TYPE, frozenset()):
+            ads.update(resources(config, gate.endpoints()))
+            await ads.until_acked(CLUSTER_TYPE, name, CLUSTER_WAIT_S)
+
+    server = Server([ads, ExtProcServer(gate, cluster_ready)])
     await server.start(config.xds_bind, config.xds_port)
     sync = asyncio.create_task(_sync_forever(gate, config, ads))
     try:

@@ -192,3 +192,20 @@ async def test_a_changed_fleet_is_pushed_to_a_subscribed_envoy_unasked(free_port
         xds.engines_cluster(config, "tiny", ["127.0.0.1:8001"])
     ]
     assert pushed.version_info == ads.version != first.version_info
+
+
+async def test_until_acked_waits_for_an_ack_of_a_version_holding_the_resource() -> None:
+    ads, sent = AdsServer(xds.resources(CONFIG)), {}
+    assert await ads.until_acked(xds.CLUSTER_TYPE, "kvfleet_engines/tiny", 0.05) is False
+    ads.update(xds.resources(CONFIG, FLEET))
+    reply = ads.answer(DiscoveryRequest(type_url=xds.CLUSTER_TYPE), sent)
+    assert reply is not None
+    waiting = asyncio.create_task(ads.until_acked(xds.CLUSTER_TYPE, "kvfleet_engines/tiny", 5.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    ads.answer(
+        DiscoveryRequest(type_url=xds.CLUSTER_TYPE, version_info=ads.version, response_nonce=reply.nonce),
+        sent,
+    )
+    assert await waiting is True
+    assert ads.acked_names == {xds.CLUSTER_TYPE: frozenset({"kvfleet_ext_proc", "kvfleet_engines/tiny"})}

@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from kvfleet.protocol import EngineLoad
 from kvfleet.router.fleet import Placement
-from kvfleet.router.gateway import xds
+from kvfleet.router.gateway import server, xds
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.router_gate import RouterGate, fallbacks
 
@@ -160,8 +160,11 @@ async def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_no_engine_w
 
 
 async def test_an_unreachable_engine_is_a_503_openai_error_refunded_and_taken_out(
-    free_port: Callable[[], int],
+    free_port: Callable[[], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No periodic sync: the engine's model is new to Envoy, so the request itself must get
+    # its cluster pushed and acknowledged before ext_proc routes it.
+    monkeypatch.setattr(server, "SYNC_INTERVAL_S", 3600.0)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     tenants = [tenant("alpha", ALPHA, tokensPerMinute=1000)]
     async with gateway(free_port, [], tenants, dead=(dead,), load_interval_s=30) as s:
