@@ -17,7 +17,6 @@ taken out as failed and the request is counted on the engine that served it.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway.config import UPSTREAM_HEADER
 from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
+from kvfleet.router.gateway.xds import is_ip
 from kvfleet.router.proxy import _Events, check_request, place, take_quota
 from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
 from kvfleet.router.state import RouterState
@@ -149,14 +149,6 @@ def fallbacks(state: RouterState, placement: Placement, n: int) -> tuple[str, ..
     return tuple(urlsplit(c.url).netloc for c in ranked[:n])
 
 
-def _is_ip(host: str | None) -> bool:
-    try:
-        ipaddress.ip_address(host or "")
-    except ValueError:
-        return False
-    return True
-
-
 class RouterGate:
     """The :class:`Gate` of a running router: its tenants, quotas, queues and fleet.
 
@@ -172,7 +164,7 @@ class RouterGate:
         fleet, out = self.state.fleet, {}
         for model in sorted(fleet.models()):
             split = [urlsplit(e.url) for e in fleet.ready_engines(model)]
-            out[model] = sorted(u.netloc for u in split if _is_ip(u.hostname))
+            out[model] = sorted(u.netloc for u in split if is_ip(u.hostname or ""))
         return out
 
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:

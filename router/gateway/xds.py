@@ -115,7 +115,8 @@ def _seconds(s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=s)
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
+    """Whether ``host`` is an IP address (Envoy connects to those without resolving)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -137,7 +138,7 @@ def _router_cluster(name: str, host: str, port: int) -> Cluster:
     endpoint = LbEndpoint(endpoint=Endpoint(address=_address(host, port)))
     return Cluster(
         name=name,
-        type=ClusterDiscoveryType.STATIC if _is_ip(host) else ClusterDiscoveryType.STRICT_DNS,
+        type=ClusterDiscoveryType.STATIC if is_ip(host) else ClusterDiscoveryType.STRICT_DNS,
         connect_timeout=_seconds(1.0),
         typed_extension_protocol_options={HTTP_OPTIONS_EXTENSION: AnyProto.pack(h2)},
         load_assignment=ClusterLoadAssignment(

@@ -229,7 +229,9 @@ async def test_a_dead_engine_the_router_chose_is_retried_by_envoy_on_the_live_on
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     live = FakeEngine(load={"num_waiting": 3})  # busier than the dead one looks: the dead one is chosen
     good = EngineLoad(model="tiny", kv_cache_usage=0.0, num_waiting=0, num_running=0, max_num_seqs=8)
-    async with gateway(free_port, [live], [tenant("alpha", ALPHA)], dead=(dead,), load_interval_s=30) as s:
+    # No load polls while it runs (they would find the dead engine out), and none goes stale.
+    cfg = {"load_interval_s": 30.0, "load_stale_s": 300.0}
+    async with gateway(free_port, [live], [tenant("alpha", ALPHA)], dead=(dead,), **cfg) as s:
         (live_at,) = s.engines
         served = []
         for prompt in ("a", "b"):
