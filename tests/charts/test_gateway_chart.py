@@ -148,12 +148,12 @@ def test_a_changed_bootstrap_changes_the_pod_template_so_envoy_rolls() -> None:
 
 
 def test_the_router_serves_envoy_on_its_xds_port_as_its_rendered_flags_say() -> None:
-    docs = render(ON)
+    docs = render({"gateway": {**ON["gateway"], "retries": 1}})
     container = router_container(docs)
     assert container["args"] == [
         "--kubernetes", "--host=0.0.0.0", "--port=8080",
         "--envoy-xds-port=18000", f"--envoy-xds-host={ROUTER_HOST}", "--envoy-listen-host=0.0.0.0",
-        "--envoy-port=10000", "--envoy-admin-port=9901",
+        "--envoy-port=10000", "--envoy-admin-port=9901", "--envoy-retries=1",
     ]  # fmt: skip
     assert container["ports"] == [
         {"name": "http", "containerPort": 8080, "protocol": "TCP"},
@@ -171,7 +171,7 @@ def test_the_router_serves_envoy_on_its_xds_port_as_its_rendered_flags_say() -> 
     ]
     assert router_config(docs).envoy == GatewayConfig(
         xds_host=ROUTER_HOST, xds_bind="0.0.0.0", xds_port=18000, listen_host="0.0.0.0",
-        listen_port=10000, admin_port=9901, message_timeout_s=15.0,
+        listen_port=10000, admin_port=9901, message_timeout_s=15.0, num_retries=1,
     )  # fmt: skip
 
 
@@ -189,6 +189,12 @@ def test_the_rendered_bootstrap_is_the_one_the_router_renders_for_its_rendered_f
 def test_the_gateway_without_the_router_is_refused_naming_both_values() -> None:
     with pytest.raises(HelmRenderError, match="gateway.enabled needs router.enabled"):
         render({**ON, "router": {"enabled": False}})
+
+
+@pytest.mark.parametrize("retries", [-1, 9])
+def test_retries_out_of_range_are_refused_naming_the_value_and_the_limit(retries: int) -> None:
+    with pytest.raises(HelmRenderError, match=f"gateway.retries must be 0 to 8 .*, got {retries}"):
+        render({"gateway": {**ON["gateway"], "retries": retries}})
 
 
 async def test_the_real_envoy_runs_the_charts_bootstrap_and_a_completion_goes_through() -> None:
