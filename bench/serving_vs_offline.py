@@ -193,6 +193,11 @@ def main() -> None:
     print(
         f"concurrency {args.concurrency}, CPU, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, {os.cpu_count()} CPUs"
     )
+    print(
+        f"NOTE: this machine has {os.cpu_count()} cores, shared by the three serving processes (API, engine core,"
+        " bench client) and by other jobs (see the load averages); offline runs in one process. The ratio is"
+        " bounded by the three processes' summed CPU per token; the CPU figures say what a core per process reaches."
+    )
     print("engine (both sides): " + " ".join(server_flags(config)))
     print(f"start: {load()}")
     offline, serving = measure(args, config, modes, spec)
