@@ -21,6 +21,7 @@ printed ratios compare contenders measured in the same run. Run:
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import time
@@ -133,7 +134,7 @@ def main() -> None:
         f"offline throughput: model={args.model} prompts={len(requests)} batch={args.batch_size} "
         f"input 16-512, output 16-256 (seed {args.seed}); torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-        f"cuda={torch.cuda.is_available()}"
+        f"cuda={torch.cuda.is_available()}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     print(
         f"prompt tokens {sum(len(r.prompt) for r in requests)}, output tokens {sum(r.output_len for r in requests)}"
@@ -154,6 +155,19 @@ def main() -> None:
     )
     print(
         f"kvfleet continuous / kvfleet static:        {cont.tokens_per_s / static.tokens_per_s:.2f}x (target >= 2x)"
+    )
+    print(step_bound(requests, args.batch_size))
+
+
+def step_bound(requests: list[Request], batch_size: int) -> str:
+    """The continuous/static ratio if every decode step cost the same whatever the batch occupancy."""
+    outs = [r.output_len for r in requests]
+    static = sum(max(outs[i : i + batch_size]) for i in range(0, len(outs), batch_size))
+    continuous = sum(outs) / batch_size
+    return (
+        f"decode steps: static batches {static} (each batch lasts its longest output), continuous >= "
+        f"{continuous:.0f} (output tokens / batch): {static / continuous:.2f}x is the most continuous "
+        "batching can gain over static when a step's cost does not depend on how many sequences it holds"
     )
 
 

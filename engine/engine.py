@@ -197,13 +197,14 @@ class Engine:
         samples = self.runner.execute(plan)
         changed: dict[str, _Request] = {}
         max_len = min(self.max_model_len, self.kv.max_tokens_per_seq())
-        for seq, result in self.scheduler.update(plan, samples):
-            request = self._requests[seq.request_id]
-            state = request.states[seq.index]
-            self._generation_tokens += 1
-            if seq.index == 0 and seq.num_output_tokens == 1:
-                self._prompt_tokens += seq.num_prompt_tokens
-            status = state.on_token(result, self.eos_token_ids, max_len)
+        requests, eos_ids = self._requests, self.eos_token_ids
+        sampled = self.scheduler.update(plan, samples)
+        self._generation_tokens += len(sampled)
+        for seq, result in sampled:
+            request = requests[seq.request_id]
+            if seq.index == 0 and len(seq.output_token_ids) == 1:
+                self._prompt_tokens += len(seq.prompt_token_ids)
+            status = request.states[seq.index].on_token(result, eos_ids, max_len)
             if status is not None:
                 self.scheduler.finish(seq, status)
             changed[seq.request_id] = request

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.outputs import CompletionOutput, SampleResult, TokenLogprob
+from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
 
@@ -56,7 +57,7 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
     return hold
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqOutputState:
     seq: Sequence
     detokenizer: Detokenizer
@@ -78,29 +79,36 @@ class SeqOutputState:
         self, result: SampleResult, eos_token_ids: frozenset[int], max_len: int
     ) -> SequenceStatus | None:
         """Take the token just appended to the sequence; the status it finishes with, if any."""
-        params = self.seq.params
+        seq = self.seq
+        params = seq.params
         token_id = result.token_id
         if self.logprobs is not None:
             self.logprobs.append(result.logprob or TokenLogprob(token_id, float("nan")))
-        may_stop = self.seq.num_output_tokens >= params.min_tokens
+        num_output = len(seq.output_token_ids)
+        may_stop = num_output >= params.min_tokens
         is_eos = not params.ignore_eos and token_id in eos_token_ids
         if may_stop and (is_eos or token_id in params.stop_token_ids):
             self.stop_reason = token_id if token_id in params.stop_token_ids else None
             return self._finish(SequenceStatus.FINISHED_STOPPED)
         new_text = self.detokenizer.push([token_id])
         self.text += new_text
-        if may_stop and params.stop:
-            start = max(0, len(self.text) - len(new_text) - self._max_stop_len + 1)
-            found = find_stop_string(self.text, params.stop, start)
-            if found is not None:
-                idx, stop = found
-                self.text = self.text[: idx + (len(stop) if params.include_stop_str_in_output else 0)]
-                self.stop_reason = stop
-                return self._finish(SequenceStatus.FINISHED_STOPPED)
-        if self.seq.num_output_tokens >= params.max_tokens or self.seq.num_tokens >= max_len:
+        if may_stop and params.stop and self._stop_string_found(new_text, params):
+            return self._finish(SequenceStatus.FINISHED_STOPPED)
+        if num_output >= params.max_tokens or len(seq.prompt_token_ids) + num_output >= max_len:
             self.text += self.detokenizer.flush()
             return self._finish(SequenceStatus.FINISHED_LENGTH)
         return None
+
+    def _stop_string_found(self, new_text: str, params: SamplingParams) -> bool:
+        """Cut the text at a stop string that the new text completed; True if there was one."""
+        start = max(0, len(self.text) - len(new_text) - self._max_stop_len + 1)
+        found = find_stop_string(self.text, params.stop, start)
+        if found is None:
+            return False
+        idx, stop = found
+        self.text = self.text[: idx + (len(stop) if params.include_stop_str_in_output else 0)]
+        self.stop_reason = stop
+        return True
 
     def _finish(self, status: SequenceStatus) -> SequenceStatus:
         self.finish_reason = status.value
@@ -112,19 +120,20 @@ class SeqOutputState:
 
     def completion(self) -> CompletionOutput:
         """The cumulative output so far and what it adds since the previous call."""
-        emit_to = len(self.text)
-        if self.finish_reason is None and self.seq.params.stop:
-            emit_to -= held_back(self.text, self.seq.params.stop)
-        emit_to = max(emit_to, self._sent_chars)
-        token_ids = list(self.seq.output_token_ids)
+        text, sent_chars = self.text, self._sent_chars
+        emit_to = len(text)
+        stops = self.seq.params.stop
+        if stops and self.finish_reason is None:
+            emit_to = max(emit_to - held_back(text, stops), sent_chars)
+        token_ids = self.seq.output_token_ids[:]
         out = CompletionOutput(
             index=self.seq.index,
-            text=self.text[:emit_to],
+            text=text if emit_to == len(text) else text[:emit_to],
             token_ids=token_ids,
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
-            new_text=self.text[self._sent_chars : emit_to],
+            new_text=text[sent_chars:emit_to],
             new_token_ids=token_ids[self._sent_tokens :],
         )
         self._sent_chars = emit_to

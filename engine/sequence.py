@@ -37,7 +37,8 @@ _FINISHED = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, Se
 
 
 # eq=False: sequences compare (and hash) by identity; the queues remove them by identity.
-@dataclass(eq=False)
+# slots: the scheduler reads these fields for every running sequence on every step.
+@dataclass(eq=False, slots=True)
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]

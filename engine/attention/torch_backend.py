@@ -1,10 +1,11 @@
 """The reference attention backend in plain torch: the CPU default and the Triton kernels' oracle.
 
 It gathers each sequence's keys and values from the paged cache through its block table
-and runs causal attention with grouped-query heads. Clear rather than fast:
-``paged_attention_reference`` loops over the sequences (the Triton kernels' oracle); the
-backend runs the same maths with all decoding sequences (one query row each) in one
-batched call, so a CPU decode step costs a few tensor ops rather than a few per sequence.
+and runs causal attention with grouped-query heads. ``paged_attention_reference`` loops
+over the sequences, clear rather than fast: it is the oracle of the Triton kernels and of
+the backend itself, which runs the same maths with the step's sequences grouped into a
+few padded ``scaled_dot_product_attention`` calls (``torch_batched.py``), so a CPU step
+costs a few tensor ops per layer rather than a few per sequence.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.torch_batched import BatchedAttention
 
 
 def store_kv_reference(
@@ -72,71 +74,11 @@ def paged_attention_reference(
     return out
 
 
-def decode_attention_batched(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    window: int | None = None,
-) -> torch.Tensor:
-    """All sequences with one query row at once: (S, H, D) rows against keys padded to the longest.
-
-    Invariant: the one row of sequence s attends keys 0..seq_len[s]-1 (with a window, only
-    seq_len[s]-window..seq_len[s]-1); padded key slots (past seq_len, or from the padding
-    block 0 of a shorter table) and keys before the window are masked out before the softmax.
-    """
-    num_seqs, num_heads = q.shape[0], q.shape[1]
-    num_kv_heads, head_dim, block_size = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
-    lens = meta.seq_lens.long()
-    n_blocks = (int(meta.max_seq_len) + block_size - 1) // block_size
-    tables = meta.block_tables[:, :n_blocks].long()
-    keys = k_cache[tables].reshape(num_seqs, n_blocks * block_size, num_kv_heads, head_dim).float()
-    values = v_cache[tables].reshape(num_seqs, n_blocks * block_size, num_kv_heads, head_dim).float()
-    qg = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("skgd,slkd->skgl", qg, keys) * scale
-    key_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
-    pad = key_pos >= lens[:, None]
-    if window is not None:
-        pad |= key_pos < lens[:, None] - window
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    out = torch.einsum("skgl,slkd->skgd", torch.softmax(scores, dim=-1), values)
-    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
-
-
-def paged_attention_grouped(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    window: int | None = None,
-) -> torch.Tensor:
-    """The reference's result, with every decoding sequence (one query row) in one batched call."""
-    query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
-    decode = (query_lens == 1).nonzero().flatten()
-    if decode.numel() < 2:
-        return paged_attention_reference(q, k_cache, v_cache, meta, scale, window)
-    out = torch.empty_like(q)
-    rows = meta.query_start_loc[decode].long()
-    sub = AttentionMetadata(
-        slot_mapping=meta.slot_mapping[:0],
-        block_tables=meta.block_tables[decode],
-        seq_lens=meta.seq_lens[decode],
-        query_start_loc=torch.arange(decode.numel() + 1, dtype=torch.int32, device=q.device),
-        max_query_len=1,
-        max_seq_len=int(meta.seq_lens[decode].max()),
-    )
-    out[rows] = decode_attention_batched(q[rows], k_cache, v_cache, sub, scale, window)
-    starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
-    for s in (query_lens != 1).nonzero().flatten().tolist():
-        span = slice(starts[s], starts[s + 1])
-        out[span] = _attend_one(q[span], k_cache, v_cache, meta.block_tables[s], lens[s], scale, window)
-    return out
-
-
 class TorchAttentionBackend:
     name = "torch"
+
+    def __init__(self) -> None:
+        self._batched = BatchedAttention()
 
     def store_kv(
         self,
@@ -157,7 +99,7 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        return paged_attention_grouped(q, k_cache, v_cache, meta, scale, sliding_window)
+        return self._batched.forward(q, k_cache, v_cache, meta, scale, sliding_window)
 
 
 register_backend("torch", TorchAttentionBackend)

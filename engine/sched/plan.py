@@ -15,12 +15,14 @@ samples nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvfleet.engine.sequence import Sequence
 
 
-@dataclass(frozen=True)
-class ScheduledSeq:
+# A NamedTuple rather than a frozen dataclass: the scheduler builds one per running sequence
+# per step, and a tuple is built several times faster.
+class ScheduledSeq(NamedTuple):
     seq: Sequence
     num_computed_before: int  # == seq.num_computed_tokens when the plan was made
     num_new_tokens: int  # tokens whose KV this step computes (>= 1)

@@ -85,10 +85,18 @@ class Scheduler:
         if not self._running_sorted:
             self.policy.order_running(self.running)
             self._running_sorted = True
-        num_running_at_start = len(self.running)
+        running, block_size = self.running, self.kv.block_size
+        num_running_at_start = len(running)
         i = 0
-        while i < len(self.running) and budget > 0:
-            entry = self._schedule_running(i, budget, preempted)
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed, blocks = seq.num_computed_tokens, seq.block_ids
+            num_new = min(len(seq.prompt_token_ids) + len(seq.output_token_ids) - computed, budget)
+            if blocks and computed + num_new <= len(blocks) * block_size:
+                # O(1) fast path (most decode steps): the chunk fits in the blocks already held.
+                entry: ScheduledSeq | None = ScheduledSeq(seq, computed, num_new, tuple(blocks))
+            else:
+                entry = self._schedule_running(i, budget, preempted)
             if entry is None:
                 break
             scheduled.append(entry)
@@ -165,21 +173,21 @@ class Scheduler:
         sampled: list[Sampled] = []
         bs = self.kv.block_size
         running = SequenceStatus.RUNNING
-        for entry in plan.scheduled:
-            seq = entry.seq
+        forks, get_sample = self._forks, samples.get
+        for seq, before, num_new, _blocks in plan.scheduled:
             if seq.status is not running:
                 continue  # aborted while the step ran
-            before = entry.num_computed_before
-            seq.num_computed_tokens = after = before + entry.num_new_tokens
-            if after == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # entry.sample, inlined
-                result = samples.get(seq.seq_id)
+            seq.num_computed_tokens = after = before + num_new
+            outputs = seq.output_token_ids
+            if after == len(seq.prompt_token_ids) + len(outputs):  # entry.sample, inlined
+                result = get_sample(seq.seq_id)
                 if result is None:
                     raise RuntimeError(f"runner returned no sample for sequence {seq.seq_id}")
-                seq.output_token_ids.append(result.token_id)
+                outputs.append(result.token_id)
                 sampled.append(Sampled(seq, result))
-            if after // bs != before // bs:  # a block filled up this step
+            if after // bs != before // bs:  # a block filled up this step: hash it, only now
                 self.kv.cache_computed_blocks(seq)
-            if self._forks:
+            if forks:
                 self._release_forks(seq)
         return sampled
 

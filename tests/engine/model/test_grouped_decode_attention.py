@@ -34,3 +34,42 @@ def test_decoding_sequences_batched_together_match_the_per_sequence_reference(wi
     q = torch.randn(starts[-1], heads, dim, generator=gen)
     ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5, window)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))
+
+
+def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_reference() -> None:
+    gen = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, block = 8, 2, 16, 4
+    k_cache = torch.randn(400, block, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(400, block, kv_heads, dim, generator=gen)
+    # 20 decodes (two length buckets) and 6 prefill chunks of ragged query lengths (one padded call)
+    query_lens = [1] * 20 + [7, 2, 13, 4, 9, 3]
+    seq_lens = [3 + 5 * i for i in range(20)] + [7, 10, 30, 4, 9, 21]
+    order = [20, 0, 5, 21, 1, 2, 22, 3, 4, 6, 7, 23, 8, 9, 10, 11, 24, 12, 13, 14, 15, 16, 25, 17, 18, 19]
+    query_lens = [query_lens[i] for i in order]
+    seq_lens = [seq_lens[i] for i in order]
+    width = max(-(-n // block) for n in seq_lens)
+    perm = torch.randperm(399, generator=gen) + 1
+    tables, used = [], 0
+    for n in seq_lens:
+        need = -(-n // block)
+        tables.append(perm[used : used + need].tolist() + [0] * (width - need))
+        used += need
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )
+    q = torch.randn(starts[-1], heads, dim, generator=gen)
+    backend = get_backend("torch")
+    ours = backend.forward(q, k_cache, v_cache, meta, dim**-0.5)
+    torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5))
+    # the next layer of the same step reuses the step's grouping, with another cache and a window
+    k2, v2 = k_cache.flip(0), v_cache.flip(0)
+    again = backend.forward(q, k2, v2, meta, dim**-0.5, 5)
+    torch.testing.assert_close(again, paged_attention_reference(q, k2, v2, meta, dim**-0.5, 5))

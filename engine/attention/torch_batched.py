@@ -1,0 +1,238 @@
+"""The torch backend's fast path: a step's sequences in a few padded SDPA calls, planned once per step.
+
+Where it sits: ``TorchAttentionBackend.forward`` (``torch_backend.py``) calls
+:meth:`BatchedAttention.forward` for every layer of a step. The first layer's call turns
+the step's :class:`AttentionMetadata` into a :class:`StepLayout` (which sequences share a
+call, their padded query rows, the cache slot of each key row and their attention mask);
+the other layers of the same step reuse it, so the per-layer work is one gather of K/V
+rows and one ``scaled_dot_product_attention`` per group. ``paged_attention_reference`` (the loop
+over sequences) stays the oracle this path is tested against.
+
+Groups: decoding sequences (one query row) and prefill chunks are grouped apart, each
+sorted by length and cut into a few buckets, so keys are padded to the bucket's longest
+context rather than the step's. Grouped-query heads fold into the query axis (the ``g``
+query heads of one KV head become ``g`` rows per token), so K/V are never repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.attention.base import AttentionMetadata
+
+DECODE_BUCKET = 8  # decoding sequences per SDPA call, at least (fewer, longer calls beat many short ones)
+MAX_DECODE_BUCKETS = 4
+PREFILL_BUCKET = 4  # prefill chunks per SDPA call
+
+
+def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Which keys each query row may attend: causal, and within the sliding window if there is one.
+
+    ``query_pos``: (G, Lq) positions of the query rows; ``key_pos``: (Lk,). Returns (G, Lq, Lk)
+    bool: key p is allowed for the row at position q iff p <= q (and q - window < p). Keys past
+    a sequence's length (padding) are excluded because every query position is below the length.
+    """
+    allowed = key_pos[None, None, :] <= query_pos[:, :, None]
+    if window is not None:
+        allowed &= key_pos[None, None, :] > query_pos[:, :, None] - window
+    return allowed
+
+
+class Geometry(NamedTuple):
+    """What a layout depends on besides the metadata: the cache's block size, the GQA group, the dtype."""
+
+    block_size: int
+    group_size: int  # query heads per KV head
+    dtype: torch.dtype  # of the computation (and of the additive mask)
+    device: torch.device
+
+
+@dataclass
+class Group:
+    """Sequences attended in one SDPA call; G sequences, each padded to Lq query rows and nb blocks of keys."""
+
+    q_rows: torch.Tensor  # (G * Lq,) int64: flat query row of each padded row (padding repeats a real row)
+    out_index: torch.Tensor | None  # (R,) int64: which padded rows are real (None: all of them)
+    out_rows: torch.Tensor  # (R,) int64: the flat output row of each real padded row
+    key_slots: torch.Tensor  # (G * nb * block_size,) int64: the cache slot of each padded key row
+    query_pos: torch.Tensor  # (G, Lq) int64: the position of each padded query row
+    num_seqs: int
+    query_len: int
+    num_blocks: int
+    geo: Geometry
+    # window → (G, 1, Lq * g, nb * block_size) additive mask (0 where key_allowed, -inf elsewhere),
+    # built once per step and window: SDPA takes it as is (a bool mask is converted per call).
+    _biases: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def bias(self, window: int | None) -> torch.Tensor:
+        mask = self._biases.get(window)
+        if mask is None:
+            n, lq, g = self.num_seqs, self.query_len, self.geo.group_size
+            key_pos = torch.arange(self.num_blocks * self.geo.block_size, device=self.query_pos.device)
+            allowed = key_allowed(self.query_pos, key_pos, window)
+            allowed = allowed[:, :, None, :].expand(-1, -1, g, -1).reshape(n, 1, lq * g, -1)
+            mask = torch.zeros(allowed.shape, dtype=self.geo.dtype, device=allowed.device)
+            mask = self._biases[window] = mask.masked_fill_(~allowed, float("-inf"))
+        return mask
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    groups: tuple[Group, ...]
+
+
+def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | None) -> list[list[int]]:
+    """Cut sequences (sorted by ``lens``) into runs of at least ``size``, at most ``max_buckets`` runs."""
+    ranked = sorted(order, key=lambda s: lens[s])
+    count = max(1, len(ranked) // size)
+    if max_buckets is not None:
+        count = min(count, max_buckets)
+    per = -(-len(ranked) // count)
+    return [ranked[i : i + per] for i in range(0, len(ranked), per)]
+
+
+def _group(
+    seqs: list[int], starts: list[int], seq_lens: list[int], tables: list[list[int]], geo: Geometry
+) -> Group:
+    # Invariant: padded query row i of sequence s sits at position start_s + min(i, qlen_s - 1) and
+    # reads query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never
+    # fully masked; a padding key row reads the sequence's own position-0 slot (stored, so finite)
+    # and is masked, so a sequence never reads a slot it did not store (stale or NaN contents).
+    block_size = geo.block_size
+    qlens = [starts[s + 1] - starts[s] for s in seqs]
+    width = max(qlens)
+    num_blocks = -(-max(seq_lens[s] for s in seqs) // block_size)
+    q_rows: list[int] = []
+    positions: list[int] = []
+    out_index: list[int] = []
+    out_rows: list[int] = []
+    tables_padded: list[list[int]] = []
+    for n, (s, qlen) in enumerate(zip(seqs, qlens, strict=True)):
+        first_pos = seq_lens[s] - qlen
+        for i in range(width):
+            j = min(i, qlen - 1)
+            q_rows.append(starts[s] + j)
+            positions.append(first_pos + j)
+        out_index.extend(range(n * width, n * width + qlen))
+        out_rows.extend(range(starts[s], starts[s] + qlen))
+        table = tables[s][:num_blocks]
+        tables_padded.append(table + [table[0]] * (num_blocks - len(table)))
+    query_pos = torch.tensor(positions, dtype=torch.int64).view(len(seqs), width)
+    key_pos = torch.arange(num_blocks * block_size)
+    padded = len(out_rows) != len(q_rows)
+    lens = torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64)
+    key_at = torch.where(key_pos[None, :] < lens[:, None], key_pos[None, :], 0)
+    table_t = torch.tensor(tables_padded, dtype=torch.int64)
+    key_slots = table_t.gather(1, key_at // block_size) * block_size + key_at % block_size
+    return Group(
+        q_rows=torch.tensor(q_rows, dtype=torch.int64),
+        out_index=torch.tensor(out_index, dtype=torch.int64) if padded else None,
+        out_rows=torch.tensor(out_rows, dtype=torch.int64),
+        key_slots=key_slots.view(-1),
+        query_pos=query_pos,
+        num_seqs=len(seqs),
+        query_len=width,
+        num_blocks=num_blocks,
+        geo=geo,
+    )
+
+
+def plan_step(meta: AttentionMetadata, geo: Geometry) -> StepLayout:
+    """Group the step's sequences into padded SDPA calls (decodes and prefill chunks apart)."""
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    tables = meta.block_tables.tolist()
+    decode = [s for s in range(len(seq_lens)) if starts[s + 1] - starts[s] == 1]
+    prefill = [s for s in range(len(seq_lens)) if starts[s + 1] - starts[s] > 1]
+    qlens = [starts[s + 1] - starts[s] for s in range(len(seq_lens))]
+    runs = []
+    if decode:
+        runs += _buckets(decode, seq_lens, DECODE_BUCKET, MAX_DECODE_BUCKETS)
+    if prefill:
+        runs += _buckets(prefill, qlens, PREFILL_BUCKET, None)
+    groups = [_group(run, starts, seq_lens, tables, geo) for run in runs]
+    if geo.device.type != "cpu":
+        groups = [_to(grp, geo.device) for grp in groups]
+    return StepLayout(tuple(groups))
+
+
+def _to(grp: Group, device: torch.device) -> Group:
+    return Group(
+        q_rows=grp.q_rows.to(device),
+        out_index=None if grp.out_index is None else grp.out_index.to(device),
+        out_rows=grp.out_rows.to(device),
+        key_slots=grp.key_slots.to(device),
+        query_pos=grp.query_pos.to(device),
+        num_seqs=grp.num_seqs,
+        query_len=grp.query_len,
+        num_blocks=grp.num_blocks,
+        geo=grp.geo,
+    )
+
+
+class BatchedAttention:
+    """Holds the current step's layout and the scratch buffers K/V rows are gathered into.
+
+    The scratch buffers grow to the largest group seen and are reused by every layer and
+    step: gathering into fresh tensors of a few MB each would page-fault on every call.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[AttentionMetadata, Geometry] | None = None
+        self._layout = StepLayout(())
+        self._scratch: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def layout(self, meta: AttentionMetadata, geo: Geometry) -> StepLayout:
+        # A new step: every layer of one step shares the metadata object (compared by identity).
+        if self._key is None or self._key[0] is not meta or self._key[1] != geo:
+            self._layout = plan_step(meta, geo)
+            self._key = (meta, geo)
+        return self._layout
+
+    def _buffers(self, k_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (k_cache.dtype, k_cache.device)
+        width = k_cache[0, 0].numel()  # one token's keys: num_kv_heads * head_dim
+        kb, vb = self._scratch.get(key, (k_cache.new_empty(0, width), k_cache.new_empty(0, width)))
+        if kb.shape[0] < rows or kb.shape[1] != width:
+            kb, vb = k_cache.new_empty(rows, width), k_cache.new_empty(rows, width)
+            self._scratch[key] = (kb, vb)
+        return kb[:rows], vb[:rows]
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+        heads = q.shape[1]
+        g = heads // kv_heads
+        dtype = torch.promote_types(q.dtype, k_cache.dtype)
+        layout = self.layout(meta, Geometry(block_size, g, dtype, q.device))
+        out = torch.empty_like(q)
+        k_flat = k_cache.view(num_blocks * block_size, kv_heads * head_dim)
+        v_flat = v_cache.view(num_blocks * block_size, kv_heads * head_dim)
+        for grp in layout.groups:
+            n, lq, keys = grp.num_seqs, grp.query_len, grp.num_blocks * block_size
+            kb, vb = self._buffers(k_cache, grp.key_slots.shape[0])
+            torch.index_select(k_flat, 0, grp.key_slots, out=kb)
+            torch.index_select(v_flat, 0, grp.key_slots, out=vb)
+            k = kb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
+            v = vb.view(n, keys, kv_heads, head_dim).transpose(1, 2)
+            qg = q.index_select(0, grp.q_rows).view(n, lq, kv_heads, g, head_dim)
+            qg = qg.transpose(1, 2).reshape(n, kv_heads, lq * g, head_dim)
+            if k.dtype != dtype or qg.dtype != dtype:  # mixed precision only; float32 copies nothing
+                qg, k, v = qg.to(dtype), k.to(dtype), v.to(dtype)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.bias(window), scale=scale)
+            o = o.view(n, kv_heads, lq, g, head_dim).transpose(1, 2).reshape(n * lq, heads, head_dim)
+            if grp.out_index is not None:
+                o = o.index_select(0, grp.out_index)
+            out.index_copy_(0, grp.out_rows, o if o.dtype == q.dtype else o.to(q.dtype))
+        return out
