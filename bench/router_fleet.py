@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from kvfleet.bench.load import LoadSpec, stream_one
+from kvfleet.bench.load import LoadSpec, new_session, stream_one
 from kvfleet.bench.stats import BenchSummary, RequestRecord, summarize
 
 KEY = "sk-bench-0123456789"
@@ -221,8 +221,7 @@ async def drive(
         url=url, model="tiny", endpoint=endpoint, api_key=KEY, num_requests=len(bodies), timeout_s=timeout_s
     )  # type: ignore[arg-type]
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+    async with new_session(timeout_s) as client:
         start = time.perf_counter()
 
         async def one(body: dict[str, object]) -> RequestRecord:
