@@ -15,18 +15,19 @@ import pytest
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
 
 from .conftest import free_port
-from .engines import router_processes, sim_engines
 from .fakes import served
 
 KEY = "sk-alice-0123456789"
+SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=5.0, max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[str]]:
     """Three simulated engines shared by the tests that leave them as they found them."""
-    with sim_engines(3) as engines:
+    with sim_engines(3, SIM) as engines:
         yield [u for u, _ in engines]
 
 
@@ -86,7 +87,9 @@ async def test_requests_sharing_a_prefix_go_to_the_engine_that_has_it(fleet) -> 
 
 
 async def test_an_engine_killed_mid_stream_gives_an_error_event_and_no_new_requests() -> None:
-    with sim_engines(2, ["--sim-base-ms", "40"]) as fleet:
+    with sim_engines(
+        2, SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=40.0, max_model_len=2048)
+    ) as fleet:
         urls = [u for u, _ in fleet]
         async with (
             in_process_router(urls, limits={"maxConcurrentRequests": 4}) as (url, state),
