@@ -87,6 +87,8 @@ class RouterConfig(BaseModel):
     default_max_tokens: int = Field(default=256, ge=1)
     load_interval_s: float = Field(default=0.2, gt=0)
     load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")
+    load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
+    engine_silent_s: float = Field(default=10.0, gt=0, description="no answer for this long: unready")
     engine_connect_timeout_s: float = Field(default=2.0, gt=0)
     engine_read_timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)

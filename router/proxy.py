@@ -141,7 +141,9 @@ async def open_upstream(state: RouterState, ex: Exchange) -> httpx.Response:
         assert ex.placement is not None
         url = ex.placement.url
         try:
-            return await _send(state, ex, url)
+            response = await _send(state, ex, url)
+            state.fleet.heard(url)
+            return response
         except (*_DOWN, *_STALE):
             state.fleet.mark_failed(url)
             tried.append(url)
