@@ -23,6 +23,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
+import aiohttp
 import httpx
 from fastapi import FastAPI
 
@@ -44,6 +45,17 @@ def _quota_store(config: RouterConfig, clock: Clock) -> QuotaStore:
     from kvfleet.router.redis_store import RedisQuotaStore
 
     return RedisQuotaStore(url=config.redis_url, clock=clock, lease_s=config.redis_lease_s)
+
+
+def _upstream_session(config: RouterConfig) -> aiohttp.ClientSession:
+    """The proxy's client: no pool limit (admission bounds the load), the config's timeouts."""
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=config.engine_connect_timeout_s, sock_read=config.engine_read_timeout_s
+    )
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+    )
 
 
 def _scale_inputs(state: RouterState) -> Callable[[Service, int], ScaleInputs]:
@@ -79,12 +91,12 @@ def build_app(
                 scl = scl or cluster.scaler
             disc = disc or StaticDiscovery(config.engines)
             timeout = httpx.Timeout(config.engine_read_timeout_s, connect=config.engine_connect_timeout_s)
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-            client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits))
+            client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+            upstream = await stack.enter_async_context(_upstream_session(config))
             quota = _quota_store(config, clock)
             stack.push_async_callback(quota.close)
             state = RouterState(
-                config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client
+                config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client, upstream
             )
             app.state.router = state
             tasks = [asyncio.create_task(poll_forever(state.fleet, disc, client))]

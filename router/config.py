@@ -60,11 +60,14 @@ class SLO(BaseModel):
 
 
 class PickerWeights(BaseModel):
-    """Weights of the default policy's mix of scores (each score is in [0, 1])."""
+    """The default policy: weights of its mix of scores (each in [0, 1]) and its load bound."""
 
-    prefix: float = Field(default=2.0, ge=0)
-    kv: float = Field(default=1.0, ge=0)
+    prefix: float = Field(default=3.0, ge=0)
+    kv: float = Field(default=0.5, ge=0)
     load: float = Field(default=1.0, ge=0)
+    room: float = Field(default=1.0, ge=0)
+    balance_factor: float = Field(default=1.0, ge=0, description="ε of the load bound ceil((1+ε)·mean)")
+    balance_slack: int = Field(default=2, ge=0, description="requests allowed over that bound")
 
 
 class RouterConfig(BaseModel):

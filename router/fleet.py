@@ -144,7 +144,15 @@ class Fleet:
         ready = [e for e in self.ready_engines(model) if e.url not in exclude]
         matched = self.prefix.matched_blocks(hashes, [e.url for e in ready])
         return [
-            Candidate(e.url, load, e.in_flight, matched[e.url], len(hashes), e.pending_tokens)
+            Candidate(
+                e.url,
+                load,
+                e.in_flight,
+                matched[e.url],
+                len(hashes),
+                e.pending_tokens,
+                self.prefix.prompt_starts(e.url),
+            )  # fmt: skip
             for e in sorted(ready, key=lambda e: e.url)
             if (load := self.trusted_load(e)) is not None
         ]
