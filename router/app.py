@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, cast
 
 import aiohttp
 import httpx
@@ -37,6 +38,9 @@ from kvfleet.router.quota import Clock, MemoryQuotaStore, QuotaStore
 from kvfleet.router.routes import completions, health, metrics, models
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import TenantRegistry
+
+if TYPE_CHECKING:
+    from kvfleet.router.redis_store import RedisQuotaStore
 
 
 def _quota_store(config: RouterConfig, clock: Clock) -> QuotaStore:
@@ -98,6 +102,8 @@ def build_app(
             state = RouterState(
                 config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client, upstream
             )
+            if config.redis_url is not None:
+                state.queue_slots = cast("RedisQuotaStore", quota)
             app.state.router = state
             tasks = [asyncio.create_task(poll_forever(state.fleet, disc, client))]
             if scl is not None:

@@ -110,6 +110,8 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         return await queue.admit(ticket, state.config.cold_start_wait_s if cold else None)
     except Shed as shed:
         raise RouterError(shed.status, shed.reason, shed.message, retry_after_s=shed.retry_after_s) from None
+    except QuotaUnavailable as exc:
+        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
     finally:
         state.metrics.queue_depth.labels(model=model).set(len(queue))
         wait = time.perf_counter() - enqueued

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import httpx
 
-from kvfleet.router.admission import AdmissionQueue
+from kvfleet.router.admission import AdmissionQueue, QueueSlots
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery
 from kvfleet.router.fleet import Fleet, Placement
@@ -39,6 +39,7 @@ class RouterState:
     upstream: aiohttp.ClientSession  # the proxied requests'
     queues: dict[str, AdmissionQueue[Placement]] = field(default_factory=dict)
     autoscaler: Autoscaler | None = None
+    queue_slots: QueueSlots | None = None  # shared maxQueuedRequests (the Redis store); None: per replica
 
     def __post_init__(self) -> None:
         self.fleet.on_change = self.pump
@@ -50,6 +51,7 @@ class RouterState:
                 max_len=self.config.max_queue_len,
                 max_wait_s=self.config.max_queue_wait_s,
                 release=self.fleet.release,
+                slots=self.queue_slots,
             )
             self.queues[model] = q
         return q

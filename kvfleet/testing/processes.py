@@ -90,7 +90,7 @@ def spawn_engine(port: int, flags: SimFlags, extra: Sequence[str] = (), cpus: st
     """Start one simulated engine of the tiny model on ``port`` (not waited for)."""
     argv = kvfleet_argv("engine", "--simulate", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
                         "--log-level", "warning", *flags.argv(), *extra, cpus=cpus)  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)  # warnings and errors stay visible
     return SimEngine(f"http://127.0.0.1:{port}", proc)
 
 
@@ -101,7 +101,8 @@ def sim_engines(
     """``n`` simulated engines, each answering ``/health`` before this yields."""
     started: list[SimEngine] = []
     try:
-        started = [spawn_engine(free_port(), flags, extra, cpus) for _ in range(n)]
+        ports = [free_port() for _ in range(n)]
+        started = [spawn_engine(port, flags, extra, cpus) for port in ports]
         for engine in started:
             wait_http(engine.url + "/health", engine.process)
         yield started
@@ -141,7 +142,7 @@ def router_processes(
         for port in ports:
             argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
                                 "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
-            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url, proc in zip(urls, procs, strict=True):
             wait_http(url + "/ready", proc)
