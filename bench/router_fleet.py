@@ -168,5 +168,6 @@ def ms(value: float | None) -> str:
 
 
 def header(title: str) -> str:
-    cpu = os.cpu_count()
-    return f"# {title}\n# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {cpu} CPUs, simulated engines\n"
+    cpu, load = os.cpu_count(), ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    return f"# {title}\n# {stamp}, {cpu} CPUs, load average {load}, simulated engines\n"
