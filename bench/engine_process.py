@@ -21,6 +21,15 @@ def free_port() -> int:
 @contextmanager
 def engine_process(*flags: str, ready_timeout_s: float = 300.0) -> Iterator[str]:
     """``kvfleet engine FLAGS`` on 127.0.0.1; yields its base URL once /ready answers 200; SIGTERM at the end."""
+    with engine_process_handle(*flags, ready_timeout_s=ready_timeout_s) as (url, _):
+        yield url
+
+
+@contextmanager
+def engine_process_handle(
+    *flags: str, ready_timeout_s: float = 300.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As :func:`engine_process`, yielding the process too (to read its CPU time)."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -50,7 +59,7 @@ def engine_process(*flags: str, ready_timeout_s: float = 300.0) -> Iterator[str]
             if time.monotonic() > deadline:
                 raise RuntimeError("kvfleet engine did not become ready")
             time.sleep(0.2)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:

@@ -1,66 +1,49 @@
-"""The engine loop off the HTTP event loop: one thread steps the engine, asyncio streams read it.
+"""The API side of the engine core: asyncio streams fed by the core's per-step batches.
 
 Where it sits: ``engine/server`` routes call :meth:`AsyncEngine.generate` and iterate the
-returned :class:`RequestStream`; a dedicated thread runs ``Engine.step()`` back to back
-and hands every :class:`RequestOutput` to its stream's asyncio queue with
-``loop.call_soon_threadsafe``. A long model step therefore never blocks the event loop:
-other streams keep flushing, health checks keep answering.
+returned :class:`RequestStream`. The engine itself runs elsewhere, behind a
+``CoreTransport`` (``engine/core.py``): in its own process by default
+(``engine/core_process.py``), or in a thread (:class:`~kvfleet.engine.core.ThreadCore`).
+Either way a long model step never blocks this event loop.
 
-The engine itself is touched only by that thread. ``generate`` and ``abort`` enqueue
-commands; the thread applies them between steps, so they are thread-safe and never wait
-for a step to end (``generate`` awaits only the verdict of ``add_request``).
-The thread also stamps each request's timeline (arrival, first token, each token) for the
-latency histograms, and keeps a snapshot of ``Engine.stats()`` that ``/load`` and
-``/metrics`` read without touching the engine.
+``generate`` and ``abort`` only send commands; ``generate`` awaits the engine's verdict
+on ``add_request`` (a ValueError naming the field, or go). Each :class:`StepBatch`
+arrives on the event loop, where this module stamps each request's timeline (arrival
+here, first token and each token at the core's clock: one ``time.monotonic`` per host)
+for the latency histograms and keeps the core's ``Engine.stats()`` snapshot that
+``/load`` and ``/metrics`` read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvfleet.engine.outputs import RequestOutput
+from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, ReqDelta, StepBatch, Verdict
+from kvfleet.engine.request_stream import RequestStream
 from kvfleet.engine.sampling_params import SamplingParams
 
-log = logging.getLogger(__name__)
-
-
-class EngineCore(Protocol):
-    """What the loop needs of ``kvfleet.engine.Engine`` (only ever called from the loop's thread)."""
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        arrival_time: float | None = None,
-    ) -> None: ...
-
-    def abort(self, request_id: str) -> RequestOutput | None: ...
-
-    def step(self) -> list[RequestOutput]: ...
-
-    def has_unfinished_requests(self) -> bool: ...
-
-    def stats(self) -> Any: ...
+__all__ = ["AsyncEngine", "EngineDeadError", "RequestMetrics", "RequestObserver", "RequestStream"]
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop stopped (a step raised, or the server is shutting down)."""
+    """The engine core stopped (a step raised, its process died, or the server is shutting down)."""
+
+
+class RefusedRequest(ValueError):
+    """The engine refused a request; ``field`` names the offending field (as ``RequestError`` does)."""
+
+    def __init__(self, message: str, field_name: str | None) -> None:
+        super().__init__(message)
+        self.field = field_name
 
 
 @dataclass
 class RequestMetrics:
-    """One request's timeline, stamped by the loop thread (``time.monotonic`` seconds)."""
+    """One request's timeline (``time.monotonic`` seconds; tokens stamped at the core's clock)."""
 
     request_id: str
     arrival_time: float
@@ -95,7 +78,7 @@ class RequestMetrics:
 
 
 class RequestObserver(Protocol):
-    """Told about request milestones from the loop thread (the server's Prometheus metrics)."""
+    """Told about request milestones on the event loop (the server's Prometheus metrics)."""
 
     def on_first_token(self, metrics: RequestMetrics) -> None: ...
 
@@ -104,115 +87,72 @@ class RequestObserver(Protocol):
     def on_finished(self, metrics: RequestMetrics) -> None: ...
 
 
-_END = object()  # closes a stream whose request was aborted or whose engine died
-
-
-class RequestStream:
-    """The outputs of one request, in order; iterate with ``async for``."""
-
-    def __init__(self, request_id: str, metrics: RequestMetrics) -> None:
-        self.request_id = request_id
-        self.metrics = metrics
-        self.finished = False
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    def _put(self, item: Any) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            item = await self._queue.get()
-            if item is _END:
-                self.finished = True
-                return
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-            if item.finished:
-                self.finished = True
-            yield item
-
-
 @dataclass
-class _Add:
+class _Pending:
     stream: RequestStream
-    prompt: str | list[int]
-    params: SamplingParams
-    priority: int
     verdict: asyncio.Future[None]
 
 
-@dataclass
-class _Abort:
-    request_id: str
-
-
 class AsyncEngine:
-    """Runs an engine in its own thread; serves asyncio callers (see the module docstring)."""
+    """Streams for asyncio callers over an engine core (see the module docstring)."""
 
     def __init__(
         self,
-        engine: EngineCore,
+        core: CoreTransport,
         *,
         observer: RequestObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
-        idle_wait_s: float = 0.5,
     ) -> None:
-        self._engine = engine
+        self.core = core
         self.observer = observer
         self._clock = clock
-        self._idle_wait_s = idle_wait_s
-        self._commands: deque[_Add | _Abort] = deque()
-        self._wake = threading.Condition()
-        self._streams: dict[str, RequestStream] = {}  # loop thread only
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self.error: BaseException | None = None
-        self.stats_snapshot: Any = engine.stats()
-        self.num_steps = 0
+        self._streams: dict[str, RequestStream] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._started = False
+        self._stopped = False
+        self.error: str | None = None
+        self.stats_snapshot: Any = core.initial_stats
+        self.num_batches = 0
 
-    # -- lifecycle (event loop side) -------------------------------------------------------
+    # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="kvfleet-engine-loop", daemon=True)
-        self._thread.start()
+        self.core.start(self._on_batch, asyncio.get_running_loop())
+        self._started = True
 
     def stop(self, timeout: float = 5.0) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._stopped = True
+        self.core.stop(timeout)
+        self._fail_all("the engine is shutting down")
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
+        return self._started and not self._stopped and self.error is None and self.core.alive
 
     @property
     def num_unfinished(self) -> int:
-        """Requests added and not yet finished (read from any thread; a dict's len is atomic)."""
+        """Requests accepted and not yet finished."""
         return len(self._streams)
 
     def unfinished_request_ids(self) -> list[str]:
-        return list(self._streams.copy())  # dict.copy is atomic; the loop thread may be mutating it
+        return list(self._streams)
 
-    # -- requests (event loop side, thread-safe) -----------------------------------------------
+    # -- requests ----------------------------------------------------------------------------------
 
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, *, priority: int = 0
     ) -> RequestStream:
         """Add a request; return its stream once the engine accepted it (its ValueError otherwise)."""
         if not self.is_running:
-            raise EngineDeadError("the engine loop is not running")
+            raise EngineDeadError(f"the engine core is not running{f': {self.error}' if self.error else ''}")
+        if request_id in self._streams or request_id in self._pending:
+            raise RefusedRequest(f"request_id: {request_id!r} is already running", "request_id")
+        arrival = self._clock()
         num_prompt = len(prompt) if isinstance(prompt, list) else 0
-        stream = RequestStream(request_id, RequestMetrics(request_id, self._clock(), num_prompt))
+        stream = RequestStream(request_id, RequestMetrics(request_id, arrival, num_prompt), params.n, prompt)
         verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._send(_Add(stream, prompt, params, priority, verdict))
+        self._pending[request_id] = _Pending(stream, verdict)
+        self.core.send(AddCmd(request_id, prompt, params, priority, arrival))
         try:
             await verdict
         except asyncio.CancelledError:
@@ -221,94 +161,46 @@ class AsyncEngine:
         return stream
 
     def abort(self, request_id: str) -> None:
-        self._send(_Abort(request_id))
+        """Ask the core to abort; the stream ends with the core's final "abort" output."""
+        self.core.send(AbortCmd(request_id))
 
-    def _send(self, command: _Add | _Abort) -> None:
-        with self._wake:
-            self._commands.append(command)
-            self._wake.notify()
+    # -- batches from the core (on the event loop) ------------------------------------------------------
 
-    # -- the loop thread ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            while self._wait_for_work():
-                self._apply_commands()
-                if self._engine.has_unfinished_requests():
-                    started = self._clock()
-                    outputs = self._engine.step()
-                    self.num_steps += 1
-                    self._deliver(outputs, started, self._clock())
-                self.stats_snapshot = self._engine.stats()
-        except BaseException as exc:  # the engine is broken: fail every stream rather than hang them
-            log.exception("engine loop failed")
-            self.error = exc
-            self._fail_all(EngineDeadError(f"the engine loop failed: {exc!r}"))
-        else:
-            self._fail_all(EngineDeadError("the engine is shutting down"))
-
-    def _wait_for_work(self) -> bool:
-        """Block while idle; False once stopping."""
-        with self._wake:
-            while not self._stopping and not self._commands and not self._engine.has_unfinished_requests():
-                self._wake.wait(self._idle_wait_s)
-            return not self._stopping
-
-    def _apply_commands(self) -> None:
-        with self._wake:
-            commands, self._commands = list(self._commands), deque()
-        for command in commands:
-            if isinstance(command, _Add):
-                self._apply_add(command)
-            else:
-                self._apply_abort(command.request_id)
-
-    def _apply_add(self, cmd: _Add) -> None:
-        rid = cmd.stream.request_id
-        try:
-            if rid in self._streams:
-                raise ValueError(f"request_id: {rid!r} is already running")
-            self._engine.add_request(
-                rid,
-                cmd.prompt,
-                cmd.params,
-                priority=cmd.priority,
-                arrival_time=cmd.stream.metrics.arrival_time,
-            )
-        except ValueError as exc:  # RequestError / SamplingParamsError: the caller's 400
-            self._call(_settle, cmd.verdict, exc)
-            return
-        self._streams[rid] = cmd.stream
-        self._call(_settle, cmd.verdict, None)
-
-    def _apply_abort(self, request_id: str) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is None:
-            return  # finished already, or never accepted
-        final = self._engine.abort(request_id)
-        if final is None:
-            stream.metrics.finish_reason = "abort"
-            self._call(stream._put, _END)
-            return
-        self._stamp(stream.metrics, final, self._clock())
-        self._call(stream._put, final)
-
-    def _deliver(self, outputs: list[RequestOutput], started: float, now: float) -> None:
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
+    def _on_batch(self, batch: StepBatch) -> None:
+        self.num_batches += 1
+        if batch.stats is not None:
+            self.stats_snapshot = batch.stats
+        for v in batch.verdicts:
+            self._settle(v)
+        started = batch.step_started if batch.step_started is not None else batch.now
+        for delta in batch.deltas:
+            stream = self._streams.get(delta.request_id)
             if stream is None:
-                continue  # aborted while the step ran
-            if stream.metrics.scheduled_time is None:
-                stream.metrics.scheduled_time = started
-            self._stamp(stream.metrics, out, now)
-            if out.finished:
-                del self._streams[out.request_id]
-            self._call(stream._put, out)
+                continue  # its caller left before the verdict
+            self._stamp(stream.metrics, delta, started, batch.now)
+            if delta.finished:
+                del self._streams[delta.request_id]
+            stream.push(delta)
+        if batch.error is not None and self.error is None:
+            self.error = batch.error
+            self._fail_all(batch.error)
 
-    def _stamp(self, m: RequestMetrics, out: RequestOutput, now: float) -> None:
-        new_tokens = sum(len(c.new_token_ids) for c in out.outputs)
-        m.num_prompt_tokens = len(out.prompt_token_ids)
-        m.num_cached_tokens = out.num_cached_tokens
+    def _settle(self, v: Verdict) -> None:
+        pending = self._pending.pop(v.request_id, None)
+        if pending is None or pending.verdict.done():
+            return  # cancelled: its abort follows the add and frees the sequence
+        if v.error is not None:
+            pending.verdict.set_exception(RefusedRequest(v.error, v.field))
+            return
+        self._streams[v.request_id] = pending.stream
+        pending.verdict.set_result(None)
+
+    def _stamp(self, m: RequestMetrics, d: ReqDelta, started: float, now: float) -> None:
+        new_tokens = sum(len(s.new_token_ids) for s in d.seqs)
+        m.num_prompt_tokens = d.num_prompt_tokens
+        m.num_cached_tokens = d.num_cached_tokens
+        if m.scheduled_time is None:
+            m.scheduled_time = started
         if new_tokens:
             gap = None if m.last_token_time is None else now - m.last_token_time
             if gap is not None:
@@ -321,32 +213,17 @@ class AsyncEngine:
                     self.observer.on_first_token(m)
             if self.observer is not None:
                 self.observer.on_tokens(m, new_tokens, gap)
-        if out.finished:
+        if d.finished:
             m.finished_time = now
-            m.finish_reason = next((c.finish_reason for c in out.outputs if c.finish_reason), None)
+            m.finish_reason = next((s.finish_reason for s in d.seqs if s.finish_reason), None)
             if self.observer is not None:
                 self.observer.on_finished(m)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, message: str) -> None:
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
-            self._call(stream._put, exc)
-        with self._wake:
-            pending = [c for c in self._commands if isinstance(c, _Add)]
-            self._commands.clear()
-        for cmd in pending:
-            self._call(_settle, cmd.verdict, exc)
-
-    def _call(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
-            self._loop.call_soon_threadsafe(fn, *args)
-
-
-def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(exc)
+            stream.fail(EngineDeadError(message))
+        pending, self._pending = list(self._pending.values()), {}
+        for p in pending:
+            if not p.verdict.done():
+                p.verdict.set_exception(EngineDeadError(message))

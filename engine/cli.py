@@ -10,6 +10,7 @@ simulated path never imports torch.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import re
 import sys
@@ -19,6 +20,9 @@ from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 if TYPE_CHECKING:
     from kvfleet.engine.config import EngineConfig
+    from kvfleet.engine.core import CoreTransport
+    from kvfleet.engine.engine import Engine
+    from kvfleet.engine.interfaces import Tokenizer
     from kvfleet.engine.server.state import ServerState
 
 _UNITS = {
@@ -62,6 +66,12 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--engine-core",
+        default="process",
+        choices=["process", "thread"],
+        help="run the engine loop in its own process (default) or in a thread of the HTTP server",
+    )
 
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,22 +145,54 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def build_server_state(args: argparse.Namespace) -> ServerState:
-    from kvfleet.engine.server.app import build_state
-
+def build_engine(args: argparse.Namespace) -> Engine:
+    """The engine the flags describe (in the core process; picklable as ``partial(build_engine, args)``)."""
     if args.simulate:
         from kvfleet.engine.sim import build_simulated
 
-        engine = build_simulated(args)
-    else:
-        from kvfleet.engine.engine import Engine
+        return build_simulated(args)
+    from kvfleet.engine.engine import Engine
 
-        engine = Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
+    return Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
+
+
+def api_tokenizer(args: argparse.Namespace) -> Tokenizer:
+    """The tokenizer the API process encodes with: the checkpoint's, without loading the model (no torch)."""
+    if args.simulate:
+        from kvfleet.engine.byte_tokenizer import ByteTokenizer
+
+        return ByteTokenizer()
+    from pathlib import Path
+
+    from kvfleet.engine.model.tiny import ensure_tiny_model
+    from kvfleet.engine.model.tokenizer import HFTokenizer
+
+    return HFTokenizer(ensure_tiny_model() if args.model == "tiny" else Path(args.model).expanduser())
+
+
+def build_server_state(args: argparse.Namespace) -> ServerState:
+    """The server's state over an engine core: its own process (``--engine-core process``) or a thread."""
+    from kvfleet.engine.server.app import build_state
+
+    core: CoreTransport
+    if args.engine_core == "thread":
+        from kvfleet.engine.core import ThreadCore
+
+        engine = build_engine(args)
+        core, tokenizer = ThreadCore(engine), engine.tokenizer
+        name, max_model_len = engine.model_name, engine.max_model_len
+    else:
+        from kvfleet.engine.core_process import ProcessCore
+
+        tokenizer = api_tokenizer(args)  # a missing or broken checkpoint fails here, before any spawn
+        process = ProcessCore(functools.partial(build_engine, args))
+        hello = process.launch()
+        core, name, max_model_len = process, hello.model_name, hello.max_model_len
     return build_state(
-        engine,
-        engine.tokenizer,
-        name=engine.model_name,
-        max_model_len=engine.max_model_len,
+        core,
+        tokenizer,
+        name=name,
+        max_model_len=max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
     )

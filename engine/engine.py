@@ -90,19 +90,21 @@ class Engine:
         )
         model_max_len: int | None = None
         eos_ids: frozenset[int] = frozenset()
+        prefix_caching = config.enable_prefix_caching
         if runner is None and tokenizer is None:
             from kvfleet.engine.runner import build_runner
 
             runner, tokenizer, info = build_runner(config)
             self.model_name = config.served_model_name or info.name
             model_max_len, eos_ids = info.max_model_len, frozenset(info.eos_token_ids)
+            prefix_caching = prefix_caching and info.prefix_caching_exact
         if runner is None or tokenizer is None:
             raise ValueError(
                 "Engine: pass both runner and tokenizer, or neither (then both are built from config)"
             )
         self.runner, self.tokenizer = runner, tokenizer
         self.eos_token_ids = eos_ids | frozenset(tokenizer.eos_token_ids)
-        self.kv = KVCacheManager(runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(runner.num_kv_blocks, config.block_size, prefix_caching)
         self.max_model_len = config.max_model_len or model_max_len or self.kv.max_tokens_per_seq()
         self.scheduler = Scheduler(
             self.kv,

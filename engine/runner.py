@@ -28,6 +28,7 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.model.tiny import ensure_tiny_model
 from kvfleet.engine.model.tokenizer import HFTokenizer
 from kvfleet.engine.outputs import SampleResult
@@ -46,6 +47,9 @@ class ModelInfo:
     eos_token_ids: frozenset[int]
     vocab_size: int
     has_chat_template: bool
+    # False when a block's KV depends on more than its tokens (dynamic rope: on the length of
+    # the step that computed it), so a prefix-cache hit would not give transformers' result.
+    prefix_caching_exact: bool = True
 
 
 def resolve_model_path(model: str) -> Path:
@@ -73,7 +77,7 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     if config.max_model_len > limit:
         raise ModelLoadError(
             f"max_model_len={config.max_model_len} exceeds the model's limit of {limit} "
-            f"(max_position_embeddings / sliding_window in config.json)"
+            f"(max_position_embeddings in config.json, as far as its rope_scaling stretches it)"
         )
     return config.max_model_len
 
@@ -185,5 +189,6 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInf
         eos_token_ids=tokenizer.eos_token_ids | model_config.eos_token_ids,
         vocab_size=model_config.vocab_size,
         has_chat_template=tokenizer.chat_template is not None,
+        prefix_caching_exact=not rope_is_dynamic(model_config),
     )
     return runner, tokenizer, info

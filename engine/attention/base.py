@@ -18,7 +18,10 @@ Shapes (T = tokens in the step, S = sequences in the step):
   query rows ``query_start_loc[s]:query_start_loc[s + 1]``
 
 Causality: query row ``i`` of sequence ``s`` sits at position
-``seq_lens[s] - query_len[s] + i`` and attends to keys ``0..position`` inclusive.
+``seq_lens[s] - query_len[s] + i`` and attends to keys ``0..position`` inclusive. With a
+``sliding_window`` W (per layer, given to ``forward``) it attends to keys
+``max(0, position - W + 1)..position``: W keys, itself included, as transformers'
+``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor: ...
 
 

@@ -29,8 +29,10 @@ def _attend_one(
     table: torch.Tensor,
     seq_len: int,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One sequence's query rows (L, H, D) against its first ``seq_len`` cached keys, causally."""
+    """One sequence's query rows (L, H, D) against its first ``seq_len`` cached keys, causally
+    (and only the last ``window`` keys up to each row's position, when a window is given)."""
     num_heads, num_kv_heads = q_s.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_size = k_cache.shape[1]
@@ -43,31 +45,46 @@ def _attend_one(
     values = values.repeat_interleave(group, dim=1).float()
     scores = torch.einsum("qhd,khd->hqk", q_s.float(), keys) * scale
     positions = torch.arange(seq_len - query_len, seq_len, device=q_s.device)
-    mask = torch.arange(seq_len, device=q_s.device)[None, :] > positions[:, None]
+    key_pos = torch.arange(seq_len, device=q_s.device)[None, :]
+    mask = key_pos > positions[:, None]
+    if window is not None:
+        mask |= key_pos <= positions[:, None] - window
     scores.masked_fill_(mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values).to(q_s.dtype)
 
 
 def paged_attention_reference(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    # Invariant: row i of sequence s attends exactly keys 0..(seq_len - query_len + i).
+    # Invariant: row i of sequence s at position p = seq_len - query_len + i attends exactly
+    # keys 0..p, or max(0, p - window + 1)..p with a window.
     out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
     for s, seq_len in enumerate(meta.seq_lens.tolist()):
         rows = slice(starts[s], starts[s + 1])
-        out[rows] = _attend_one(q[rows], k_cache, v_cache, meta.block_tables[s], seq_len, scale)
+        out[rows] = _attend_one(q[rows], k_cache, v_cache, meta.block_tables[s], seq_len, scale, window)
     return out
 
 
 def decode_attention_batched(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """All sequences with one query row at once: (S, H, D) rows against keys padded to the longest.
 
-    Invariant: the one row of sequence s attends keys 0..seq_len[s]-1; padded key slots (past
-    seq_len, or from the padding block 0 of a shorter table) are masked out before the softmax.
+    Invariant: the one row of sequence s attends keys 0..seq_len[s]-1 (with a window, only
+    seq_len[s]-window..seq_len[s]-1); padded key slots (past seq_len, or from the padding
+    block 0 of a shorter table) and keys before the window are masked out before the softmax.
     """
     num_seqs, num_heads = q.shape[0], q.shape[1]
     num_kv_heads, head_dim, block_size = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
@@ -78,20 +95,28 @@ def decode_attention_batched(
     values = v_cache[tables].reshape(num_seqs, n_blocks * block_size, num_kv_heads, head_dim).float()
     qg = q.float().view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.einsum("skgd,slkd->skgl", qg, keys) * scale
-    pad = torch.arange(keys.shape[1], device=q.device)[None, :] >= lens[:, None]
+    key_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+    pad = key_pos >= lens[:, None]
+    if window is not None:
+        pad |= key_pos < lens[:, None] - window
     scores.masked_fill_(pad[:, None, None, :], float("-inf"))
     out = torch.einsum("skgl,slkd->skgd", torch.softmax(scores, dim=-1), values)
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
 def paged_attention_grouped(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """The reference's result, with every decoding sequence (one query row) in one batched call."""
     query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
     decode = (query_lens == 1).nonzero().flatten()
     if decode.numel() < 2:
-        return paged_attention_reference(q, k_cache, v_cache, meta, scale)
+        return paged_attention_reference(q, k_cache, v_cache, meta, scale, window)
     out = torch.empty_like(q)
     rows = meta.query_start_loc[decode].long()
     sub = AttentionMetadata(
@@ -102,11 +127,11 @@ def paged_attention_grouped(
         max_query_len=1,
         max_seq_len=int(meta.seq_lens[decode].max()),
     )
-    out[rows] = decode_attention_batched(q[rows], k_cache, v_cache, sub, scale)
+    out[rows] = decode_attention_batched(q[rows], k_cache, v_cache, sub, scale, window)
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     for s in (query_lens != 1).nonzero().flatten().tolist():
         span = slice(starts[s], starts[s + 1])
-        out[span] = _attend_one(q[span], k_cache, v_cache, meta.block_tables[s], lens[s], scale)
+        out[span] = _attend_one(q[span], k_cache, v_cache, meta.block_tables[s], lens[s], scale, window)
     return out
 
 
@@ -130,8 +155,9 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
-        return paged_attention_grouped(q, k_cache, v_cache, meta, scale)
+        return paged_attention_grouped(q, k_cache, v_cache, meta, scale, sliding_window)
 
 
 register_backend("torch", TorchAttentionBackend)

@@ -78,6 +78,7 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         _check_device(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
         _check_cache(k_cache, v_cache)
@@ -90,6 +91,8 @@ class TritonAttentionBackend:
                 f"query_start_loc must be ({meta.num_seqs + 1},) for {meta.num_seqs} sequences, "
                 f"got {tuple(meta.query_start_loc.shape)}"
             )
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1 token, got {sliding_window}")
         if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] != meta.num_seqs:
             raise ValueError(
                 f"block_tables must be ({meta.num_seqs}, max_blocks_per_seq), got {tuple(meta.block_tables.shape)}"
@@ -103,6 +106,7 @@ class TritonAttentionBackend:
             meta.query_start_loc,
             meta.max_query_len,
             scale,
+            sliding_window,
         )
 
 

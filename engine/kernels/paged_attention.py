@@ -10,6 +10,10 @@ Work split: the grid is (query tile, kv head). Sequence ``s`` owns the tiles fro
 program finds its sequence by binary search over ``query_start_loc``. A program holds the
 ``BLOCK_Q`` query tokens of its tile times the ``GROUP`` query heads that share its kv head
 as the rows of one tile, so every KV block is loaded once per kv-head group (GQA).
+
+Sliding window (``HAS_WINDOW``): a program starts its key loop at the first key tile its
+earliest query row can see (``position - window + 1``), so a long sequence's decode reads
+only about ``window`` keys, and masks the keys before each row's own window start.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def _find_sequence(query_start_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 # Invariant: after the loop over key tiles [0, n), for each row r (query token, head) m_r is
 # the running max of its scaled scores (log2 domain), l_r = sum exp2(score - m_r) and
 # acc_r = sum exp2(score - m_r) * v over the keys seen that row r may attend (key <= its
-# position seq_len - query_len + i); out = acc / l once every key up to the position is seen.
+# position seq_len - query_len + i, and key > position - window with a window); out = acc / l
+# once every key of the row's range is seen. Tiles before kv_start hold no key any row may see.
 @triton.jit
 def _paged_attention_kernel(
     q_ptr,
@@ -59,6 +64,7 @@ def _paged_attention_kernel(
     query_start_ptr,
     num_seqs,
     scale_log2,
+    window,
     stride_qt,
     stride_qh,
     stride_qd,
@@ -79,6 +85,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -99,10 +106,17 @@ def _paged_attention_kernel(
         q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
         position = seq_len - q_len + q_idx
         kv_end = tl.minimum(seq_len, seq_len - q_len + (q_tile + 1) * BLOCK_Q)
+        if HAS_WINDOW:
+            first = seq_len - q_len + q_tile * BLOCK_Q - window + 1
+            kv_start = tl.maximum(first, 0) // TILE_N * TILE_N
+        else:
+            kv_start = 0
         acc, l_i = _attend_blocks(
             q,
             position,
+            kv_start,
             kv_end,
+            window,
             k_cache_ptr + kv_head * stride_ch,
             v_cache_ptr + kv_head * stride_ch,
             block_tables_ptr + seq.to(tl.int64) * stride_bt,
@@ -116,6 +130,7 @@ def _paged_attention_kernel(
             TILE_N,
             PRECISION,
             DOT_FP32,
+            HAS_WINDOW,
         )
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :] * stride_od
@@ -126,7 +141,9 @@ def _paged_attention_kernel(
 def _attend_blocks(
     q,
     position,
+    kv_start,
     kv_end,
+    window,
     k_base,
     v_base,
     table_ptr,
@@ -140,6 +157,7 @@ def _attend_blocks(
     TILE_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     ROWS: tl.constexpr = q.shape[0]
     if DOT_FP32:
@@ -148,7 +166,7 @@ def _attend_blocks(
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DIM_PAD], tl.float32)
     dims = tl.arange(0, DIM_PAD)
-    for n0 in range(0, kv_end, TILE_N):
+    for n0 in range(kv_start, kv_end, TILE_N):
         keys = n0 + tl.arange(0, TILE_N)
         key_ok = keys < kv_end
         block = tl.load(table_ptr + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
@@ -161,6 +179,8 @@ def _attend_blocks(
             k, v = k.to(tl.float32), v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         visible = key_ok[None, :] & (keys[None, :] <= position[:, None])
+        if HAS_WINDOW:
+            visible = visible & (keys[None, :] > position[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -200,8 +220,10 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     max_query_len: int,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of ``q`` (T, H, D) over the paged cache; returns (T, H, D) in q's dtype."""
+    """Causal attention of ``q`` (T, H, D) over the paged cache, each row over the last
+    ``sliding_window`` keys up to its position when given; returns (T, H, D) in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -221,6 +243,7 @@ def paged_attention(
         query_start_loc,
         num_seqs,
         scale * _LOG2_E,
+        sliding_window or 0,
         *q.stride(),
         *out.stride(),
         *k_cache.stride(),
@@ -234,6 +257,7 @@ def paged_attention(
         TILE_N=cfg.tile_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_FP32=INTERPRETED and q.dtype == torch.bfloat16,
+        HAS_WINDOW=sliding_window is not None,
         num_warps=cfg.num_warps,
     )
     return out

@@ -4,17 +4,21 @@ Where it sits: the loader reads ``config.json`` into a :class:`ModelConfig`; the
 (``llama.py``) is built from it; the runner sizes the KV cache from its layer, head and
 head-dim counts. Only the Llama family is known (Llama 2/3, Mistral, Qwen2); anything
 else fails here with :class:`ModelLoadError` naming the architecture and the known ones.
+Sliding windows are read per layer as transformers reads them: Mistral's ``sliding_window``
+on every layer; Qwen2's only with ``use_sliding_window``, on the layers ``layer_types`` marks
+``sliding_attention`` (when absent: layers from ``max_window_layers`` on); Llama has none.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from kvfleet.engine.model.rope import ROPE_TYPES, rope_context_len, rope_type
 
 # Architectures served by the one Llama-family model; the value says whether q/k/v have a bias.
 KNOWN_ARCHITECTURES: dict[str, bool] = {
@@ -22,7 +26,7 @@ KNOWN_ARCHITECTURES: dict[str, bool] = {
     "MistralForCausalLM": False,
     "Qwen2ForCausalLM": True,
 }
-ROPE_TYPES = ("default", "linear", "llama3")
+_QWEN2_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
 
 
 class ModelLoadError(RuntimeError):
@@ -47,17 +51,19 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     rope_scaling: dict[str, Any] | None = None
-    sliding_window: int | None = None  # Mistral v0.1: attention never looks further back
+    # Per layer: a query at position p attends keys p - window + 1 .. p (None: all keys 0 .. p).
+    layer_windows: tuple[int | None, ...] = ()
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
 
     @property
     def max_model_len(self) -> int:
-        """The longest context served exactly (a sliding window caps it: no windowed attention here)."""
-        if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+        """The longest context served: max_position_embeddings, as far as the rope scaling stretches it."""
+        return rope_context_len(self)
+
+    def layer_window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * _dtype_bytes(dtype)
@@ -102,16 +108,14 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
     if raw.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={raw['hidden_act']!r} is not supported; only 'silu'")
     rope = _rope(raw)
-    window = raw.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
-        window = None
+    num_layers = int(raw["num_hidden_layers"])
     attention_bias = bool(raw.get("attention_bias", False))
     return ModelConfig(
         architecture=arch,
         vocab_size=int(raw["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -123,7 +127,7 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         o_bias=attention_bias,
         mlp_bias=bool(raw.get("mlp_bias", False)),
         rope_scaling=_rope_scaling(rope),
-        sliding_window=int(window) if window else None,
+        layer_windows=_layer_windows(raw, arch, num_layers),
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
@@ -131,24 +135,56 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
 
 
 def _rope(raw: dict[str, Any]) -> dict[str, Any]:
-    """Both spellings: ``rope_theta`` + ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5)."""
+    """Both spellings: ``rope_theta`` + ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5).
+
+    As transformers standardises them: a top-level ``original_max_position_embeddings`` wins,
+    else llama3 and yarn default it to ``max_position_embeddings``."""
     params = dict(raw.get("rope_parameters") or {})
     scaling = raw.get("rope_scaling") or {}
     merged = {**scaling, **params}
     if "rope_theta" in raw:
         merged.setdefault("rope_theta", raw["rope_theta"])
+    if (merged.get("rope_type") or merged.get("type")) in ("llama3", "yarn"):
+        if raw.get("original_max_position_embeddings") is not None:
+            merged["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+        merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
     return merged
 
 
 def _rope_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
     kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind not in ROPE_TYPES:
-        raise ValueError(f"rope_scaling type {kind!r} is not supported; known: {list(ROPE_TYPES)}")
+    spec = rope_type(kind)
+    if spec is None:
+        raise ValueError(f"rope_scaling type {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
+    missing = [name for name in spec.required if rope.get(name) is None]
+    if missing:
+        raise ValueError(f"rope_scaling of type {kind!r} needs field {missing[0]!r}, which is missing")
+    partial = rope.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor={partial} is not supported; only 1.0 (rope on every dim)")
     if kind == "default":
         return None
     scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
     scaling["rope_type"] = kind
     return scaling
+
+
+def _layer_windows(raw: dict[str, Any], arch: str, num_layers: int) -> tuple[int | None, ...]:
+    window = raw.get("sliding_window")
+    qwen2_off = arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False)
+    if arch == "LlamaForCausalLM" or qwen2_off or window is None:
+        return (None,) * num_layers
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window={window!r} must be a positive integer (tokens) or null")
+    if arch == "MistralForCausalLM":
+        return (window,) * num_layers
+    types = raw.get("layer_types")
+    if types is None:
+        first = int(raw.get("max_window_layers", _QWEN2_MAX_WINDOW_LAYERS))
+        return tuple(window if i >= first else None for i in range(num_layers))
+    if len(types) != num_layers:
+        raise ValueError(f"layer_types has {len(types)} entries, num_hidden_layers={num_layers}")
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _ids(value: Any) -> frozenset[int]:
@@ -161,30 +197,3 @@ def _ids(value: Any) -> frozenset[int]:
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies in float32, with the checkpoint's scaling, as transformers computes them."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    if scaling["rope_type"] == "linear":
-        return inv_freq / float(scaling["factor"])
-    return _llama3_inv_freq(inv_freq, scaling)
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    # Invariant: wavelengths shorter than old_len/high_freq_factor keep their frequency, longer
-    # than old_len/low_freq_factor are divided by factor, and those between blend smoothly.
-    factor = float(scaling["factor"])
-    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    old_len = float(scaling["original_max_position_embeddings"])
-    low_wavelen, high_wavelen = old_len / low, old_len / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)

@@ -8,7 +8,8 @@ and attends over the sequence's blocks. The LM head runs only at the rows that s
 Submodule names follow the Hugging Face checkpoints (``model.layers.0.self_attn.q_proj``
 ...) so ``state_dict`` keys are the safetensors names; the numerics follow transformers
 (RMSNorm in float32, RoPE cos/sin in float32, rotate-half layout) so greedy output is
-the same token for token.
+the same token for token. Each attention layer carries its own sliding window (None: full
+causal attention) and hands it to the backend with the query.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
-from kvfleet.engine.model.config import ModelConfig, rope_inv_freq
+from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 
 
 class RMSNorm(nn.Module):
@@ -35,17 +37,45 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin at arbitrary positions: every token carries its own position, so no batch is padded."""
+    """cos/sin at arbitrary positions: every token carries its own position, so no batch is padded.
+
+    ``dynamic`` rope: transformers recomputes the frequencies in each forward from its largest
+    position; here each token takes those of its own sequence's length after this step, which
+    is what transformers computes when fed that sequence's steps one forward each.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.config = config
+        freqs = rope_frequencies(config)
+        self.register_buffer("inv_freq", freqs.inv_freq, persistent=False)
         self.inv_freq: torch.Tensor
+        self.attention_scaling = freqs.attention_scaling
+        self.dynamic = rope_is_dynamic(config)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+    def reset_buffers(self, device: torch.device) -> None:
+        """Recompute ``inv_freq`` (a non-persistent buffer, uninitialised after ``to_empty``)."""
+        self.inv_freq = rope_frequencies(self.config).inv_freq.to(device)
+
+    def forward(
+        self, positions: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self._per_token_inv_freq(meta) if self.dynamic else self.inv_freq[None, :]
+        freqs = positions.float()[:, None] * inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        scale = self.attention_scaling
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+    def _per_token_inv_freq(self, meta: AttentionMetadata) -> torch.Tensor:
+        # Invariant: row r of sequence s gets the frequencies for length seq_lens[s]: the
+        # load-time ones up to max_position_embeddings, the NTK-stretched ones beyond.
+        limit = self.config.max_position_embeddings
+        per_seq = [
+            self.inv_freq if n <= limit else dynamic_inv_freq(self.config, n).to(self.inv_freq.device)
+            for n in meta.seq_lens.tolist()
+        ]
+        query_lens = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).long()
+        return torch.stack(per_seq).repeat_interleave(query_lens, dim=0)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,8 +89,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.sliding_window = config.layer_window(layer)
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
         self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
@@ -84,7 +115,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = backend.forward(q, k_cache, v_cache, meta, self.scale)
+        out = backend.forward(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -101,10 +132,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -124,7 +155,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -150,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         sample_rows: torch.Tensor,
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(positions, x.dtype)
+        rope = self.model.rotary_emb(positions, meta, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, rope, kv_cache, meta, backend)
         x = self.model.norm(x[sample_rows])

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from kvfleet.engine.model.config import ModelConfig, ModelLoadError, rope_inv_freq
+from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -36,7 +36,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaF
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # A non-persistent buffer: to_empty left it uninitialised, and it stays float32 whatever the dtype.
-    model.model.rotary_emb.inv_freq = rope_inv_freq(config).to(device)
+    model.model.rotary_emb.reset_buffers(device)
     _copy_weights(model, weight_files(folder))
     return model.eval()
 

@@ -2,8 +2,9 @@
 
 Where it sits: ``kvfleet engine`` (``engine/cli.py``) builds an ``Engine``, wraps it with
 :func:`build_state` and serves :func:`create_app` on uvicorn (``engine/server/serve.py``);
-tests do the same with a small engine. The lifespan starts the ``AsyncEngine`` thread
-when the server starts and stops it when the server exits.
+tests do the same with a small engine. The lifespan attaches the ``AsyncEngine`` to the
+engine core (its own process, or a thread) when the server starts, and shuts the core
+down when the server exits.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from kvfleet import __version__
-from kvfleet.engine.async_engine import AsyncEngine, EngineCore
+from kvfleet.engine.async_engine import AsyncEngine
+from kvfleet.engine.core import CoreTransport
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
@@ -25,7 +27,7 @@ from kvfleet.engine.server.state import ServedModel, ServerState
 
 
 def build_state(
-    engine: EngineCore,
+    core: CoreTransport,
     tokenizer: Tokenizer,
     *,
     name: str,
@@ -33,8 +35,8 @@ def build_state(
     block_size: int,
     max_num_seqs: int,
 ) -> ServerState:
-    """The engine behind its loop thread, with the metrics observing it."""
-    async_engine = AsyncEngine(engine)
+    """The engine core (a process or a thread) behind its asyncio handle, with the metrics observing it."""
+    async_engine = AsyncEngine(core)
     metrics = ServerMetrics(name, stats=lambda: async_engine.stats_snapshot)
     async_engine.observer = metrics
     model = ServedModel(name, max_model_len, block_size, max_num_seqs, created=int(time.time()))

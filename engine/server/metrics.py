@@ -1,10 +1,10 @@
 """The engine's Prometheus metrics (DESIGN.md §8), one registry per app.
 
 Where it sits: :class:`ServerMetrics` is the ``RequestObserver`` of the ``AsyncEngine``:
-the loop thread reports each request's first token, its tokens and its end, which feed
-the latency histograms and the token counters. Gauges and the engine-side counters
-(preemptions, prefix cache) are read at scrape time from the loop's snapshot of
-``Engine.stats()``, so a scrape never touches the engine. vLLM's names for waiting,
+as the engine core's step batches arrive, each request's first token, its tokens and its
+end feed the latency histograms (stamped at the core's clock) and the token counters.
+Gauges and the engine-side counters (preemptions, prefix cache) are read at scrape time
+from the core's latest snapshot of ``Engine.stats()``, so a scrape never waits on the engine. vLLM's names for waiting,
 running and KV usage are exported beside ours, so a third-party picker can route here.
 """
 
@@ -106,24 +106,36 @@ class ServerMetrics:
         )
         self.registry.register(_StatsCollector(model, stats))
 
-    # -- RequestObserver (called from the engine loop thread; prometheus_client is thread-safe) --
+        # The model's children, looked up once, not a locked dict lookup per token on the hot path.
+        self._ttft, self._queue = self.ttft.labels(model), self.queue.labels(model)
+        self._itl, self._e2e, self._tpot = (
+            self.itl.labels(model),
+            self.e2e.labels(model),
+            self.tpot.labels(model),
+        )
+        self._prompt, self._generation = (
+            self.prompt_tokens.labels(model),
+            self.generation_tokens.labels(model),
+        )
+
+    # -- RequestObserver (called on the event loop as the core's step batches arrive) --
 
     def on_first_token(self, m: RequestMetrics) -> None:
         if m.ttft is not None:
-            self.ttft.labels(self.model).observe(m.ttft)
-            self.queue.labels(self.model).observe(m.queue_time if m.queue_time is not None else m.ttft)
-        self.prompt_tokens.labels(self.model).inc(m.num_prompt_tokens)
+            self._ttft.observe(m.ttft)
+            self._queue.observe(m.queue_time if m.queue_time is not None else m.ttft)
+        self._prompt.inc(m.num_prompt_tokens)
 
     def on_tokens(self, m: RequestMetrics, num_new: int, gap: float | None) -> None:
-        self.generation_tokens.labels(self.model).inc(num_new)
+        self._generation.inc(num_new)
         if gap is not None:
-            self.itl.labels(self.model).observe(gap)
+            self._itl.observe(gap)
 
     def on_finished(self, m: RequestMetrics) -> None:
         if m.e2e is not None:
-            self.e2e.labels(self.model).observe(m.e2e)
+            self._e2e.observe(m.e2e)
         if m.tpot is not None:
-            self.tpot.labels(self.model).observe(m.tpot)
+            self._tpot.observe(m.tpot)
         self.finished.labels(self.model, m.finish_reason or "abort").inc()
 
 

@@ -1,16 +1,20 @@
 """Server-sent events for the generation routes, with the request's sequences tied to the response's life.
 
-Where it sits: a router submits its engine requests *before* answering (so a refusal is
-still a proper 400), then returns :func:`start_stream`'s response. Whatever ends the
-response (the last ``data: [DONE]``, a client that disconnects, an error), its sequences
-are aborted if unfinished, freeing their KV blocks, and the in-flight count drops.
+Where it sits: both generation routes hand their validated prompts to
+:func:`generation_response`, which submits the engine requests *before* answering (so a
+refusal is still a proper 400), then streams (:func:`start_stream`) or collects. Whatever
+ends a stream (the last ``data: [DONE]``, a client that disconnects, an error), its
+sequences are aborted if unfinished, freeing their KV blocks, and the in-flight count
+drops. Per-token chunks are written from a :class:`ChunkTemplate`, not a pydantic model.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+import json.encoder
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
@@ -34,6 +38,41 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def sse_event(payload: BaseModel) -> str:
     return f"data: {payload.model_dump_json()}\n\n"
+
+
+# A JSON string literal, non-ASCII kept as UTF-8 (as pydantic writes it); the C encoder.
+json_str: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def json_scalar(value: str | int | None) -> str:
+    if value is None:
+        return "null"
+    return json_str(value) if isinstance(value, str) else str(int(value))
+
+
+class ChunkTemplate:
+    """One stream's chunk JSON prebuilt around its per-chunk values (no pydantic model per token).
+
+    Invariant: :meth:`render` writes byte for byte what ``sse_event`` of the route's pydantic
+    chunk (``CompletionResponse`` / ``ChatCompletionChunk``) writes for a one-choice chunk
+    without logprobs or usage; field order is the models' declaration order.
+    """
+
+    def __init__(self, response_id: str, obj: str, created: int, model: str, chat: bool) -> None:
+        self._head = (
+            f'data: {{"id":{json_str(response_id)},"object":{json_str(obj)},"created":{created},'
+            f'"model":{json_str(model)},"choices":[{{"index":'
+        )
+        self._chat = chat
+
+    def render(self, index: int, text: str | None, finish_reason: str | None, stop: str | int | None) -> str:
+        body = (
+            f'"delta":{{"content":{json_scalar(text)}}}' if self._chat else f'"text":{json_str(text or "")}'
+        )
+        return (
+            f'{self._head}{index},{body},"logprobs":null,"finish_reason":{json_scalar(finish_reason)},'
+            f'"stop_reason":{json_scalar(stop)}}}],"usage":null}}\n\n'
+        )
 
 
 def sse_done() -> str:
@@ -74,3 +113,32 @@ async def start_stream(
         state.in_flight.exit()
 
     return GenerationStream(body(sub), close)
+
+
+R = TypeVar("R")
+
+
+async def generation_response(
+    state: ServerState,
+    request: Request,
+    *,
+    stream: bool,
+    response_id: str,
+    prompts: Sequence[list[int]],
+    params: Sequence[gen.SamplingParams],
+    priority: int,
+    stream_body: Callable[[gen.Submitted], AsyncIterator[str]],
+    collect: Callable[[gen.Submitted], Awaitable[R]],
+) -> R | GenerationStream:
+    """What both generation routes do with their validated prompts: submit, then stream or collect.
+
+    Streaming: the engine requests are submitted before answering (a refusal is still a 400),
+    then the SSE response owns them. Whole: the response is collected while a client that
+    goes away aborts the sequences; either way the request counts as in flight for the drain.
+    """
+    if stream:
+        return await start_stream(state, response_id, prompts, params, priority, stream_body)
+    async with state.in_flight.track():
+        sub = await gen.submit(state, response_id, prompts, params, priority)
+        async with gen.abort_on_disconnect(request, state, sub.streams):
+            return await collect(sub)

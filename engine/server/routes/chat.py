@@ -14,11 +14,17 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
 from kvfleet.engine.server import generation as gen
-from kvfleet.engine.server.sse import GENERATION_RESPONSES, sse_done, sse_event, start_stream
+from kvfleet.engine.server.sse import (
+    GENERATION_RESPONSES,
+    ChunkTemplate,
+    GenerationStream,
+    generation_response,
+    sse_done,
+    sse_event,
+)
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.openai_api import APIError, ChatCompletionRequest
 from kvfleet.openai_responses import (
@@ -48,26 +54,24 @@ def chat_prompt_ids(state: ServerState, messages: list[dict[str, str]]) -> list[
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
 async def create_chat_completion(
     body: ChatCompletionRequest, state: State, request: Request
-) -> ChatCompletionResponse | StreamingResponse:
+) -> ChatCompletionResponse | GenerationStream:
     state.check_accepting(body.model)
     ids = chat_prompt_ids(state, body.message_dicts())
     gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
     max_tokens = gen.resolve_max_tokens(body.requested_max_tokens, len(ids), state.model.max_model_len)
     params = gen.sampling_params(body, max_tokens, body.num_logprobs)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    if body.stream:
-        return await start_stream(
-            state,
-            response_id,
-            [ids],
-            [params],
-            body.priority,
-            lambda sub: _stream(state, body, response_id, sub),
-        )
-    async with state.in_flight.track():
-        sub = await gen.submit(state, response_id, [ids], [params], body.priority)
-        async with gen.abort_on_disconnect(request, state, sub.streams):
-            return await _collect(state, body, response_id, sub)
+    return await generation_response(
+        state,
+        request,
+        stream=body.stream,
+        response_id=response_id,
+        prompts=[ids],
+        params=[params],
+        priority=body.priority,
+        stream_body=lambda sub: _stream(state, body, response_id, sub),
+        collect=lambda sub: _collect(state, body, response_id, sub),
+    )
 
 
 async def _collect(
@@ -103,6 +107,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     created = int(time.time())
     cursor = gen.ChoiceCursor(body.n)
+    template = ChunkTemplate(response_id, "chat.completion.chunk", created, state.model.name, chat=True)
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
         return sse_event(
@@ -120,7 +125,10 @@ async def _stream(
             cursor.record(c.index, c)
             if not c.new_text and not c.finished and not new_lp:
                 continue
-            lp = _logprobs(state, new_lp, body.top_logprobs or 0) if body.logprobs else None
+            if not body.logprobs:  # the hot path: prebuilt JSON
+                yield template.render(c.index, c.new_text or None, gen.finish_reason(c), c.stop_reason)
+                continue
+            lp = _logprobs(state, new_lp, body.top_logprobs or 0)
             delta = ChatDelta(content=c.new_text or None)
             yield chunk(
                 [

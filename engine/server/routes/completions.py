@@ -13,11 +13,17 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
 from kvfleet.engine.server import generation as gen
-from kvfleet.engine.server.sse import GENERATION_RESPONSES, sse_done, sse_event, start_stream
+from kvfleet.engine.server.sse import (
+    GENERATION_RESPONSES,
+    ChunkTemplate,
+    GenerationStream,
+    generation_response,
+    sse_done,
+    sse_event,
+)
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.openai_api import CompletionRequest
 from kvfleet.openai_responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
@@ -37,7 +43,7 @@ def _tokenize(state: ServerState, req: CompletionRequest) -> list[list[int]]:
 @router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATION_RESPONSES)
 async def create_completion(
     body: CompletionRequest, state: State, request: Request
-) -> CompletionResponse | StreamingResponse:
+) -> CompletionResponse | GenerationStream:
     state.check_accepting(body.model)
     prompts = _tokenize(state, body)
     params = [
@@ -47,19 +53,17 @@ async def create_completion(
         for p in prompts
     ]
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    if body.stream:
-        return await start_stream(
-            state,
-            response_id,
-            prompts,
-            params,
-            body.priority,
-            lambda sub: _stream(state, body, response_id, sub),
-        )
-    async with state.in_flight.track():
-        sub = await gen.submit(state, response_id, prompts, params, body.priority)
-        async with gen.abort_on_disconnect(request, state, sub.streams):
-            return await _collect(state, body, response_id, sub)
+    return await generation_response(
+        state,
+        request,
+        stream=body.stream,
+        response_id=response_id,
+        prompts=prompts,
+        params=params,
+        priority=body.priority,
+        stream_body=lambda sub: _stream(state, body, response_id, sub),
+        collect=lambda sub: _collect(state, body, response_id, sub),
+    )
 
 
 async def _collect(
@@ -101,6 +105,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     created = int(time.time())
     cursor = gen.ChoiceCursor(body.n)
+    template = ChunkTemplate(response_id, "text_completion", created, state.model.name, chat=False)
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         return sse_event(
@@ -116,9 +121,10 @@ async def _stream(
             cursor.record(index, c)
             if not c.new_text and not c.finished and not new_lp:
                 continue
-            lp = None
-            if body.logprobs is not None:
-                lp = _logprobs(state, new_lp, len(c.text) - len(c.new_text), body.logprobs)
+            if body.logprobs is None:  # the hot path: prebuilt JSON
+                yield template.render(index, c.new_text, gen.finish_reason(c), c.stop_reason)
+                continue
+            lp = _logprobs(state, new_lp, len(c.text) - len(c.new_text), body.logprobs)
             yield chunk(
                 [
                     CompletionChoice(

@@ -1,8 +1,8 @@
 """``/health``, ``/ready``, ``/load``, ``/metrics``: what probes, the router and Prometheus read.
 
-Where it sits: ``/health`` is liveness (the engine loop thread is alive); ``/ready`` is
+Where it sits: ``/health`` is liveness (the engine core, process or thread, is alive); ``/ready`` is
 readiness (false while loading or draining, so Kubernetes and the router stop sending);
-``/load`` is :class:`kvfleet.protocol.EngineLoad` from the loop's stats snapshot; and
+``/load`` is :class:`kvfleet.protocol.EngineLoad` from the core's latest stats snapshot; and
 ``/metrics`` renders the app's own Prometheus registry. None of them touches the engine.
 """
 

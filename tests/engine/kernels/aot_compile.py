@@ -38,7 +38,9 @@ def compile_kernel(
     return int(compiled.metadata.shared)
 
 
-def attention(dtype: str, group: int, head_dim: int, block_size: int, max_query_len: int) -> str:
+def attention(
+    dtype: str, group: int, head_dim: int, block_size: int, max_query_len: int, window: bool = False
+) -> str:
     cfg = paged_attention.choose_tiles(group, head_dim, max_query_len)
     pointers = {name: f"*{dtype}" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
     pointers |= {name: "*i32" for name in ("block_tables_ptr", "seq_lens_ptr", "query_start_ptr")}
@@ -52,9 +54,13 @@ def attention(dtype: str, group: int, head_dim: int, block_size: int, max_query_
         "TILE_N": cfg.tile_n,
         "PRECISION": "ieee" if dtype == "fp32" else "tf32",
         "DOT_FP32": False,
+        "HAS_WINDOW": window,
     }
     shared = compile_kernel(paged_attention._paged_attention_kernel, pointers, constants, cfg.num_warps)
-    return f"paged_attention {dtype} group={group} head_dim={head_dim} block={block_size} max_q={max_query_len}: {shared} B shared"
+    name = (
+        f"paged_attention {dtype} group={group} head_dim={head_dim} block={block_size} max_q={max_query_len}"
+    )
+    return f"{name}{' window' if window else ''}: {shared} B shared"
 
 
 def store(source: str, cache: str, kv_heads: int, head_dim: int, block_size: int) -> str:
@@ -82,6 +88,7 @@ def main() -> int:
         attention("bf16", 4, 128, 16, 512),  # Llama-3-8B prefill / mixed step
         attention("bf16", 4, 128, 16, 1),  # Llama-3-8B decode step
         attention("fp16", 7, 256, 32, 64),  # group not a power of two, the widest head
+        attention("bf16", 4, 128, 16, 512, window=True),  # Mistral-7B: a sliding window
         store("fp32", "bf16", 8, 128, 16),
     ]
     print("\n".join(lines))

@@ -32,7 +32,7 @@ def _mixed_batch_of_32(max_len: int = 4096, seed: int = 0) -> list[tuple[int, in
     return mixed
 
 
-def _attend(batch, scale: float) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _attend(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
     m = batch.meta
     return paged_attention(
         batch.q,
@@ -43,6 +43,7 @@ def _attend(batch, scale: float) -> torch.Tensor:  # type: ignore[no-untyped-def
         m.query_start_loc,
         m.max_query_len,
         scale,
+        window,
     )
 
 
@@ -59,6 +60,16 @@ def test_llama3_8b_mixed_batch_of_32_up_to_4k_tokens_matches_the_reference(paged
     _assert_close_bf16(
         _attend(batch, 128**-0.5),
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5),
+    )
+
+
+def test_mistral_7b_shaped_mixed_batch_with_a_1k_sliding_window_matches_the_reference(
+    paged_batch: Callable,
+) -> None:
+    batch = paged_batch(_mixed_batch_of_32(seed=2), dtype=torch.bfloat16, device="cuda", **LLAMA3_8B)
+    _assert_close_bf16(
+        _attend(batch, 128**-0.5, 1000),
+        paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5, 1000),
     )
 
 

@@ -14,7 +14,7 @@ from kvfleet.engine.kernels.paged_attention import choose_tiles, paged_attention
 MIXED = [(19, 19), (41, 9), (33, 1), (1, 1), (16, 1)]
 
 
-def _run(batch, scale: float) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _run(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
     meta = batch.meta
     return paged_attention(
         batch.q,
@@ -25,11 +25,12 @@ def _run(batch, scale: float) -> torch.Tensor:  # type: ignore[no-untyped-def]
         meta.query_start_loc,
         meta.max_query_len,
         scale,
+        window,
     )
 
 
-def _reference(batch, scale: float) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    return paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale)
+def _reference(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, window)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +65,63 @@ def test_mixed_prefill_chunked_prefill_and_decode_batch_matches_the_reference(
     assert out.shape == batch.q.shape and out.dtype == batch.q.dtype
     assert not out.isnan().any()
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "num_heads", "num_kv_heads", "head_dim", "block_size", "window"),
+    [
+        (MIXED, 4, 2, 64, 8, 1),  # each row sees only itself
+        (MIXED, 8, 2, 64, 16, 5),  # a window inside one block
+        (MIXED, 7, 1, 80, 16, 16),  # window = block size; group and head_dim not powers of two
+        ([(155, 5), (120, 40), (70, 1)], 4, 2, 64, 16, 40),  # key tiles wholly before the window skipped
+        ([(33, 1), (16, 1), (70, 1), (5, 1)], 8, 2, 64, 8, 9),  # decode-only tiles
+    ],
+)
+def test_a_sliding_window_batch_matches_the_windowed_reference(
+    paged_batch: Callable,
+    device: torch.device,
+    seqs: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    window: int,
+) -> None:
+    batch = paged_batch(
+        seqs,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        device=device,
+    )
+    expected = _reference(batch, head_dim**-0.5, window)
+    assert not torch.allclose(expected, _reference(batch, head_dim**-0.5))  # the window masks keys here
+    out = _run(batch, head_dim**-0.5, window)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_a_window_wider_than_every_sequence_is_plain_causal_attention(
+    paged_batch: Callable, device: torch.device
+) -> None:
+    batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device=device)
+    torch.testing.assert_close(_run(batch, 0.125, 41), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered")
+def test_keys_in_tiles_wholly_before_the_window_are_never_read(
+    paged_batch: Callable, device: torch.device
+) -> None:
+    # a decode at position 154 with a window of 40 sees keys 115..154; its 64-key tiles start at 64
+    batch = paged_batch([(155, 1)], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device=device)
+    expected = _reference(batch, 0.125, 40)
+    table = batch.meta.block_tables[0].tolist()
+    for pos in range(64):  # poison them: a read would turn the output NaN (0 * NaN in p @ v)
+        batch.k_cache[table[pos // 16], pos % 16] = float("nan")
+        batch.v_cache[table[pos // 16], pos % 16] = float("nan")
+    torch.testing.assert_close(_run(batch, 0.125, 40), expected, atol=2e-5, rtol=2e-5)
+    assert _run(batch, 0.125).isnan().all()  # without the window they are read
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])

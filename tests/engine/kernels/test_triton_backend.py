@@ -85,6 +85,14 @@ def test_forward_rejects_a_block_table_without_a_row_per_sequence(device: torch.
         get_backend("triton").forward(torch.zeros(1, 2, 64, device=device), cache, cache.clone(), meta, 1.0)
 
 
+def test_forward_rejects_a_sliding_window_of_no_keys(device: torch.device) -> None:
+    cache = torch.zeros(4, 8, 2, 64, device=device)
+    with pytest.raises(ValueError, match="sliding_window must be at least 1 token, got 0"):
+        get_backend("triton").forward(
+            torch.zeros(1, 2, 64, device=device), cache, cache.clone(), _one_decode_meta(device), 1.0, 0
+        )
+
+
 def test_a_rejected_store_leaves_the_cache_as_it_was(device: torch.device) -> None:
     k_cache, v_cache = torch.zeros(2, 4, 2, 64, device=device), torch.zeros(2, 4, 2, 64, device=device)
     k = torch.ones(3, 2, 64, device=device)

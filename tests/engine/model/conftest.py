@@ -58,6 +58,34 @@ VARIANTS: dict[str, Any] = {
         use_sliding_window=False,
     ),
 }
+# Rope scaling past a short original context (32 positions), so the test prompts reach beyond it.
+SHORT: dict[str, Any] = {
+    **COMMON,
+    "max_position_embeddings": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+VARIANTS |= {
+    "llama-rope-linear": lambda: LlamaConfig(**SHORT, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "llama-rope-dynamic": lambda: LlamaConfig(**SHORT, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "llama-rope-yarn": lambda: LlamaConfig(
+        **{**SHORT, "max_position_embeddings": 128},
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    ),
+    # A window of 7 keys (not a whole number of 4-token blocks) on every layer.
+    "mistral-window": lambda: MistralConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=2, sliding_window=7
+    ),
+    # A window of 6 keys on layer 1 only (layers from max_window_layers=1 on slide).
+    "qwen2-window": lambda: Qwen2Config(
+        **COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=1,
+    ),
+}
 SHARD_SIZE = "100KB"
 
 
@@ -96,9 +124,16 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _hf_greedy(folder: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' own greedy ``generate`` on one unpadded prompt, EOS not stopping it."""
-    model = load_hf(folder)
+def _hf_greedy(folder: Path, prompt: list[int], max_new_tokens: int, fresh: bool = False) -> list[int]:
+    """transformers' own greedy ``generate`` on one unpadded prompt, EOS not stopping it.
+
+    ``fresh``: a newly loaded model, for rope types whose module keeps state between calls
+    (dynamic rope keeps the frequencies of the longest sequence seen until a short one)."""
+    model = (
+        AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        if fresh
+        else load_hf(folder)
+    )
     model.generation_config.eos_token_id = None
     out = model.generate(
         torch.tensor([prompt]),
@@ -121,7 +156,7 @@ def load_hf(folder: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def hf_greedy() -> Any:
-    """``hf_greedy(folder, prompt_ids, n)``: the reference tokens."""
+    """``hf_greedy(folder, prompt_ids, n, fresh=False)``: the reference tokens."""
     return _hf_greedy
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvfleet.engine.attention import AttentionMetadata, get_backend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 
 
-def test_decoding_sequences_batched_together_match_the_per_sequence_reference() -> None:
+@pytest.mark.parametrize("window", [None, 1, 3, 6])
+def test_decoding_sequences_batched_together_match_the_per_sequence_reference(window: int | None) -> None:
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, block = 8, 2, 16, 4
     k_cache = torch.randn(20, block, kv_heads, dim, generator=gen)
@@ -30,5 +32,5 @@ def test_decoding_sequences_batched_together_match_the_per_sequence_reference() 
         max_seq_len=14,
     )
     q = torch.randn(starts[-1], heads, dim, generator=gen)
-    ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5)
-    torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5))
+    ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5, window)
+    torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))

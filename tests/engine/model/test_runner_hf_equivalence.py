@@ -169,7 +169,13 @@ def test_llama3_rope_scaling_gives_the_inverse_frequencies_transformers_uses(
     assert not torch.allclose(ours, unscaled)  # the scaling really changes the low frequencies
 
 
-def test_a_sliding_window_caps_the_served_context_length(hf_checkpoints: dict[str, Path]) -> None:
+def test_a_sliding_window_is_attention_per_layer_not_a_cap_on_the_context_length(
+    hf_checkpoints: dict[str, Path],
+) -> None:
     runner = make_runner(hf_checkpoints["mistral-mqa"])
-    assert (runner.model_config.sliding_window, runner.max_model_len) == (128, 128)
-    assert make_runner(hf_checkpoints["qwen2-tied"]).max_model_len == 256
+    assert (runner.model_config.layer_windows, runner.max_model_len) == ((128, 128), 256)
+    windows = [
+        layer.self_attn.sliding_window
+        for layer in make_runner(hf_checkpoints["qwen2-window"]).model.model.layers
+    ]
+    assert windows == [None, 6]

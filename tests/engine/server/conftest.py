@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -103,3 +104,55 @@ def tiny_server() -> Iterator[LiveServer]:
     )
     yield live
     stop_server(live)
+
+
+@pytest.fixture
+def own_fast_server() -> Iterator[LiveServer]:
+    """A fast server of the test's own, for a test that breaks it."""
+    live = start_server(*FAST)
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture
+def thread_server() -> Iterator[LiveServer]:
+    """The engine core in a thread of the server (``--engine-core thread``)."""
+    live = start_server("--engine-core", "thread", *FAST)
+    yield live
+    stop_server(live)
+
+
+class Procs:
+    """What /proc says about processes (the engine core is a child of the server process)."""
+
+    @staticmethod
+    def children_of(pid: int) -> list[int]:
+        """Live (non-zombie) processes whose parent is ``pid``."""
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # it exited while we looked
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(stat.parent.name))
+        return out
+
+    @staticmethod
+    def is_gone(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    @staticmethod
+    def wait_gone(pids: list[int], limit_s: float = 20.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while not all(Procs.is_gone(pid) for pid in pids):
+            assert time.monotonic() < deadline, f"processes {pids} still alive after {limit_s} s"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def procs() -> Procs:
+    return Procs()

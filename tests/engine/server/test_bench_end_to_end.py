@@ -28,7 +28,8 @@ async def test_a_closed_loop_run_counts_every_prompt_and_output_token(fast_serve
     assert s.total_prompt_tokens == 12 * 20  # token-id prompts: exactly the drawn length, no BOS added
     assert s.total_output_tokens == sum(r.output_tokens for r in result.records)
     assert all(3 <= r.output_tokens <= 6 for r in result.records)
-    assert all(len(r.itls) == r.output_tokens - 1 for r in result.records)  # one SSE chunk per token
+    # One SSE chunk per step's token, or fewer when the stream lagged and pending tokens merged.
+    assert all(len(r.itls) <= r.output_tokens - 1 for r in result.records)
     assert (s.goodput, s.slo_attainment) == (s.request_throughput, 1.0)
 
 

@@ -14,9 +14,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import Procs
 
 # 20 ms per step (the simulator sleeps it): 50 tokens take about 1 s, 1500 about 30 s.
 FLAGS = ("--simulate", "--host", "127.0.0.1", "--num-kv-blocks", "64", "--max-model-len", "2048",
@@ -80,8 +84,10 @@ def _text_and_reason(lines: list[str]) -> tuple[str, str | None]:
 
 
 def test_sigterm_drains_short_streams_aborts_those_past_the_grace_period_and_exits_0(
-    engine_proc: Engine,
+    engine_proc: Engine, procs: Procs
 ) -> None:
+    children = procs.children_of(engine_proc.proc.pid)  # the engine core (and multiprocessing's tracker)
+    assert children
     short, short_lines = engine_proc.stream_in_background(max_tokens=50, running=1)  # about 1 s
     long, long_lines = engine_proc.stream_in_background(max_tokens=1500, running=2)  # about 30 s
     engine_proc.proc.send_signal(signal.SIGTERM)
@@ -97,6 +103,7 @@ def test_sigterm_drains_short_streams_aborts_those_past_the_grace_period_and_exi
     short.join(30)
     long.join(30)
     assert engine_proc.proc.wait(30) == 0
+    procs.wait_gone(children)  # the core was shut down with the server, not orphaned
     assert short_lines[-1] == long_lines[-1] == "data: [DONE]"
     assert _text_and_reason(short_lines) == (
         "abcdefghijklmnopqrstuvwxyz" + "abcdefghijklmnopqrstuvwx",

@@ -27,15 +27,17 @@ def test_a_completion_returns_the_text_the_finish_reason_and_the_usage(client: o
     assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (6, 5, 11)
 
 
-def test_a_streamed_completion_sends_one_chunk_per_token_then_the_usage(client: openai.OpenAI) -> None:
+def test_a_streamed_completion_sends_the_tokens_in_order_then_the_usage(client: openai.OpenAI) -> None:
     chunks = list(
         client.completions.create(
             model="tiny", prompt="Hi", max_tokens=4, stream=True, stream_options={"include_usage": True}
         )
     )
     texts = [c.choices[0].text for c in chunks if c.choices]
-    assert texts == ["a", "b", "c", "d"]
-    assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, None, None, "length"]
+    # One chunk per step, or fewer when this client lagged and its pending tokens merged into one.
+    assert ("".join(texts), all(texts), 1 <= len(texts) <= 4) == ("abcd", True, True)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons == [None] * (len(texts) - 1) + ["length"]
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (3, 4)
