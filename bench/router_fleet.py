@@ -13,7 +13,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,127 +23,37 @@ from pathlib import Path
 
 import httpx
 
-from kvfleet.bench.load import LoadSpec, stream_one
+from kvfleet.bench.load import LoadSpec, new_session, stream_one
 from kvfleet.bench.stats import BenchSummary, RequestRecord, summarize
+from kvfleet.testing.processes import SimFlags as EngineFlags
+from kvfleet.testing.processes import free_port, router_processes, sim_engines, stop, wait_http
+from kvfleet.testing.processes import tenants_file as write_tenants
+
+__all__ = ["EngineFlags", "free_port"]
 
 KEY = "sk-bench-0123456789"
 RESULTS = Path(__file__).parent / "results"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up in {timeout_s}s")
-
-
-def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-@dataclass(frozen=True)
-class EngineFlags:
-    max_num_seqs: int = 16
-    num_kv_blocks: int = 512
-    base_ms: float = 10.0
-    per_token_ms: float = 0.05
-    per_context_token_us: float = 0.0
-    max_model_len: int = 4096
-
-    def argv(self) -> list[str]:
-        return [
-            "--max-num-seqs", str(self.max_num_seqs), "--num-kv-blocks", str(self.num_kv_blocks),
-            "--sim-base-ms", str(self.base_ms), "--sim-per-token-ms", str(self.per_token_ms),
-            "--sim-per-context-token-us", str(self.per_context_token_us), "--max-model-len", str(self.max_model_len),
-        ]  # fmt: skip
-
-
-def kvfleet_bin() -> list[str]:
-    return [sys.executable, "-m", "kvfleet.cli"]
-
-
 @contextlib.contextmanager
 def engines(n: int, flags: EngineFlags, cpus: str | None = None) -> Iterator[list[str]]:
     """``n`` simulated engines of the tiny model; yields their base URLs."""
-    pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
-    ports = [free_port() for _ in range(n)]
-    procs = [
-        subprocess.Popen(
-            [
-                *pin,
-                *kvfleet_bin(),
-                "engine",
-                "--simulate",
-                "--model",
-                "tiny",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                *flags.argv(),
-            ],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        for port in ports
-    ]
-    try:
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
-        for url, proc in zip(urls, procs, strict=True):
-            _wait_http(url + "/health", proc)
-        yield urls
-    finally:
-        _stop(procs)
+    with sim_engines(n, flags, cpus=cpus) as started:
+        yield [e.url for e in started]
 
 
 def tenants_file(directory: Path, tenants: Sequence[tuple[str, str]] = (("bench", KEY),)) -> Path:
-    path = directory / "tenants.yaml"
-    lines = ["tenants:"]
-    for name, key in tenants:
-        lines += [f"  - tenant: {name}", f"    apiKey: {key}"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_tenants(directory / "tenants.yaml", tenants)
 
 
 @contextlib.contextmanager
 def kvfleet_router(urls: Sequence[str], extra: Sequence[str] = (), cpus: str | None = None) -> Iterator[str]:
     """A ``kvfleet router`` process in front of ``urls``; yields its base URL."""
-    pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        argv = [*pin, *kvfleet_bin(), "router", "--engines", ",".join(urls), "--port", str(port),
-                "--tenants", str(tenants_file(Path(tmp))), *extra]  # fmt: skip
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_http(url + "/ready", proc)
-            for _ in range(600):  # until every engine's load has been read
-                if sum(httpx.get(url + "/ready", timeout=2).json()["ready_engines"].values()) == len(urls):
-                    break
-                time.sleep(0.05)
-            yield url
-        finally:
-            _stop([proc])
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        router_processes(1, urls, tenants_file(Path(tmp)), extra, cpus) as r,
+    ):
+        yield r[0]
 
 
 @contextlib.contextmanager
@@ -157,10 +66,10 @@ def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> It
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_http(url + "/health", proc)
+        wait_http(url + "/health", proc)
         yield url
     finally:
-        _stop([proc])
+        stop([proc])
 
 
 def prefix_counts(urls: Sequence[str]) -> tuple[float, float]:
@@ -221,8 +130,7 @@ async def drive(
         url=url, model="tiny", endpoint=endpoint, api_key=KEY, num_requests=len(bodies), timeout_s=timeout_s
     )  # type: ignore[arg-type]
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+    async with new_session(timeout_s) as client:
         start = time.perf_counter()
 
         async def one(body: dict[str, object]) -> RequestRecord:
@@ -259,5 +167,6 @@ def ms(value: float | None) -> str:
 
 
 def header(title: str) -> str:
-    cpu = os.cpu_count()
-    return f"# {title}\n# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {cpu} CPUs, simulated engines\n"
+    cpu, load = os.cpu_count(), ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    return f"# {title}\n# {stamp}, {cpu} CPUs, load average {load}, simulated engines\n"

@@ -66,7 +66,7 @@ def main() -> None:
         s = summary(recs, dur, SLO_TTFT, SLO_TPOT)
         hit = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
         lines.append(f"{name:<19}{ms(s.ttft.p50 if s.ttft else None):>12}{ms(s.ttft.p99 if s.ttft else None):>12}"
-                     f"{hit:>11.2f}{s.goodput:>10.2f}{s.num_failed:>7}")  # fmt: skip
+                     f"{hit:>11.2f}{s.goodput:>10.2f}{s.num_failed:>7} {s.errors or ''}")  # fmt: skip
         print(lines[-1], flush=True)
     lines.append("B: request-rate ceiling, 1 fast engine, 32 clients, 1-token answers")
     fast = EngineFlags(max_num_seqs=128, base_ms=2.0, per_token_ms=0.0)

@@ -10,11 +10,12 @@ its service's SLO (goodput).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
@@ -53,6 +54,7 @@ class Exchange:
     usage: dict[str, Any] | None = None
     saw_done: bool = False
     settled: bool = False
+    gaps: list[float] = field(default_factory=list)  # between content chunks, for the ITL histogram
 
     def on_event(self, event: bytes) -> bytes | None:
         """Observe one SSE event; return what to send on (None: drop it)."""
@@ -61,8 +63,8 @@ class Exchange:
             self.saw_done = True
             return event
         try:
-            obj = json.loads(payload)
-        except json.JSONDecodeError:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
             return event
         if not isinstance(obj, dict):
             return event
@@ -75,9 +77,7 @@ class Exchange:
             if self.first_at is None:
                 self.first_at = now
             elif self.last_at is not None:
-                self.state.metrics.itl.labels(model=self.req.model, tenant=self.tenant.name).observe(
-                    now - self.last_at
-                )
+                self.gaps.append(now - self.last_at)  # observed once, at the end
             self.last_at = now
             self.content_chunks += 1
         return event
@@ -135,6 +135,9 @@ class Exchange:
         ttft = (self.first_at if self.first_at is not None else end) - self.started
         tpot = (end - ttft - self.started) / (completion - 1) if completion > 1 else 0.0
         if self.req.stream:
+            itl = m.itl.labels(model=model, tenant=tenant)
+            for gap in self.gaps:
+                itl.observe(gap)
             m.ttft.labels(model=model, tenant=tenant).observe(ttft)
             if completion > 1:
                 m.tpot.labels(model=model, tenant=tenant).observe(tpot)

@@ -11,7 +11,8 @@ counted in tokens, so a tenant of long requests cannot crowd out one of short on
 
 Every waiter has a deadline; a full queue (model-wide or the tenant's
 ``maxQueuedRequests``) sheds at once with 429, a passed deadline with 503, both with
-``Retry-After``.
+``Retry-After``. With :class:`QueueSlots` (the Redis store, for several replicas), a
+waiter holds one of its tenant's slots, counted across replicas, for as long as it waits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 P = TypeVar("P")
 
@@ -34,6 +35,18 @@ class Shed(Exception):
     status: int
     retry_after_s: float
     message: str
+
+
+class QueueSlots(Protocol):
+    """Tenants' queue slots shared by router replicas (``maxQueuedRequests`` across all of them)."""
+
+    async def take(self, tenant: str, limit: int, hold_s: float) -> str | None:
+        """A slot held at most ``hold_s``, or None when ``limit`` are taken."""
+        ...
+
+    async def give_back(self, tenant: str, slot: str) -> None:
+        """Free ``slot``; never raises (a slot that cannot be freed expires)."""
+        ...
 
 
 class VirtualTokenCounter:
@@ -82,6 +95,7 @@ class AdmissionQueue(Generic[P]):
     vtc: VirtualTokenCounter = field(default_factory=VirtualTokenCounter)
     on_dispatch: Callable[[Ticket[P]], None] | None = None
     release: Callable[[P], None] | None = None
+    slots: QueueSlots | None = None
     _queues: dict[str, deque[Ticket[P]]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -98,9 +112,29 @@ class AdmissionQueue(Generic[P]):
             if placed is not None:
                 self._dispatched(ticket)
                 return placed
+        timeout = self.max_wait_s if deadline_s is None else deadline_s
+        slot = await self._take_slot(ticket, timeout)
+        try:
+            return await self._wait(ticket, timeout)
+        finally:
+            if slot is not None and self.slots is not None:
+                await asyncio.shield(self.slots.give_back(ticket.tenant, slot))
+
+    async def _take_slot(self, ticket: Ticket[P], timeout: float) -> str | None:
+        if self.slots is None or ticket.max_queued is None:
+            return None
+        slot = await self.slots.take(ticket.tenant, ticket.max_queued, timeout + 30.0)
+        if slot is None:
+            raise Shed("tenant_queue_full", 429, 1.0, self._tenant_full(ticket))
+        return slot
+
+    @staticmethod
+    def _tenant_full(ticket: Ticket[P]) -> str:
+        return f"tenant over its quota: maxQueuedRequests={ticket.max_queued}"
+
+    async def _wait(self, ticket: Ticket[P], timeout: float) -> P:
         self._enqueue(ticket)
         assert ticket.future is not None
-        timeout = self.max_wait_s if deadline_s is None else deadline_s
         try:
             return await asyncio.wait_for(asyncio.shield(ticket.future), timeout)
         except TimeoutError:
@@ -119,9 +153,9 @@ class AdmissionQueue(Generic[P]):
     def _enqueue(self, ticket: Ticket[P]) -> None:
         if len(self) >= self.max_len:
             raise Shed("queue_full", 429, 1.0, f"router queue full ({self.max_len} requests waiting)")
-        if ticket.max_queued is not None and self.queued(ticket.tenant) >= ticket.max_queued:
-            msg = f"tenant over its quota: maxQueuedRequests={ticket.max_queued}"
-            raise Shed("tenant_queue_full", 429, 1.0, msg)
+        local = self.slots is None and ticket.max_queued is not None
+        if local and self.queued(ticket.tenant) >= (ticket.max_queued or 0):
+            raise Shed("tenant_queue_full", 429, 1.0, self._tenant_full(ticket))
         if not self.queued(ticket.tenant):
             self.vtc.lift(ticket.tenant, [t for t, q in self._queues.items() if q])
         ticket.seq = next(self._seq)

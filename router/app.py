@@ -22,7 +22,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, cast
 
+import aiohttp
 import httpx
 from fastapi import FastAPI
 
@@ -37,6 +39,9 @@ from kvfleet.router.routes import completions, health, metrics, models
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import TenantRegistry
 
+if TYPE_CHECKING:
+    from kvfleet.router.redis_store import RedisQuotaStore
+
 
 def _quota_store(config: RouterConfig, clock: Clock) -> QuotaStore:
     if config.redis_url is None:
@@ -44,6 +49,17 @@ def _quota_store(config: RouterConfig, clock: Clock) -> QuotaStore:
     from kvfleet.router.redis_store import RedisQuotaStore
 
     return RedisQuotaStore(url=config.redis_url, clock=clock, lease_s=config.redis_lease_s)
+
+
+def _upstream_session(config: RouterConfig) -> aiohttp.ClientSession:
+    """The proxy's client: no pool limit (admission bounds the load), the config's timeouts."""
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=config.engine_connect_timeout_s, sock_read=config.engine_read_timeout_s
+    )
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+    )
 
 
 def _scale_inputs(state: RouterState) -> Callable[[Service, int], ScaleInputs]:
@@ -79,13 +95,15 @@ def build_app(
                 scl = scl or cluster.scaler
             disc = disc or StaticDiscovery(config.engines)
             timeout = httpx.Timeout(config.engine_read_timeout_s, connect=config.engine_connect_timeout_s)
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-            client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, limits=limits))
+            client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+            upstream = await stack.enter_async_context(_upstream_session(config))
             quota = _quota_store(config, clock)
             stack.push_async_callback(quota.close)
             state = RouterState(
-                config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client
+                config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client, upstream
             )
+            if config.redis_url is not None:
+                state.queue_slots = cast("RedisQuotaStore", quota)
             app.state.router = state
             tasks = [asyncio.create_task(poll_forever(state.fleet, disc, client))]
             if scl is not None:

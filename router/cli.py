@@ -43,14 +43,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slo-ttft-ms", type=float, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=float, help="TPOT target of models without an InferenceService")
-    parser.add_argument(
-        "--envoy-xds-port", type=int, help="Envoy gateway mode: serve ADS + ext_proc on this port"
+    _add_envoy_arguments(
+        parser.add_argument_group(
+            "Envoy gateway (DESIGN §6; the other --envoy-* flags take effect with --envoy-xds-port)"
+        )
     )
-    parser.add_argument("--envoy-xds-host", help="the address Envoy dials for ADS/ext_proc (default: --host)")
-    parser.add_argument("--envoy-port", type=int, default=10000, help="Envoy's listener for clients")
-    parser.add_argument("--envoy-admin-port", type=int, default=9901, help="Envoy's admin port")
-    parser.add_argument("--envoy-bootstrap", type=Path, help="write Envoy's bootstrap (JSON) to this file")
     parser.add_argument("--log-level", default="warning")
+
+
+def _add_envoy_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--envoy-xds-port",
+        type=int,
+        help="Envoy gateway mode: serve Envoy's ADS (listeners, clusters) and ext_proc on this gRPC port",
+    )
+    group.add_argument(
+        "--envoy-xds-host",
+        help="the router's address as Envoy dials it for ADS and ext_proc: an IP, or a name Envoy "
+        "resolves (the router's Service); default: --host",
+    )
+    group.add_argument(
+        "--envoy-listen-host",
+        default="127.0.0.1",
+        help="the address of the listener the router serves Envoy (0.0.0.0 when Envoy runs in its own pod)",
+    )
+    group.add_argument(
+        "--envoy-port", type=int, default=10000, help="the port of that listener: where clients reach Envoy"
+    )
+    group.add_argument(
+        "--envoy-admin-port",
+        type=int,
+        default=9901,
+        help="Envoy's admin port (bound to 127.0.0.1) in the bootstrap --envoy-bootstrap writes",
+    )
+    group.add_argument(
+        "--envoy-retries",
+        type=int,
+        default=2,
+        help="engines Envoy tries after the router's choice when a connection fails before the request is sent",
+    )
+    group.add_argument(
+        "--envoy-bootstrap",
+        type=Path,
+        help="write Envoy's bootstrap (JSON; start Envoy with -c FILE) to this file at start-up",
+    )
 
 
 def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
@@ -62,8 +98,10 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
         xds_host=args.envoy_xds_host or args.host,
         xds_bind=args.host,
         xds_port=args.envoy_xds_port,
+        listen_host=args.envoy_listen_host,
         listen_port=args.envoy_port,
         admin_port=args.envoy_admin_port,
+        num_retries=args.envoy_retries,
         message_timeout_s=args.max_queue_wait + 5.0,  # Envoy waits out the router's admission queue
     )
 

@@ -60,11 +60,14 @@ class SLO(BaseModel):
 
 
 class PickerWeights(BaseModel):
-    """Weights of the default policy's mix of scores (each score is in [0, 1])."""
+    """The default policy: weights of its mix of scores (each in [0, 1]) and its load bound."""
 
-    prefix: float = Field(default=2.0, ge=0)
-    kv: float = Field(default=1.0, ge=0)
+    prefix: float = Field(default=3.0, ge=0)
+    kv: float = Field(default=0.5, ge=0)
     load: float = Field(default=1.0, ge=0)
+    room: float = Field(default=1.0, ge=0)
+    balance_factor: float = Field(default=1.0, ge=0, description="ε of the load bound ceil((1+ε)·mean)")
+    balance_slack: int = Field(default=2, ge=0, description="requests allowed over that bound")
 
 
 class RouterConfig(BaseModel):
@@ -87,6 +90,8 @@ class RouterConfig(BaseModel):
     default_max_tokens: int = Field(default=256, ge=1)
     load_interval_s: float = Field(default=0.2, gt=0)
     load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")
+    load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
+    engine_silent_s: float = Field(default=10.0, gt=0, description="no answer for this long: unready")
     engine_connect_timeout_s: float = Field(default=2.0, gt=0)
     engine_read_timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)

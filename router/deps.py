@@ -11,7 +11,9 @@ from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
 
 
-def get_state(request: Request) -> RouterState:
+# The dependencies are ``async def``: FastAPI runs a plain ``def`` dependency in a worker
+# thread, a thread hop per request on the proxy's hot path.
+async def get_state(request: Request) -> RouterState:
     state: RouterState = request.app.state.router
     return state
 
@@ -33,4 +35,8 @@ def authenticate(state: State, authorization: Annotated[str | None, Header()] = 
     return tenant
 
 
-AuthTenant = Annotated[Tenant, Depends(authenticate)]
+async def authenticated(state: State, authorization: Annotated[str | None, Header()] = None) -> Tenant:
+    return authenticate(state, authorization)
+
+
+AuthTenant = Annotated[Tenant, Depends(authenticated)]

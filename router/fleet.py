@@ -1,16 +1,20 @@
 """The router's picture of the engines: load, readiness, its own in-flight counts (DESIGN §6).
 
 Discovery gives the URLs; the poller reads each engine's ``GET /load`` every
-``load_interval_s``. An engine is *ready* only while its last load is younger than
-``load_stale_s``, it is not draining, and no request has failed on it since that load
-(a failed connection or a stream cut off takes it out at once; the next good poll
-brings it back). :meth:`Fleet.place` runs the picker over the ready engines of a model
+``load_interval_s``. A loaded engine is not an unready one: a ``/load`` slower than
+``load_timeout_s`` is skipped, not held against the engine. An engine is *ready* while
+it has answered (a load, or the first byte of a proxied response) within
+``engine_silent_s``, it is not draining, and nothing has failed on it since (a refused
+connection, a bad answer or a stream cut off takes it out at once; the next good poll
+brings it back). A load older than ``load_stale_s`` is not trusted: its running and
+waiting counts give way to the router's own in-flight count. :meth:`Fleet.place` runs the picker over the ready engines of a model
 and reserves the chosen one; :meth:`Fleet.release` gives it back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,9 +38,18 @@ class EngineState:
     service: str | None = None
     load: EngineLoad | None = None
     loaded_at: float | None = None
+    heard_at: float | None = None  # its last answer: a load or a proxied response
     failed_at: float | None = None
     in_flight: int = 0
     pending_tokens: int = 0  # of requests placed since ``load`` was read
+
+
+class PollMiss(enum.Enum):
+    """Why a ``/load`` poll brought no load: only ``DOWN`` and ``BAD`` count against the engine."""
+
+    DOWN = "down"  # connection refused or reset: the engine is gone
+    BAD = "bad"  # it answered, but not with a load (an error status, invalid JSON)
+    SLOW = "slow"  # no answer within load_timeout_s: busy, not broken
 
 
 @dataclass(frozen=True)
@@ -73,14 +86,21 @@ class Fleet:
         for url, endpoint in wanted.items():
             self.engines.setdefault(url, EngineState(url)).service = endpoint.service
 
-    def observe(self, url: str, load: EngineLoad | None) -> None:
+    def observe(self, url: str, load: EngineLoad | PollMiss) -> None:
         engine = self.engines.get(url)
-        if engine is None:
+        if engine is None or load is PollMiss.SLOW:
             return
-        if load is None:
+        if isinstance(load, PollMiss):
             self.mark_failed(url)
             return
-        engine.load, engine.loaded_at, engine.pending_tokens = load, self.clock(), 0
+        now = self.clock()
+        engine.load, engine.loaded_at, engine.heard_at, engine.pending_tokens = load, now, now, 0
+
+    def heard(self, url: str) -> None:
+        """The engine answered a proxied request: it is alive, whatever its ``/load`` does."""
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.heard_at = self.clock()
 
     def mark_failed(self, url: str) -> None:
         engine = self.engines.get(url)
@@ -88,11 +108,22 @@ class Fleet:
             engine.failed_at = self.clock()
 
     def is_ready(self, engine: EngineState) -> bool:
-        if engine.load is None or engine.loaded_at is None or engine.load.draining:
+        if engine.load is None or engine.heard_at is None or engine.load.draining:
             return False
-        if self.clock() - engine.loaded_at > self.config.load_stale_s:
+        if self.clock() - engine.heard_at > self.config.engine_silent_s:
             return False
-        return engine.failed_at is None or engine.loaded_at > engine.failed_at
+        return engine.failed_at is None or engine.heard_at > engine.failed_at
+
+    def trusted_load(self, engine: EngineState) -> EngineLoad | None:
+        """The last load; past ``load_stale_s`` without its running/waiting counts (in-flight stands in)."""
+        load = engine.load
+        if (
+            load is None
+            or engine.loaded_at is None
+            or self.clock() - engine.loaded_at <= self.config.load_stale_s
+        ):
+            return load
+        return load.model_copy(update={"num_running": 0, "num_waiting": 0})
 
     def model_of(self, engine: EngineState) -> str | None:
         if engine.service is not None and engine.service in self.services:
@@ -113,9 +144,17 @@ class Fleet:
         ready = [e for e in self.ready_engines(model) if e.url not in exclude]
         matched = self.prefix.matched_blocks(hashes, [e.url for e in ready])
         return [
-            Candidate(e.url, e.load, e.in_flight, matched[e.url], len(hashes), e.pending_tokens)
+            Candidate(
+                e.url,
+                load,
+                e.in_flight,
+                matched[e.url],
+                len(hashes),
+                e.pending_tokens,
+                self.prefix.prompt_starts(e.url),
+            )  # fmt: skip
             for e in sorted(ready, key=lambda e: e.url)
-            if e.load is not None
+            if (load := self.trusted_load(e)) is not None
         ]
 
     def place(
@@ -151,20 +190,24 @@ class Fleet:
             self.on_change(placement.model)
 
 
-async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | None:
-    """One engine's ``/load``, or None when it does not answer well within ``timeout``."""
+async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | PollMiss:
+    """One engine's ``/load``, or why there is none (a timeout is ``SLOW``, never ``DOWN``)."""
     try:
         response = await client.get(f"{url}/load", timeout=timeout)
         response.raise_for_status()
         return EngineLoad.model_validate_json(response.content)
-    except (httpx.HTTPError, ValidationError):
-        return None
+    except httpx.TimeoutException:
+        return PollMiss.SLOW
+    except (httpx.TransportError, httpx.StreamError):
+        return PollMiss.DOWN
+    except (httpx.HTTPStatusError, ValidationError):
+        return PollMiss.BAD
 
 
 async def poll_once(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClient) -> None:
     fleet.apply_view(await discovery.view())
     urls = list(fleet.engines)
-    timeout = fleet.config.load_stale_s
+    timeout = fleet.config.load_timeout_s
     loads = await asyncio.gather(*(fetch_load(client, u, timeout) for u in urls))
     for url, load in zip(urls, loads, strict=True):
         fleet.observe(url, load)

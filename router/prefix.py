@@ -47,11 +47,19 @@ def block_hashes(text: str, chunk_chars: int) -> list[int]:
 
 
 class PrefixIndex:
-    """block hash → engines that were sent a prompt containing it; LRU-bounded."""
+    """block hash → engines that were sent a prompt containing it; LRU-bounded.
+
+    It also keeps, per engine, the distinct prompt starts (first block hashes) still in
+    the index: how many different prefixes compete for that engine's cache.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._blocks: OrderedDict[int, set[str]] = OrderedDict()
+        self._starts: dict[str, set[int]] = {}
+
+    def prompt_starts(self, engine: str) -> int:
+        return len(self._starts.get(engine, ()))
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -70,7 +78,10 @@ class PrefixIndex:
         return result
 
     def record(self, hashes: Sequence[int], engine: str) -> None:
-        # Invariant: at most ``capacity`` hashes are kept; the least recently recorded go first.
+        # Invariant: at most ``capacity`` hashes are kept; the least recently recorded go first,
+        # and an engine's starts are exactly the first hashes recorded for it still kept.
+        if hashes:
+            self._starts.setdefault(engine, set()).add(hashes[0])
         for h in hashes:
             holders = self._blocks.get(h)
             if holders is None:
@@ -79,10 +90,13 @@ class PrefixIndex:
                 holders.add(engine)
                 self._blocks.move_to_end(h)
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            gone, holders = self._blocks.popitem(last=False)
+            for holder in holders:
+                self._starts.get(holder, set()).discard(gone)
 
     def forget(self, engine: str) -> None:
         """An engine left (or restarted with an empty cache): drop it everywhere."""
+        self._starts.pop(engine, None)
         for h in [h for h, holders in self._blocks.items() if engine in holders]:
             holders = self._blocks[h]
             holders.discard(engine)

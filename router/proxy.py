@@ -11,16 +11,15 @@ once with the usage the engine reported (:class:`Exchange`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import anyio
-import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+import orjson
+from fastapi.responses import Response, StreamingResponse
 
 from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.accounting import Exchange
@@ -111,41 +110,49 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         return await queue.admit(ticket, state.config.cold_start_wait_s if cold else None)
     except Shed as shed:
         raise RouterError(shed.status, shed.reason, shed.message, retry_after_s=shed.retry_after_s) from None
+    except QuotaUnavailable as exc:
+        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
     finally:
         state.metrics.queue_depth.labels(model=model).set(len(queue))
         wait = time.perf_counter() - enqueued
         state.metrics.queue_wait.labels(model=model, tenant=spec.tenant).observe(wait)
 
 
-_DOWN = (httpx.ConnectError, httpx.ConnectTimeout)
-_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+_JSON_HEADERS = {"content-type": "application/json"}
+# aiohttp's errors before the first byte: the engine is not there, or a pooled connection went stale.
+_DOWN = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+_STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-async def _send(state: RouterState, ex: Exchange, url: str) -> httpx.Response:
+async def _send(state: RouterState, ex: Exchange, url: str) -> aiohttp.ClientResponse:
     # A pooled keep-alive connection the engine already closed fails before any byte is
     # read: that is the connection's fault, not the engine's, so it is retried once, fresh.
+    content = ex.req.upstream_content()
     for attempt in range(2):
-        request = state.client.build_request("POST", url + ex.req.path, json=ex.req.upstream_body())
         try:
-            return await state.client.send(request, stream=True)
+            return await state.upstream.post(url + ex.req.path, data=content, headers=_JSON_HEADERS)
+        except _DOWN:
+            raise
         except _STALE:
             if attempt == 1:
                 raise
     raise AssertionError("unreachable")
 
 
-async def open_upstream(state: RouterState, ex: Exchange) -> httpx.Response:
+async def open_upstream(state: RouterState, ex: Exchange) -> aiohttp.ClientResponse:
     """Send to the placed engine; before the first byte, a failed connection moves to another one."""
     tried: list[str] = []
     while True:
         assert ex.placement is not None
         url = ex.placement.url
         try:
-            return await _send(state, ex, url)
+            response = await _send(state, ex, url)
+            state.fleet.heard(url)
+            return response
         except (*_DOWN, *_STALE):
             state.fleet.mark_failed(url)
             tried.append(url)
-        except httpx.TimeoutException:
+        except TimeoutError:
             state.fleet.mark_failed(url)
             raise RouterError(
                 504, "engine_timeout", f"engine {urlsplit(url).netloc} did not answer in time"
@@ -177,34 +184,34 @@ async def serve(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Respo
             await ex.finish(499, used=None, reason="client_disconnected")
         raise
     headers = _engine_header(ex.placement.url)
-    if upstream.status_code != 200 or not req.stream:
+    if upstream.status != 200 or not req.stream:
         return await relay_whole(ex, upstream, headers)
     return StreamingResponse(relay_stream(ex, upstream), media_type="text/event-stream", headers=headers)
 
 
-async def relay_whole(ex: Exchange, upstream: httpx.Response, headers: dict[str, str]) -> Response:
+async def relay_whole(ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> Response:
     try:
-        content = await upstream.aread()
-    except httpx.HTTPError:
-        await upstream.aclose()
+        content = await upstream.read()
+    except (aiohttp.ClientError, TimeoutError):
+        upstream.close()
         await ex.engine_failed()
         raise RouterError(
             502, "engine_failed", "the engine failed before answering", retry_after_s=1.0
         ) from None
-    await upstream.aclose()
-    if upstream.status_code != 200:
-        await ex.finish(upstream.status_code, used=0, reason="engine_error")
-        return Response(
-            content, status_code=upstream.status_code, headers=headers, media_type="application/json"
-        )
+    upstream.release()
+    if upstream.status != 200:
+        await ex.finish(upstream.status, used=0, reason="engine_error")
+        return Response(content, status_code=upstream.status, headers=headers, media_type="application/json")
     try:
-        body: dict[str, Any] = json.loads(content)
-    except json.JSONDecodeError:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
         await ex.engine_failed()
-        raise RouterError(502, "engine_failed", "the engine answered with invalid JSON") from None
+        raise RouterError(502, "engine_failed", "the engine answered with invalid JSON")
     ex.usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
     await ex.finish(200, used=ex.used_tokens(), reason=None)
-    return JSONResponse(body, headers=headers)
+    return Response(content, headers=headers, media_type="application/json")  # as the engine sent it
 
 
 @dataclass
@@ -220,11 +227,11 @@ class _Events:
         return [e for e in events if e.strip()]
 
 
-async def relay_stream(ex: Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     events = _Events()
     outcome = "client_gone"
     try:
-        async for chunk in upstream.aiter_raw():
+        async for chunk in upstream.content.iter_any():
             for event in events.feed(chunk):
                 out = ex.on_event(event)
                 if out is not None:
@@ -232,12 +239,15 @@ async def relay_stream(ex: Exchange, upstream: httpx.Response) -> AsyncIterator[
         outcome = "ok" if ex.saw_done else "engine_failed"
         if not ex.saw_done:
             yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
-    except httpx.HTTPError:
+    except (aiohttp.ClientError, TimeoutError):
         outcome = "engine_failed"
         yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
     finally:
         with anyio.CancelScope(shield=True):
-            await upstream.aclose()
+            if outcome == "ok":
+                upstream.release()  # read to the end: the connection goes back to the pool
+            else:
+                upstream.close()  # closing the connection is what aborts the sequence on the engine
             if outcome == "ok":
                 await ex.finish(200, used=ex.used_tokens(), reason=None)
             elif outcome == "engine_failed":

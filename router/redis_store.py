@@ -7,6 +7,12 @@ replicas. Concurrency slots are members of a sorted set scored by their expiry
 expire. The clock is the router's (passed as an argument), so replicas share
 ``time.time()``; tests pass a fake one.
 
+The tenant's ``maxQueuedRequests`` is counted here too (:meth:`RedisQuotaStore.take`): a
+request waiting in any replica's admission queue holds a slot in one sorted set, taken
+by a Lua check-and-add, so the replicas together never queue more than the limit. The
+Virtual Token Counters that order each queue stay per replica (README, "Several
+router replicas").
+
 Redis unavailable: the router **fails closed**. Quotas are what keeps one tenant from
 taking the fleet; admitting unmetered traffic while the shared state is gone would let
 every replica admit a full quota each. :class:`QuotaUnavailable` becomes a 503 with
@@ -16,6 +22,7 @@ every replica admit a full quota each. :class:`QuotaUnavailable` becomes a 503 w
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -24,6 +31,8 @@ from redis.exceptions import RedisError
 
 from kvfleet.router.config import TenantLimits
 from kvfleet.router.quota import Charge, Clock, Denial, QuotaUnavailable
+
+log = logging.getLogger(__name__)
 
 # Invariant (both scripts): a bucket's level is min(cap, level + elapsed * cap / 60) before
 # any change, and a request is taken only if every configured limit admits it.
@@ -76,6 +85,15 @@ return 1
 """
 )
 
+# Invariant: the set holds at most ``limit`` unexpired slots; a slot is taken only if it fits.
+_TAKE_SLOT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]))
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], tonumber(ARGV[3]), ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) - tonumber(ARGV[1])) + 60)
+return 1
+"""
+
 _LIMIT_VALUE = {
     "maxConcurrentRequests": lambda lim: lim.max_concurrent_requests,
     "requestsPerMinute": lambda lim: lim.requests_per_minute,
@@ -107,6 +125,7 @@ class RedisQuotaStore:
         self._client = aioredis.Redis(connection_pool=pool)
         self._acquire = self._client.register_script(_ACQUIRE)
         self._settle = self._client.register_script(_SETTLE)
+        self._take_slot = self._client.register_script(_TAKE_SLOT)
 
     async def acquire(self, tenant: str, limits: TenantLimits, tokens: int) -> Charge | Denial:
         now = self.clock()
@@ -134,6 +153,29 @@ class RedisQuotaStore:
             await self._settle(keys=_keys(self.prefix, charge.tenant), args=args)
         except RedisError as exc:
             raise QuotaUnavailable(f"quota store unreachable: {type(exc).__name__}") from exc
+
+    async def take(self, tenant: str, limit: int, hold_s: float) -> str | None:
+        """A queue slot of ``tenant``, counted across replicas (:class:`~kvfleet.router.admission.QueueSlots`)."""
+        now = self.clock()
+        slot = f"{self._replica}:q{next(self._ids)}"
+        try:
+            ok = await self._take_slot(keys=[self._queued_key(tenant)], args=[now, limit, now + hold_s, slot])
+        except RedisError as exc:
+            raise QuotaUnavailable(f"quota store unreachable: {type(exc).__name__}") from exc
+        return slot if int(ok) == 1 else None
+
+    async def give_back(self, tenant: str, slot: str) -> None:
+        """Free a slot; with Redis gone, it expires by itself at the end of its hold."""
+        try:
+            await self._client.zrem(self._queued_key(tenant), slot)
+        except RedisError as exc:
+            log.warning("could not free a queue slot of tenant %s: %s", tenant, type(exc).__name__)
+
+    async def queued(self, tenant: str) -> int:
+        return int(await self._client.zcard(self._queued_key(tenant)))
+
+    def _queued_key(self, tenant: str) -> str:
+        return f"{self.prefix}:{{{tenant}}}:queued"
 
     async def in_flight(self, tenant: str) -> int:
         return int(await self._client.zcard(_keys(self.prefix, tenant)[2]))

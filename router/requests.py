@@ -3,8 +3,9 @@
 The body is parsed and validated first, by the same models the engine uses
 (:mod:`kvfleet.openai_api`; a 400 naming the field), so a malformed request never takes
 a request, tokens or a concurrency slot from its tenant's quota. The
-router forwards the body it received, adding only ``stream_options.include_usage``
-to streams so that it can account the real usage.
+router forwards the bytes it received, re-encoding the body only for a stream whose
+client did not ask for ``stream_options.include_usage``: the router adds it, so that it
+can account the real usage.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from kvfleet import openai_api
 from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
@@ -32,6 +35,7 @@ class ParsedRequest:
     client_wants_usage: bool
     max_tokens: int
     prompt: str
+    raw: bytes = b""
 
     def prompt_tokens_estimate(self, chars_per_token: float) -> int:
         return max(1, math.ceil(len(self.prompt) / chars_per_token))
@@ -43,20 +47,30 @@ class ParsedRequest:
         options["include_usage"] = True
         return {**self.body, "stream_options": options}
 
+    def upstream_content(self) -> bytes:
+        """The bytes to send the engine: the client's own, unless usage must be asked for."""
+        if self.raw and (not self.stream or self.client_wants_usage):
+            return self.raw
+        return orjson.dumps(self.upstream_body())
+
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
     parsed: ChatCompletionRequest | CompletionRequest
+    model: type[ChatCompletionRequest] | type[CompletionRequest] = (
+        ChatCompletionRequest if path == CHAT else CompletionRequest
+    )
     try:
-        if path == CHAT:
-            parsed = openai_api.parse_request(ChatCompletionRequest, raw)
-        else:
-            parsed = openai_api.parse_request(CompletionRequest, raw)
+        try:
+            body = orjson.loads(raw)
+            parsed = openai_api.validate_request(model, body)
+        except orjson.JSONDecodeError:  # the shared parser words the 400 (or reads what only json does)
+            parsed = openai_api.parse_request(model, raw)
+            body = json.loads(raw)
     except openai_api.APIError as exc:
         raise RouterError(
             exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
         ) from None
-    body: dict[str, Any] = json.loads(raw)
     max_tokens = parsed.requested_max_tokens
     return ParsedRequest(
         path=path,
@@ -66,4 +80,5 @@ def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedReque
         client_wants_usage=parsed.include_usage,
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
         prompt=prompt_text(body),
+        raw=raw,
     )

@@ -1,8 +1,9 @@
 """The one object a router process shares between its routes and its background loops.
 
 It holds the validated config, the tenant table, the quota store, the fleet (engines,
-picker, prefix index), one admission queue per model, the metrics and the HTTP client
-to the engines. ``build_app`` creates it; the routes reach it through a dependency.
+picker, prefix index), one admission queue per model, the metrics and the HTTP clients
+to the engines (httpx for the load poller, aiohttp on the proxy's hot path: its pool
+stays cheap with hundreds of open connections, where httpx's is quadratic). ``build_app`` creates it; the routes reach it through a dependency.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import aiohttp
 import httpx
 
-from kvfleet.router.admission import AdmissionQueue
+from kvfleet.router.admission import AdmissionQueue, QueueSlots
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery
 from kvfleet.router.fleet import Fleet, Placement
@@ -33,9 +35,11 @@ class RouterState:
     fleet: Fleet
     discovery: Discovery
     metrics: RouterMetrics
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient  # the load poller's
+    upstream: aiohttp.ClientSession  # the proxied requests'
     queues: dict[str, AdmissionQueue[Placement]] = field(default_factory=dict)
     autoscaler: Autoscaler | None = None
+    queue_slots: QueueSlots | None = None  # shared maxQueuedRequests (the Redis store); None: per replica
 
     def __post_init__(self) -> None:
         self.fleet.on_change = self.pump
@@ -47,6 +51,7 @@ class RouterState:
                 max_len=self.config.max_queue_len,
                 max_wait_s=self.config.max_queue_wait_s,
                 release=self.fleet.release,
+                slots=self.queue_slots,
             )
             self.queues[model] = q
         return q

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kvfleet.engine.model.errors import ModelLoadError  # re-exported: raised and caught by that name
 from kvfleet.engine.model.rope import ROPE_TYPES, rope_context_len, rope_type
 
 # Architectures served by the one Llama-family model; the value says whether q/k/v have a bias.
@@ -27,10 +28,6 @@ KNOWN_ARCHITECTURES: dict[str, bool] = {
     "Qwen2ForCausalLM": True,
 }
 _QWEN2_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
-
-
-class ModelLoadError(RuntimeError):
-    """A model folder that cannot be served: the message names the file (and the field)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer as _RawTokenizer
 
-from kvfleet.engine.model.config import ModelLoadError
+from kvfleet.engine.model.errors import ModelLoadError
 
 
 class ChatTemplateError(ValueError):

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ENGINES_CLUSTER = "kvfleet_engines"
+ENGINES_CLUSTER = "kvfleet_engines"  # one cluster per model: ``kvfleet_engines/<model>``
 EXT_PROC_CLUSTER = "kvfleet_ext_proc"
 ADS_CLUSTER = "kvfleet_xds"
 LISTENER = "kvfleet_gateway"
 NODE_CLUSTER = "kvfleet-gateway"
+# Request headers ext_proc sets: the model's cluster, and the engines to try in order (the
+# header of the Gateway API Inference Extension's endpoint-picker protocol).
+CLUSTER_HEADER = "x-kvfleet-cluster"
+ENDPOINTS_HEADER = "x-gateway-destination-endpoint"
+# Response header Envoy adds: the engine that answered (after any retries); ext_proc removes it.
+UPSTREAM_HEADER = "x-kvfleet-upstream"
 
 
 class GatewayConfig(BaseModel):
@@ -33,6 +39,12 @@ class GatewayConfig(BaseModel):
         default=15.0, gt=0, description="how long Envoy waits for one ext_proc answer (admission may queue)"
     )
     connect_timeout_s: float = Field(default=2.0, gt=0, description="Envoy's connect timeout to an engine")
+    num_retries: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        description="engines Envoy tries after the router's choice when a connection fails before the request is sent",
+    )
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> GatewayConfig:

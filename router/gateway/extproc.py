@@ -6,8 +6,9 @@ processing mode :func:`kvfleet.router.gateway.xds.ext_proc_filter` configures:
 1. request headers → continue (the body follows, buffered whole);
 2. request body → :meth:`Gate.admit`: a refusal becomes an ``ImmediateResponse``
    (Envoy answers the client, nothing goes upstream); an admission becomes a
-   ``BodyResponse`` that sets ``x-kvfleet-engine: host:port`` and clears the route
-   cache, so the ``ORIGINAL_DST`` cluster connects to that engine;
+   ``BodyResponse`` that names the model's cluster (``x-kvfleet-cluster``) and the
+   engines to try in order (``x-gateway-destination-endpoint: host:port,host:port``)
+   and clears the route cache, so Envoy routes by them;
 3. response headers and each streamed body chunk → the admitted request watches
    them go by (usage, first token) and may rewrite a chunk;
 4. the response's end, or the stream's end before it → :meth:`Admitted.finish`.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import betterproto2
 from envoy_data_plane.envoy.config.core.v3 import (
@@ -42,8 +43,9 @@ from envoy_data_plane.envoy.service.ext_proc.v3 import (
 )
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 
-from kvfleet.protocol import HEADER_ENGINE
+from kvfleet.router.gateway.config import CLUSTER_HEADER, ENDPOINTS_HEADER, UPSTREAM_HEADER
 from kvfleet.router.gateway.gate import Admitted, Gate, Outcome, Reply
+from kvfleet.router.gateway.xds import model_cluster
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,10 @@ def route_to(admitted: Admitted) -> CommonResponse:
     The tenant's key stays at the gateway: engines never see ``authorization``.
     """
     body = admitted.upstream_body
-    headers = {HEADER_ENGINE: admitted.engine}
+    headers = {
+        CLUSTER_HEADER: model_cluster(admitted.model),
+        ENDPOINTS_HEADER: ",".join((admitted.engine, *admitted.fallbacks)),
+    }
     if body is not None:
         headers["content-length"] = str(len(body))  # Envoy refuses a replaced body of another length
     return CommonResponse(
@@ -95,14 +100,22 @@ def route_to(admitted: Admitted) -> CommonResponse:
     )
 
 
-class ExtProcServer(ExternalProcessorBase):
-    """Answers Envoy's ext_proc streams with the :class:`Gate`'s decisions."""
+BeforeRouting = Callable[[Admitted], Awaitable[None]]
 
-    def __init__(self, gate: Gate) -> None:
+
+class ExtProcServer(ExternalProcessorBase):
+    """Answers Envoy's ext_proc streams with the :class:`Gate`'s decisions.
+
+    ``before_routing`` runs between an admission and the answer that routes it (the
+    gateway server makes sure Envoy holds the request's cluster by then).
+    """
+
+    def __init__(self, gate: Gate, before_routing: BeforeRouting | None = None) -> None:
         self.gate = gate
+        self.before_routing = before_routing
 
     async def process(self, messages: AsyncIterator[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
-        exchange = _Exchange(self.gate)
+        exchange = _Exchange(self.gate, self.before_routing)
         try:
             async for message in messages:
                 response = await exchange.step(message)
@@ -120,8 +133,9 @@ class ExtProcServer(ExternalProcessorBase):
 class _Exchange:
     """One HTTP request's conversation with Envoy, one message at a time."""
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: Gate, before_routing: BeforeRouting | None = None) -> None:
         self.gate = gate
+        self.before_routing = before_routing
         self.headers: dict[str, str] = {}
         self.admitted: Admitted | None = None
         self.status: int | None = None
@@ -139,6 +153,8 @@ class _Exchange:
             self.done = True
             return immediate(result)
         self.admitted = result
+        if self.before_routing is not None:
+            await self.before_routing(result)
         return route_to(result)
 
     async def step(self, message: ProcessingRequest) -> ProcessingResponse | None:
@@ -178,7 +194,7 @@ class _Exchange:
             added = self.admitted.response_headers(headers)
         if message.response_headers.end_of_stream:
             await self.finish(complete=True)
-        mutation = CommonResponse(header_mutation=set_headers(added)) if added else None
+        mutation = CommonResponse(header_mutation=set_headers(added, remove=(UPSTREAM_HEADER,)))
         return ProcessingResponse(response_headers=HeadersResponse(response=mutation))
 
     async def on_response_body(self, message: ProcessingRequest) -> ProcessingResponse:

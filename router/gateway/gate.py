@@ -6,7 +6,9 @@ messages; every decision is the router's, behind :class:`Gate`:
 - :meth:`Gate.admit` sees the request's headers and whole body once and answers a
   :class:`Reply` (Envoy answers the client itself: a 401/403/404/429 with
   ``Retry-After``, before any upstream work) or an :class:`Admitted` request, which
-  names the engine (``host:port``) and may replace the body sent upstream.
+  names its model, the engine (``host:port``) and the ones to fall back on when that
+  one cannot be connected, and may replace the body sent upstream.
+- :meth:`Gate.endpoints` is the fleet Envoy may connect to, by model.
 - The :class:`Admitted` request then watches its response go by (headers, body chunks,
   which it may rewrite) and is :meth:`Admitted.finish`\\ ed exactly once, when the
   response ended or the stream was cut: that settles quota and frees the engine.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,8 +81,18 @@ class Admitted(Protocol):
     """One admitted request, from the engine pick to its settlement."""
 
     @property
+    def model(self) -> str:
+        """The model served: Envoy sends the request to that model's cluster."""
+        ...
+
+    @property
     def engine(self) -> str:
         """``host:port`` of the engine reserved for this request."""
+        ...
+
+    @property
+    def fallbacks(self) -> tuple[str, ...]:
+        """``host:port`` of the engines Envoy tries next, in order, if the engine cannot be connected."""
         ...
 
     @property
@@ -91,7 +103,8 @@ class Admitted(Protocol):
     def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """Headers to add to the response, given its headers (``:status`` among them).
 
-        Envoy's own replies (no engine answered) lack ``x-envoy-upstream-service-time``.
+        Envoy's own replies (no engine answered) lack ``x-envoy-upstream-service-time``;
+        an engine's carry ``x-kvfleet-upstream``: the ``host:port`` that answered.
         """
         ...
 
@@ -107,4 +120,8 @@ class Admitted(Protocol):
 class Gate(Protocol):
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
         """Authenticate, validate, check quota, queue, pick: an engine or the reply to send."""
+        ...
+
+    def endpoints(self) -> Mapping[str, Sequence[str]]:
+        """The engines (``host:port``, IP addresses) Envoy may send requests to, by model."""
         ...

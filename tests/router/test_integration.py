@@ -12,21 +12,23 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis.asyncio as aioredis
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
 
 from .conftest import free_port
-from .engines import router_processes, sim_engines
-from .fakes import served
+from .fakes import FakeEngine, served
 
 KEY = "sk-alice-0123456789"
+SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=5.0, max_model_len=2048)
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[str]]:
     """Three simulated engines shared by the tests that leave them as they found them."""
-    with sim_engines(3) as engines:
+    with sim_engines(3, SIM) as engines:
         yield [u for u, _ in engines]
 
 
@@ -86,7 +88,9 @@ async def test_requests_sharing_a_prefix_go_to_the_engine_that_has_it(fleet) -> 
 
 
 async def test_an_engine_killed_mid_stream_gives_an_error_event_and_no_new_requests() -> None:
-    with sim_engines(2, ["--sim-base-ms", "40"]) as fleet:
+    with sim_engines(
+        2, SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=40.0, max_model_len=2048)
+    ) as fleet:
         urls = [u for u, _ in fleet]
         async with (
             in_process_router(urls, limits={"maxConcurrentRequests": 4}) as (url, state),
@@ -110,21 +114,76 @@ async def test_an_engine_killed_mid_stream_gives_an_error_event_and_no_new_reque
                 assert "http://" + ok.headers["x-kvfleet-engine"] != victim
 
 
-async def test_two_router_processes_on_one_redis_never_admit_more_than_the_quota(
+BOB = "sk-bob-0123456789"
+TWO_TENANTS = f"""tenants:
+  - tenant: alice
+    apiKey: {KEY}
+    limits: {{requestsPerMinute: 12}}
+  - tenant: bob
+    apiKey: {BOB}
+    limits: {{maxQueuedRequests: 3}}
+"""
+
+
+async def test_two_router_processes_on_one_redis_share_one_request_quota_and_one_queue_limit(
     fleet, redis_server, tmp_path: Path
 ) -> None:
+    full = FakeEngine(model="full", load={"num_running": 1, "max_num_seqs": 1})  # saturated: requests queue
     tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(
-        f"tenants:\n  - tenant: alice\n    apiKey: {KEY}\n    limits: {{requestsPerMinute: 12}}\n"
+    tenants.write_text(TWO_TENANTS)
+    extra = ["--redis", redis_server.url, "--max-engine-queue", "0", "--max-queue-wait", "30"]
+    async with served(full.app(), free_port()) as engine, contextlib.AsyncExitStack() as stack:
+        processes = router_processes(2, [*fleet, engine], tenants, extra)
+        routers = await asyncio.to_thread(processes.__enter__)
+        stack.push_async_callback(asyncio.to_thread, processes.__exit__, None, None, None)
+        fresh = httpx.Limits(max_keepalive_connections=0)  # no idle connection the server may have closed
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=60, limits=fresh))
+        await _alice_gets_the_quota_once(http, routers)
+        await _bob_queues_at_most_three_in_total(http, routers, full, redis_server.url)
+
+
+async def _alice_gets_the_quota_once(http: httpx.AsyncClient, routers: list[str]) -> None:
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    responses = await asyncio.gather(
+        *(http.post(f"{routers[i % 2]}/v1/completions", json=body, headers=auth) for i in range(40))
     )
-    with router_processes(2, fleet, tenants, ["--redis", redis_server.url]) as routers:
-        async with httpx.AsyncClient(timeout=30) as http:
-            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
-            responses = await asyncio.gather(*(
-                http.post(f"{routers[i % 2]}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
-                for i in range(40)
-            ))  # fmt: skip
     codes = [r.status_code for r in responses]
     # 12 per minute refills one every 5 s: a run this short gets the burst of 12 and at most a refill or two
     assert 12 <= codes.count(200) <= 14 and codes.count(200) + codes.count(429) == 40
     assert all(r.headers["retry-after"] for r in responses if r.status_code == 429)
+
+
+async def _bob_queues_at_most_three_in_total(
+    http: httpx.AsyncClient, routers: list[str], full: FakeEngine, redis_url: str
+) -> None:
+    body = {"model": "full", "prompt": "x", "max_tokens": 2}
+    auth = {"Authorization": f"Bearer {BOB}"}
+    sends = [
+        asyncio.ensure_future(http.post(f"{routers[i % 2]}/v1/completions", json=body, headers=auth))
+        for i in range(20)
+    ]
+    for answered, next_done in enumerate(asyncio.as_completed(sends), start=1):
+        await next_done
+        if answered == 17:  # everyone but the three the replicas may queue between them
+            break
+    queued = [s for s in sends if not s.done()]
+    shed = [s.result() for s in sends if s.done()]
+    assert len(queued) == 3
+    assert [r.status_code for r in shed] == [429] * 17
+    assert {r.json()["error"]["code"] for r in shed} == {"tenant_queue_full"}
+    client = aioredis.Redis.from_url(redis_url)
+    assert await client.zcard("kvfleet:quota:{bob}:queued") == 3
+    await client.aclose()
+    depths = [await queue_depth(http, url, "full") for url in routers]
+    assert sum(depths) == 3, depths
+    full.load = {"max_num_seqs": 1}  # room again: the queued three go, one at a time
+    assert [r.status_code for r in await asyncio.gather(*queued)] == [200, 200, 200]
+
+
+async def queue_depth(http: httpx.AsyncClient, router: str, model: str) -> float:
+    text = (await http.get(f"{router}/metrics")).text
+    line = next(
+        x for x in text.splitlines() if x.startswith(f'kvfleet_router_queue_depth{{model="{model}"}}')
+    )
+    return float(line.split()[-1])

@@ -13,11 +13,15 @@ from kvfleet.router.picker import (
     choose,
     default_score,
     is_saturated,
+    load_bound,
     policy,
 )
 from kvfleet.router.prefix import PrefixIndex, block_hashes, prompt_text
 
-CTX = PickContext(weights=PickerWeights(prefix=2, kv=1, load=1), max_engine_queue=4, saturation_kv_usage=0.95)
+CTX = PickContext(
+    weights=PickerWeights(prefix=2, kv=1, load=1, room=0), max_engine_queue=4, saturation_kv_usage=0.95
+)
+DEFAULTS = PickContext(weights=PickerWeights(), max_engine_queue=4, saturation_kv_usage=0.95)
 
 
 def load(kv: float = 0.0, waiting: int = 0, running: int = 0, seqs: int = 4) -> EngineLoad:
@@ -70,6 +74,50 @@ def test_without_a_shared_prefix_the_default_mix_prefers_the_idle_engine() -> No
     assert choose(cold, policy("default"), CTX, 0) == Choice("http://b", pytest.approx(0.39375))
 
 
+def test_the_load_bound_is_bounded_load_hashing_plus_a_slack_of_two() -> None:
+    # ceil((1 + 1.0) * (sum(busy) + 1) / n) + 2
+    idle = [Candidate(f"http://{i}", load(), in_flight=0) for i in range(4)]
+    skewed = [Candidate(f"http://{i}", load(), in_flight=b) for i, b in enumerate((5, 1, 0, 0))]
+    assert (load_bound(idle, DEFAULTS), load_bound(skewed, DEFAULTS)) == (3, 6)
+
+
+def _fleet(home_busy: int) -> list[Candidate]:
+    return [
+        Candidate("http://home", load(kv=0.4, running=home_busy), in_flight=home_busy, prefix_blocks=4,
+                  prompt_blocks=4, prompt_starts=2),
+        Candidate("http://half", load(kv=0.2), in_flight=0, prefix_blocks=2, prompt_blocks=4, prompt_starts=2),
+        Candidate("http://cold", load(kv=0.0), in_flight=0, prefix_blocks=0, prompt_blocks=4, prompt_starts=1),
+        Candidate("http://idle", load(kv=0.1), in_flight=0, prefix_blocks=0, prompt_blocks=4, prompt_starts=2),
+    ]  # fmt: skip
+
+
+def test_the_default_follows_the_cached_prefix_while_that_engine_is_within_the_load_bound() -> None:
+    # busy (4, 0, 0, 0): bound ceil(2 * 5 / 4) + 2 = 5, and home holds 4 + 1 <= 5.
+    # home: (3*1 + 0.5*0.6 + 1*(1 - 4/8) + 1*(1 - 2/2)) / 5.5 = 3.8 / 5.5
+    assert choose(_fleet(4), policy("default"), DEFAULTS, 0) == Choice(
+        "http://home", pytest.approx(3.8 / 5.5)
+    )
+
+
+def test_past_the_load_bound_the_default_spills_to_the_best_other_engine() -> None:
+    # busy (5, 0, 0, 0): bound ceil(2 * 6 / 4) + 2 = 5 < 5 + 1, so home is set aside.
+    # half: (3*0.5 + 0.5*0.8 + 1 + 0) / 5.5 = 2.9 / 5.5; cold: (0 + 0.5 + 1 + 0.5) / 5.5 = 2 / 5.5
+    assert choose(_fleet(5), policy("default"), DEFAULTS, 0) == Choice(
+        "http://half", pytest.approx(2.9 / 5.5)
+    )
+
+
+def test_a_cold_prompt_goes_to_the_engine_sent_the_fewest_distinct_prompt_starts() -> None:
+    cands = [
+        Candidate(f"http://{n}", load(kv=0.1), in_flight=0, prompt_blocks=4, prompt_starts=k)
+        for n, k in zip("abc", (3, 1, 2), strict=True)
+    ]
+    # b: (0 + 0.5*0.9 + 1 + 1*(1 - 1/3)) / 5.5
+    assert choose(cands, policy("default"), DEFAULTS, 0) == Choice(
+        "http://b", pytest.approx((1.45 + 2 / 3) / 5.5)
+    )
+
+
 def test_equal_engines_share_requests_by_rotation() -> None:
     same = [Candidate(f"http://{n}", load(), in_flight=0) for n in "xyz"]
     picks = [choose(same, policy("default"), CTX, r) for r in range(3)]
@@ -111,6 +159,22 @@ def test_the_prefix_index_counts_leading_blocks_per_engine() -> None:
     assert index.matched_blocks(shared, ["http://a"]) == {"http://a": 7}
     index.forget("http://a")
     assert index.matched_blocks(shared, ["http://a"]) == {"http://a": 0} and len(index) == 0
+
+
+def test_the_prefix_index_counts_each_engines_distinct_prompt_starts_while_they_are_kept() -> None:
+    index = PrefixIndex(capacity=4)
+    index.record([1, 2], "a")
+    index.record([1, 3], "a")  # the same start again
+    index.record([5], "a")
+    assert index.prompt_starts("a") == 2 and index.prompt_starts("b") == 0
+    index.record([6, 7], "b")  # LRU order was 2, 1, 3, 5: six entries, so 2 and then 1 (a start) go
+    assert (index.prompt_starts("a"), index.prompt_starts("b")) == (1, 1)
+    index.record([8], "b")  # evicts 3, not a start
+    assert (index.prompt_starts("a"), index.prompt_starts("b")) == (1, 2)
+    index.record([9], "c")  # evicts 5, a's last start
+    assert index.prompt_starts("a") == 0
+    index.forget("b")
+    assert index.prompt_starts("b") == 0
 
 
 def test_the_prefix_index_evicts_the_least_recently_recorded_blocks() -> None:

@@ -11,5 +11,11 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 
 {{- define "kvfleet.operatorName" -}}{{ .Release.Name }}-operator{{- end -}}
 {{- define "kvfleet.routerName" -}}{{ .Release.Name }}-router{{- end -}}
+{{- define "kvfleet.gatewayName" -}}{{ .Release.Name }}-gateway{{- end -}}
+
+{{- /* The router's Service as Envoy dials it for ADS and ext_proc. */ -}}
+{{- define "kvfleet.routerHost" -}}
+{{ include "kvfleet.routerName" . }}.{{ .Release.Namespace }}.svc.{{ .Values.gateway.clusterDomain }}
+{{- end -}}
 
 {{- define "kvfleet.allNamespaces" -}}{{ if .Values.operator.watchNamespaces }}false{{ else }}true{{ end }}{{- end -}}

@@ -1,4 +1,4 @@
-"""The engine core's own process: it never outlives the server, its death is a 503 (not a hang), and it stays torch-free under --simulate."""
+"""The engine core's own process: it never outlives the server, its death is a 503 (not a hang), it stays torch-free under --simulate, and only it loads torch for a real model."""
 
 from __future__ import annotations
 
@@ -55,6 +55,24 @@ def test_a_killed_server_takes_its_torch_free_simulated_core_with_it(procs: Proc
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_only_the_core_of_a_tiny_model_server_loads_torch_never_its_api_process(procs: Procs) -> None:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "kvfleet.cli", "engine", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+           "--num-kv-blocks", "16", "--log-level", "warning"]  # fmt: skip
+    proc, children = subprocess.Popen(cmd), []
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc, limit_s=60.0)
+        children = procs.children_of(proc.pid)
+        cores = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        # The API process tokenises with the checkpoint's tokenizer.json, not through the model's config.
+        assert ("libtorch" in Path(f"/proc/{proc.pid}/maps").read_text(), len(cores)) == (False, 1)
+        assert "libtorch" in Path(f"/proc/{cores[0]}/maps").read_text()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        procs.wait_gone(children)
 
 
 def test_a_core_process_that_dies_turns_health_and_new_requests_into_503s(

@@ -7,7 +7,6 @@ once here with that warning silenced.
 
 from __future__ import annotations
 
-import socket
 import warnings
 from collections.abc import Callable
 
@@ -17,19 +16,15 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import kvfleet.router.gateway.server  # noqa: F401  (imports every generated module the gateway uses)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from . import stack
 
 
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """A function returning a port of 127.0.0.1 that nothing listens on."""
-    return _free_port
+    return stack.free_port
 
 
 @pytest.fixture(scope="module")
 def free_port_module() -> Callable[[], int]:
-    return _free_port
+    return stack.free_port

@@ -29,10 +29,22 @@ def test_the_envoy_flags_become_the_configs_gateway_part() -> None:
         "18000",
         "--envoy-port",
         "10080",
+        "--envoy-listen-host",
+        "0.0.0.0",
     ]
     config = cli.config_from_args(
         parse(
-            [*argv, "--envoy-admin-port", "9911", "--envoy-xds-host", "router.svc", "--max-queue-wait", "20"]
+            [
+                *argv,
+                "--envoy-admin-port",
+                "9911",
+                "--envoy-xds-host",
+                "router.svc",
+                "--max-queue-wait",
+                "20",
+                "--envoy-retries",
+                "1",
+            ]  # fmt: skip
         )
     )
     assert isinstance(config, RouterConfig)
@@ -40,8 +52,10 @@ def test_the_envoy_flags_become_the_configs_gateway_part() -> None:
         xds_host="router.svc",
         xds_bind="0.0.0.0",
         xds_port=18000,
+        listen_host="0.0.0.0",
         listen_port=10080,
         admin_port=9911,
+        num_retries=1,
         message_timeout_s=25.0,
     )
 
@@ -59,6 +73,10 @@ def test_without_an_xds_port_there_is_no_gateway() -> None:
         (["--envoy-xds-port", "10000"], "xds_port=10000 is also listen_port"),
         (["--envoy-xds-port", "8080"], "--port 8080 is also one of Envoy's ports"),
         (["--envoy-xds-port", "70000"], "less than or equal to 65535"),
+        (
+            ["--envoy-xds-port", "18000", "--envoy-retries", "9"],
+            "num_retries\n  Input should be less than or equal to 8",
+        ),
     ],
 )
 def test_bad_envoy_flags_exit_2_with_the_reason(

@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import openai
@@ -21,71 +19,15 @@ import pytest
 import pytest_asyncio
 
 from kvfleet.protocol import EngineLoad
-from kvfleet.router.app import build_app
-from kvfleet.router.config import RouterConfig, TenantEntry
-from kvfleet.router.gateway import xds
+from kvfleet.router.fleet import Placement
+from kvfleet.router.gateway import server, xds
 from kvfleet.router.gateway.config import GatewayConfig
-from kvfleet.router.gateway.process import EnvoyProcess
-from kvfleet.router.gateway.server import attach
-from kvfleet.router.state import RouterState
+from kvfleet.router.gateway.router_gate import RouterGate, fallbacks
 
-from ..fakes import FakeEngine, served
+from ..fakes import FakeEngine
+from .stack import ALPHA, BETA, Stack, gateway, tenant
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-0123456789"
-
-
-def tenant(name: str, key: str, **limits: Any) -> TenantEntry:
-    return TenantEntry.model_validate({"tenant": name, "apiKey": key, "limits": limits})
-
-
-@dataclass
-class Stack:
-    envoy: EnvoyProcess
-    state: RouterState
-    engines: dict[str, FakeEngine]  # host:port -> engine
-
-    def client(self, key: str = ALPHA) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.envoy.url}/v1", api_key=key, max_retries=0)
-
-    def received(self) -> dict[str, int]:
-        return {at: len(e.received) for at, e in self.engines.items()}
-
-    def counted(self, tenant: str, code: str) -> float:
-        value: float = self.state.metrics.requests.labels(model="tiny", tenant=tenant, code=code)._value.get()
-        return value
-
-
-@contextlib.asynccontextmanager
-async def gateway(
-    free_port: Callable[[], int],
-    engines: list[FakeEngine],
-    tenants: list[TenantEntry],
-    dead: tuple[str, ...] = (),
-    **cfg: Any,
-) -> AsyncIterator[Stack]:
-    """Engines (and ``dead`` URLs), a router with its gateway attached, an Envoy bootstrapped from it."""
-    async with contextlib.AsyncExitStack() as stack:
-        urls = [await stack.enter_async_context(served(e.app(), free_port())) for e in engines]
-        config = RouterConfig(
-            engines=urls + list(dead),
-            tenants=tenants,
-            **{"load_interval_s": 0.05, "load_stale_s": 5.0, **cfg},
-        )
-        gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
-        app = attach(build_app(config), gw)
-        await stack.enter_async_context(served(app, free_port()))
-        state: RouterState = app.state.router
-        for _ in range(200):
-            known = state.fleet.engines
-            if all(u in known for u in (*urls, *dead)) and all(known[u].load is not None for u in urls):
-                break
-            await asyncio.sleep(0.02)
-        envoy = EnvoyProcess(gw)
-        await asyncio.to_thread(envoy.start)
-        stack.push_async_callback(asyncio.to_thread, envoy.stop)
-        yield Stack(envoy, state, {u.removeprefix("http://"): e for u, e in zip(urls, engines, strict=True)})
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -102,17 +44,28 @@ async def test_envoy_acknowledges_the_routers_listeners_and_clusters(stack: Stac
     dynamic = {c["@type"].rsplit(".", 1)[1]: c for c in dump["configs"]}
     clusters = [c["cluster"]["name"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]]
     listeners = [lst["name"] for lst in dynamic["ListenersConfigDump"]["dynamic_listeners"]]
-    assert sorted(clusters) == ["kvfleet_engines", "kvfleet_ext_proc"]
+    assert sorted(clusters) == ["kvfleet_engines/tiny", "kvfleet_ext_proc"]
     assert listeners == ["kvfleet_gateway"]
     assert {c["version_info"] for c in dynamic["ClustersConfigDump"]["dynamic_active_clusters"]} == {
-        xds_version(config)
+        xds_version(config, {"tiny": sorted(stack.engines)})
     }
 
 
-def xds_version(config: GatewayConfig) -> str:
+def xds_version(config: GatewayConfig, fleet: dict[str, list[str]]) -> str:
     from kvfleet.router.gateway.ads import AdsServer
 
-    return AdsServer(xds.resources(config)).version
+    return AdsServer(xds.resources(config, fleet)).version
+
+
+async def test_the_gate_offers_envoy_the_ready_engines_and_names_the_others_as_fallbacks(
+    stack: Stack,
+) -> None:
+    gate = RouterGate(stack.state, num_retries=2)
+    assert gate.endpoints() == {"tiny": sorted(stack.engines)}
+    first, second = sorted(stack.engines)
+    chosen = Placement(url=f"http://{first}", model="tiny", score=0.0)
+    assert fallbacks(stack.state, chosen, 2) == (second,)
+    assert fallbacks(stack.state, chosen, 0) == ()
 
 
 async def test_a_completion_reaches_the_engine_the_router_chose_and_is_accounted(stack: Stack) -> None:
@@ -207,8 +160,11 @@ async def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_no_engine_w
 
 
 async def test_an_unreachable_engine_is_a_503_openai_error_refunded_and_taken_out(
-    free_port: Callable[[], int],
+    free_port: Callable[[], int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No periodic sync: the engine's model is new to Envoy, so the request itself must get
+    # its cluster pushed and acknowledged before ext_proc routes it.
+    monkeypatch.setattr(server, "SYNC_INTERVAL_S", 3600.0)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     tenants = [tenant("alpha", ALPHA, tokensPerMinute=1000)]
     async with gateway(free_port, [], tenants, dead=(dead,), load_interval_s=30) as s:
@@ -254,3 +210,50 @@ async def test_requests_queue_inside_ext_proc_and_are_shed_at_the_deadline_by_en
         engine.gate.set()
         assert [(await first).status_code, (await waiting).status_code] == [200, 200]
         assert len(engine.received) == 2
+
+
+async def envoy_holds(stack: Stack, at: str) -> None:
+    """Wait until the router's latest snapshot (with engine ``at``) is Envoy's."""
+    async with httpx.AsyncClient() as http:
+        for _ in range(300):
+            clusters = (await http.get(stack.envoy.admin_url + "/clusters")).text
+            if f"kvfleet_engines/tiny::{at}::" in clusters:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"Envoy never got {at} in the tiny cluster")
+
+
+async def test_a_dead_engine_the_router_chose_is_retried_by_envoy_on_the_live_one(
+    free_port: Callable[[], int],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    live = FakeEngine(load={"num_waiting": 3})  # busier than the dead one looks: the dead one is chosen
+    good = EngineLoad(model="tiny", kv_cache_usage=0.0, num_waiting=0, num_running=0, max_num_seqs=8)
+    # No load polls while it runs (they would find the dead engine out), and none goes stale.
+    cfg = {"load_interval_s": 30.0, "load_stale_s": 300.0}
+    async with gateway(free_port, [live], [tenant("alpha", ALPHA)], dead=(dead,), **cfg) as s:
+        (live_at,) = s.engines
+        served = []
+        for prompt in ("a", "b"):
+            s.state.fleet.observe(dead, good)  # it died since its last good load
+            await envoy_holds(s, dead.removeprefix("http://"))
+            raw = await s.client().completions.with_raw_response.create(model="tiny", prompt=prompt)
+            served.append((raw.parse().choices[0].text, raw.headers["x-kvfleet-engine"]))
+            assert not s.state.fleet.is_ready(s.state.fleet.engines[dead])  # taken out by the retry
+        s.state.fleet.observe(dead, good)
+        await envoy_holds(s, dead.removeprefix("http://"))
+        chunks = await s.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        deltas = [c.choices[0].delta.content async for c in chunks]
+        async with httpx.AsyncClient() as http:
+            stats = (
+                await http.get(s.envoy.admin_url + "/stats", params={"filter": "upstream_rq_retry_success"})
+            ).text
+    assert served == [("Hello world", live_at), ("Hello world", live_at)]
+    assert deltas == ["Hel", "lo", " world"]
+    assert [r.get("prompt", "chat") for r in live.received] == ["a", "b", "chat"]
+    assert "cluster.kvfleet_engines/tiny.upstream_rq_retry_success: 3" in stats.splitlines()
+    assert s.counted("alpha", "200") == 3
+    assert s.state.quota.in_flight("alpha") == 0
+    assert {u: e.in_flight for u, e in s.state.fleet.engines.items()} == {dead: 0, "http://" + live_at: 0}

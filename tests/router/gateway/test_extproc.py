@@ -19,7 +19,9 @@ from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
 
 @dataclass
 class Ticket:
+    model: str = "tiny"
     engine: str = "10.0.0.7:8000"
+    fallbacks: tuple[str, ...] = ("10.0.0.8:8000", "10.0.0.9:8000")
     upstream_body: bytes | None = None
     statuses: list[int] = field(default_factory=list)
     chunks: list[tuple[bytes, bool]] = field(default_factory=list)
@@ -45,6 +47,9 @@ class ScriptedGate:
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
         self.seen.append((dict(headers), body))
         return self.decision
+
+    def endpoints(self) -> dict[str, list[str]]:
+        return {}
 
 
 def _headers(pairs: dict[str, str], end_of_stream: bool = False) -> HttpHeaders:
@@ -73,7 +78,13 @@ def _set(response: ProcessingResponse, kind: str) -> dict[str, str]:
     return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
 
 
-async def test_an_admitted_request_is_sent_to_the_named_engine_without_the_tenants_key() -> None:
+ROUTED = {
+    "x-kvfleet-cluster": "kvfleet_engines/tiny",
+    "x-gateway-destination-endpoint": "10.0.0.7:8000,10.0.0.8:8000,10.0.0.9:8000",
+}
+
+
+async def test_an_admitted_request_goes_to_its_models_cluster_engine_first_without_the_tenants_key() -> None:
     gate = ScriptedGate(Ticket())
     replies = await _converse(
         gate,
@@ -88,7 +99,7 @@ async def test_an_admitted_request_is_sent_to_the_named_engine_without_the_tenan
     assert body is not None and body.response is not None
     assert body.response.clear_route_cache is True
     assert body.response.body_mutation is None
-    assert _set(replies[1], "request_body") == {"x-kvfleet-engine": "10.0.0.7:8000"}
+    assert _set(replies[1], "request_body") == ROUTED
     assert body.response.header_mutation is not None
     assert body.response.header_mutation.remove_headers == ["authorization"]
 
@@ -105,10 +116,7 @@ async def test_a_body_the_router_rewrites_goes_upstream_with_its_own_length() ->
     body = replies[1].request_body
     assert body is not None and body.response is not None and body.response.body_mutation is not None
     assert body.response.body_mutation.body == rewritten
-    assert _set(replies[1], "request_body") == {
-        "x-kvfleet-engine": "10.0.0.7:8000",
-        "content-length": str(len(rewritten)),
-    }
+    assert _set(replies[1], "request_body") == {**ROUTED, "content-length": str(len(rewritten))}
 
 
 async def test_a_refusal_is_an_immediate_response_and_ends_the_conversation() -> None:
@@ -152,6 +160,13 @@ async def test_the_response_streams_past_the_ticket_which_is_finished_once_at_it
     )
     assert ticket.statuses == [200]
     assert _set(replies[2], "response_headers") == {"x-kvfleet-engine": "10.0.0.7:8000"}
+    headers = replies[2].response_headers
+    assert (
+        headers is not None and headers.response is not None and headers.response.header_mutation is not None
+    )
+    assert headers.response.header_mutation.remove_headers == [
+        "x-kvfleet-upstream"
+    ]  # Envoy's, not the client's
     assert ticket.chunks == [(b"data: 1\n\n", False), (b"shout: 2\n\n", False), (b"", True)]
     bodies = [r.response_body for r in replies[3:]]
     assert [b is not None and b.response is None for b in bodies] == [True, False, True]
@@ -180,7 +195,7 @@ async def test_a_request_without_a_body_is_admitted_on_its_headers() -> None:
     get = {":method": "GET", ":path": "/v1/models", "authorization": "Bearer k-1"}
     replies = await _converse(gate, [ProcessingRequest(request_headers=_headers(get, end_of_stream=True))])
     assert gate.seen == [(get, b"")]
-    assert _set(replies[0], "request_headers") == {"x-kvfleet-engine": "10.0.0.7:8000"}
+    assert _set(replies[0], "request_headers") == ROUTED
     assert replies[0].request_headers is not None and replies[0].request_headers.response is not None
     assert replies[0].request_headers.response.clear_route_cache is True
 

@@ -26,13 +26,51 @@ def _one_endpoint(name: str, port: int) -> dict[str, object]:
     return {"clusterName": name, "endpoints": [{"lbEndpoints": [{"endpoint": {"address": address}}]}]}
 
 
-def test_the_engines_cluster_is_original_dst_on_the_engine_header() -> None:
-    assert xds.engines_cluster(CONFIG).to_dict() == {
-        "name": "kvfleet_engines",
-        "type": "ORIGINAL_DST",
+FLEET = {"tiny": ["127.0.0.1:8001", "127.0.0.1:8002"], "qwen": ["10.0.0.7:8000"]}
+
+
+def _policy(name: str, typed: dict[str, object]) -> dict[str, object]:
+    return {"policies": [{"typedExtensionConfig": {"name": name, "typedConfig": typed}}]}
+
+
+def test_each_models_cluster_holds_its_engines_and_takes_them_in_the_order_ext_proc_lists() -> None:
+    endpoints = [
+        {"endpoint": {"address": {"socketAddress": {"address": "127.0.0.1", "portValue": p}}}}
+        for p in (8001, 8002)
+    ]
+    round_robin = {
+        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+    }
+    assert xds.engines_cluster(CONFIG, "tiny", FLEET["tiny"]).to_dict() == {
+        "name": "kvfleet_engines/tiny",
+        "type": "STATIC",
         "connectTimeout": "2s",
-        "lbPolicy": "CLUSTER_PROVIDED",
-        "originalDstLbConfig": {"useHttpHeader": True, "httpHeaderName": "x-kvfleet-engine"},
+        "loadAssignment": {"clusterName": "kvfleet_engines/tiny", "endpoints": [{"lbEndpoints": endpoints}]},
+        "loadBalancingPolicy": _policy(
+            "envoy.load_balancing_policies.override_host",
+            {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "overrideHostSources": [{"header": "x-gateway-destination-endpoint"}],
+                "fallbackPolicy": _policy("envoy.load_balancing_policies.round_robin", round_robin),
+            },
+        ),
+    }
+
+
+def test_the_route_retries_only_failures_before_the_request_was_sent_each_on_a_new_engine() -> None:
+    assert xds.retry_policy(CONFIG.model_copy(update={"num_retries": 3})).to_dict() == {
+        "retryOn": "connect-failure,refused-stream,reset-before-request",
+        "numRetries": 3,
+        "retryHostPredicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typedConfig": {
+                    "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                },
+            }
+        ],
+        "hostSelectionRetryMaxAttempts": "5",
+        "retryBackOff": {"baseInterval": "0.010s", "maxInterval": "0.100s"},
     }
 
 
@@ -61,7 +99,17 @@ def test_the_listener_runs_ext_proc_then_the_router_filter_on_one_untimed_route(
                 "name": "engines",
                 "domains": ["*"],
                 "routes": [
-                    {"match": {"prefix": "/"}, "route": {"cluster": "kvfleet_engines", "timeout": "0s"}}
+                    {
+                        "match": {"prefix": "/"},
+                        "route": {
+                            "clusterHeader": "x-kvfleet-cluster",
+                            "timeout": "0s",
+                            "retryPolicy": xds.retry_policy(CONFIG).to_dict(),
+                        },
+                        "responseHeadersToAdd": [
+                            {"header": {"key": "x-kvfleet-upstream", "value": "%UPSTREAM_HOST%"}}
+                        ],
+                    }
                 ],
             }
         ],
@@ -85,10 +133,15 @@ def test_the_listener_runs_ext_proc_then_the_router_filter_on_one_untimed_route(
     }
 
 
-def test_resources_are_keyed_by_their_xds_type_url() -> None:
-    served = xds.resources(CONFIG)
+def test_resources_are_keyed_by_their_xds_type_url_with_a_cluster_per_model_of_the_fleet() -> None:
+    served = xds.resources(CONFIG, FLEET)
     assert sorted(served) == [xds.CLUSTER_TYPE, xds.LISTENER_TYPE]
-    assert [c.name for c in served[xds.CLUSTER_TYPE]] == ["kvfleet_ext_proc", "kvfleet_engines"]
+    assert [c.name for c in served[xds.CLUSTER_TYPE]] == [
+        "kvfleet_ext_proc",
+        "kvfleet_engines/qwen",
+        "kvfleet_engines/tiny",
+    ]
+    assert [c.name for c in xds.resources(CONFIG)[xds.CLUSTER_TYPE]] == ["kvfleet_ext_proc"]
     assert [listener.name for listener in served[xds.LISTENER_TYPE]] == ["kvfleet_gateway"]
 
 
@@ -132,7 +185,7 @@ def test_envoy_itself_accepts_the_bootstrap_and_every_served_resource(tmp_path: 
     static.dynamic_resources = None
     assert static.static_resources is not None
     static.static_resources.listeners = [xds.listener(CONFIG)]
-    static.static_resources.clusters += [xds.ext_proc_cluster(CONFIG), xds.engines_cluster(CONFIG)]
+    static.static_resources.clusters += xds.resources(CONFIG, FLEET)[xds.CLUSTER_TYPE]
     inline = tmp_path / "inline.json"
     inline.write_text(static.to_json())
     dynamic = xds.write_bootstrap(CONFIG, tmp_path / "bootstrap.json")

@@ -1,0 +1,1 @@
+"""Helpers that start real kvfleet processes for tests and benchmarks (torch-free)."""

@@ -1,0 +1,154 @@
+"""Real fleet processes for the tests and the benches: simulated engines and router replicas.
+
+``kvfleet engine --simulate`` (the real scheduler and KV accounting on a timing model)
+stands in for GPU engines, ``kvfleet router`` in front of them. Both the router's
+integration tests and ``bench/router_*.py`` start them from here, so there is one
+launcher. Every process binds 127.0.0.1, waits are bounded, and everything started is
+stopped when its context ends. This module imports no torch: the engines run in their
+own processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kvfleet_argv(*args: str, cpus: str | None = None) -> list[str]:
+    """``python -m kvfleet.cli ARGS``, pinned to ``cpus`` with taskset where it exists."""
+    pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
+    return [*pin, sys.executable, "-m", "kvfleet.cli", *args]
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
+    """Until ``url`` answers below 500; raises if ``proc`` exits or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up in {timeout_s}s")
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM all, then wait; SIGKILL whichever is still there after 10 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@dataclass(frozen=True)
+class SimFlags:
+    """The simulated engine's shape and timing model (``kvfleet engine --simulate`` flags)."""
+
+    max_num_seqs: int = 16
+    num_kv_blocks: int = 512
+    base_ms: float = 10.0
+    per_token_ms: float = 0.05
+    per_context_token_us: float = 0.0
+    max_model_len: int = 4096
+
+    def argv(self) -> list[str]:
+        return [
+            "--max-num-seqs", str(self.max_num_seqs), "--num-kv-blocks", str(self.num_kv_blocks),
+            "--sim-base-ms", str(self.base_ms), "--sim-per-token-ms", str(self.per_token_ms),
+            "--sim-per-context-token-us", str(self.per_context_token_us), "--max-model-len", str(self.max_model_len),
+        ]  # fmt: skip
+
+
+class SimEngine(NamedTuple):
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+def spawn_engine(port: int, flags: SimFlags, extra: Sequence[str] = (), cpus: str | None = None) -> SimEngine:
+    """Start one simulated engine of the tiny model on ``port`` (not waited for)."""
+    argv = kvfleet_argv("engine", "--simulate", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+                        "--log-level", "warning", *flags.argv(), *extra, cpus=cpus)  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)  # warnings and errors stay visible
+    return SimEngine(f"http://127.0.0.1:{port}", proc)
+
+
+@contextlib.contextmanager
+def sim_engines(
+    n: int, flags: SimFlags, extra: Sequence[str] = (), cpus: str | None = None
+) -> Iterator[list[SimEngine]]:
+    """``n`` simulated engines, each answering ``/health`` before this yields."""
+    started: list[SimEngine] = []
+    try:
+        ports = [free_port() for _ in range(n)]
+        started = [spawn_engine(port, flags, extra, cpus) for port in ports]
+        for engine in started:
+            wait_http(engine.url + "/health", engine.process)
+        yield started
+    finally:
+        stop([e.process for e in started])
+
+
+def tenants_file(path: Path, tenants: Sequence[tuple[str, str]]) -> Path:
+    """A ``--tenants`` YAML file of (tenant, apiKey) pairs without limits."""
+    lines = ["tenants:"]
+    for name, key in tenants:
+        lines += [f"  - tenant: {name}", f"    apiKey: {key}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _sees_every_engine(url: str, n_engines: int) -> bool:
+    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        ready = httpx.get(url + "/ready", timeout=2).json()["ready_engines"]
+        return bool(sum(ready.values()) >= n_engines)
+    return False
+
+
+@contextlib.contextmanager
+def router_processes(
+    n: int,
+    engine_urls: Sequence[str],
+    tenants: Path,
+    extra: Sequence[str] = (),
+    cpus: str | None = None,
+    timeout_s: float = 30.0,
+) -> Iterator[list[str]]:
+    """``n`` ``kvfleet router`` processes, started together; yields once each has read every engine's load."""
+    ports = [free_port() for _ in range(n)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for port in ports:
+            argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
+                                "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
+            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for url, proc in zip(urls, procs, strict=True):
+            wait_http(url + "/ready", proc)
+            deadline = time.monotonic() + timeout_s
+            while not _sees_every_engine(url, len(engine_urls)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        yield urls
+    finally:
+        stop(procs)

@@ -1,0 +1,103 @@
+"""The gateway stack the real-Envoy tests drive: engines, the router with its gateway, an Envoy.
+
+Shared by the gateway's tests and the chart's (which runs the bootstrap Helm renders).
+The generated ``envoy_data_plane`` modules trip a pydantic deprecation warning at import
+time (theirs, not ours); they are imported here with it silenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import warnings
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kvfleet.router.gateway.server import attach
+
+from kvfleet.router.app import build_app
+from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.router.gateway.config import GatewayConfig
+from kvfleet.router.gateway.process import EnvoyProcess
+from kvfleet.router.state import RouterState
+
+from ..fakes import FakeEngine, served
+
+ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-0123456789"
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tenant(name: str, key: str, **limits: Any) -> TenantEntry:
+    return TenantEntry.model_validate({"tenant": name, "apiKey": key, "limits": limits})
+
+
+@dataclass
+class Stack:
+    envoy: EnvoyProcess
+    state: RouterState
+    engines: dict[str, FakeEngine]  # host:port -> engine
+
+    def client(self, key: str = ALPHA) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.envoy.url}/v1", api_key=key, max_retries=0)
+
+    def received(self) -> dict[str, int]:
+        return {at: len(e.received) for at, e in self.engines.items()}
+
+    def counted(self, tenant: str, code: str) -> float:
+        value: float = self.state.metrics.requests.labels(model="tiny", tenant=tenant, code=code)._value.get()
+        return value
+
+
+async def _fleet_known(state: RouterState, urls: list[str], dead: tuple[str, ...]) -> None:
+    for _ in range(200):
+        known = state.fleet.engines
+        if all(u in known for u in (*urls, *dead)) and all(known[u].load is not None for u in urls):
+            return
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    free_port: Callable[[], int],
+    engines: list[FakeEngine],
+    tenants: list[TenantEntry],
+    dead: tuple[str, ...] = (),
+    *,
+    gw: GatewayConfig | None = None,
+    bootstrap: Mapping[str, Any] | None = None,
+    **cfg: Any,
+) -> AsyncIterator[Stack]:
+    """Engines (and ``dead`` URLs), a router with its gateway attached, an Envoy bootstrapped from it.
+
+    ``gw`` and ``bootstrap`` (default: fresh ports, the bootstrap rendered from ``gw``) let a
+    test run the gateway and the bootstrap another source rendered.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(served(e.app(), free_port())) for e in engines]
+        config = RouterConfig(
+            engines=urls + list(dead),
+            tenants=tenants,
+            **{"load_interval_s": 0.05, "load_stale_s": 5.0, **cfg},
+        )
+        if gw is None:
+            gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
+        app = attach(build_app(config), gw)
+        await stack.enter_async_context(served(app, free_port()))
+        state: RouterState = app.state.router
+        await _fleet_known(state, urls, dead)
+        envoy = EnvoyProcess(gw, bootstrap=bootstrap)
+        await asyncio.to_thread(envoy.start)
+        stack.push_async_callback(asyncio.to_thread, envoy.stop)
+        yield Stack(envoy, state, {u.removeprefix("http://"): e for u, e in zip(urls, engines, strict=True)})

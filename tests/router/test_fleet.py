@@ -1,0 +1,79 @@
+"""The fleet's readiness rules: a loaded engine is not an unready one; a stale load is not trusted."""
+
+from __future__ import annotations
+
+import httpx
+
+from kvfleet.protocol import EngineLoad
+from kvfleet.router.config import RouterConfig
+from kvfleet.router.discovery import Endpoint, FleetView
+from kvfleet.router.fleet import Fleet, PollMiss, fetch_load
+
+from .conftest import FakeClock, free_port
+from .fakes import FakeEngine, served
+
+A, B = "http://a", "http://b"
+
+
+def busy_load(running: int = 6, waiting: int = 3) -> EngineLoad:
+    return EngineLoad(
+        model="tiny", kv_cache_usage=0.5, num_waiting=waiting, num_running=running, max_num_seqs=8
+    )
+
+
+def fleet_of(clock: FakeClock, *urls: str) -> Fleet:
+    fleet = Fleet(RouterConfig(load_stale_s=3.0, engine_silent_s=10.0), clock)
+    fleet.apply_view(FleetView(tuple(Endpoint(u) for u in urls)))
+    for url in urls:
+        fleet.observe(url, busy_load())
+    return fleet
+
+
+def test_a_poll_that_times_out_leaves_the_engine_ready(clock: FakeClock) -> None:
+    fleet = fleet_of(clock, A)
+    clock.advance(2.0)
+    fleet.observe(A, PollMiss.SLOW)
+    assert fleet.is_ready(fleet.engines[A])
+    assert [e.url for e in fleet.ready_engines("tiny")] == [A]
+
+
+def test_a_load_past_the_stale_age_gives_its_counts_over_to_the_router_in_flight(clock: FakeClock) -> None:
+    fleet = fleet_of(clock, A)
+    fleet.engines[A].in_flight = 2
+    [fresh] = fleet.candidates("tiny", ())
+    assert (fresh.load.num_running, fresh.load.num_waiting, fresh.busy) == (6, 3, 9)
+    clock.advance(3.5)
+    [stale] = fleet.candidates("tiny", ())
+    assert (stale.load.num_running, stale.load.num_waiting, stale.busy) == (0, 0, 2)
+    assert stale.load.kv_cache_usage == 0.5
+
+
+def test_an_engine_silent_past_the_limit_is_unready_and_a_proxied_answer_counts_as_heard(
+    clock: FakeClock,
+) -> None:
+    fleet = fleet_of(clock, A, B)
+    clock.advance(8.0)
+    fleet.heard(A)
+    clock.advance(3.0)  # 11 s since either load, 3 s since A answered a request
+    assert [e.url for e in fleet.ready_engines("tiny")] == [A]
+
+
+def test_a_refused_or_bad_poll_takes_the_engine_out_until_the_next_good_load(clock: FakeClock) -> None:
+    fleet = fleet_of(clock, A, B)
+    clock.advance(0.2)
+    fleet.observe(A, PollMiss.DOWN)
+    fleet.observe(B, PollMiss.BAD)
+    assert fleet.ready_engines("tiny") == []
+    clock.advance(0.2)
+    fleet.observe(A, busy_load())
+    assert [e.url for e in fleet.ready_engines("tiny")] == [A]
+
+
+async def test_fetch_load_tells_a_slow_engine_from_a_gone_one() -> None:
+    slow = FakeEngine(load_delay_s=0.5)
+    async with served(slow.app(), free_port()) as url, httpx.AsyncClient() as client:
+        assert await fetch_load(client, url, timeout=0.1) is PollMiss.SLOW
+        got = await fetch_load(client, url, timeout=5.0)
+        assert isinstance(got, EngineLoad) and got.max_num_seqs == 256
+        assert await fetch_load(client, f"http://127.0.0.1:{free_port()}", timeout=1.0) is PollMiss.DOWN
+        assert await fetch_load(client, url + "/nothing", timeout=1.0) is PollMiss.BAD

@@ -1,0 +1,33 @@
+"""What the router sends the engine: the client's bytes, re-encoded only to ask for usage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvfleet.router.errors import RouterError
+from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
+
+
+def test_a_plain_request_is_forwarded_byte_for_byte() -> None:
+    raw = b'{"model": "tiny",   "prompt": "hi", "max_tokens": 3, "x_vendor": 1}'
+    assert parse_request(COMPLETIONS, raw, 256).upstream_content() is raw
+
+
+def test_a_stream_that_already_asks_for_usage_is_forwarded_byte_for_byte() -> None:
+    raw = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}'
+    assert parse_request(CHAT, raw, 256).upstream_content() is raw
+
+
+def test_a_stream_without_usage_gets_include_usage_added_and_nothing_else_changed() -> None:
+    raw = b'{"model":"tiny","prompt":"hi","stream":true,"max_tokens":2}'
+    sent = json.loads(parse_request(COMPLETIONS, raw, 256).upstream_content())
+    assert sent == {"model": "tiny", "prompt": "hi", "stream": True, "max_tokens": 2,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+
+
+def test_a_body_that_is_not_json_is_a_400_naming_it() -> None:
+    with pytest.raises(RouterError) as info:
+        parse_request(COMPLETIONS, b'{"model": "tiny", ', 256)
+    assert info.value.status == 400 and "not valid JSON" in info.value.message
