@@ -232,10 +232,10 @@ async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncI
     outcome = "client_gone"
     try:
         async for chunk in upstream.content.iter_any():
-            for event in events.feed(chunk):
-                out = ex.on_event(event)
-                if out is not None:
-                    yield out + b"\n\n"
+            # What one read brought goes on in one write: each event as it arrived, untouched.
+            out = b"".join(o + b"\n\n" for e in events.feed(chunk) if (o := ex.on_event(e)) is not None)
+            if out:
+                yield out
         outcome = "ok" if ex.saw_done else "engine_failed"
         if not ex.saw_done:
             yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
