@@ -113,9 +113,9 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     except QuotaUnavailable as exc:
         raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
     finally:
-        state.metrics.queue_depth.labels(model=model).set(len(queue))
+        state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
         wait = time.perf_counter() - enqueued
-        state.metrics.queue_wait.labels(model=model, tenant=spec.tenant).observe(wait)
+        state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
 
 
 _JSON_HEADERS = {"content-type": "application/json"}
