@@ -178,7 +178,11 @@ def _profiled(path: str | None) -> Iterator[None]:
         yield
         return
     import cProfile
+    import signal
 
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through Python then, so the
+    # stats are written.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     profile = cProfile.Profile()
     profile.enable()
     try:
