@@ -90,6 +90,17 @@ def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> It
         stop([proc])
 
 
+@contextlib.contextmanager
+def pinned_here(cpu: int) -> Iterator[None]:
+    """This process (the load client) on ``cpu`` only, for the block."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def prefix_counts(urls: Sequence[str]) -> tuple[float, float]:
     """(hits, queries) summed over the engines' Prometheus counters."""
     hits = queries = 0.0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -32,6 +31,7 @@ from router_fleet import (
     header,
     kvfleet_front,
     ms,
+    pinned_here,
     prefix_counts,
     summary,
     vllm_router,
@@ -56,17 +56,6 @@ def front(name: str, policy: str, urls: list[str]) -> Iterator[Front]:
         urls, policy, cpus=ROUTER_CPU)  # fmt: skip
     with ctx as f:
         yield f
-
-
-@contextlib.contextmanager
-def pinned_here(cpu: int) -> Iterator[None]:
-    """This process (the load client) on ``cpu`` only, for the block."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 class Run(NamedTuple):
