@@ -3,7 +3,9 @@
 A null runner (it samples token 0 for every sequence, instantly) isolates the CPU work of
 one step: ``Scheduler.schedule()`` + ``Scheduler.update()`` (block allocation, prefix-cache
 registration of newly full blocks), and, separately, the whole ``Engine.step()`` with
-output processing (stop checks, detokenisation). Prompts have mixed lengths so block
+output processing (stop checks, detokenisation), once with per-step outputs (what a
+streaming server asks for) and once with ``RequestOutputKind.FINAL_ONLY`` (what
+``LLM.generate`` asks for: a request's output is built only when it finishes). Prompts have mixed lengths so block
 boundaries are crossed on different steps, as in real decoding.
 
     .venv/bin/python bench/scheduler_overhead.py [--seqs 256] [--steps 200]
@@ -22,7 +24,7 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.engine import Engine
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
 from kvfleet.engine.outputs import SampleResult
-from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
 from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sequence import Sequence as Seq
@@ -91,12 +93,12 @@ def bench_scheduler(num_seqs: int, steps: int, caching: bool, rng: random.Random
     return (time.perf_counter() - start) / steps * 1e6
 
 
-def bench_engine(num_seqs: int, steps: int, rng: random.Random) -> float:
+def bench_engine(num_seqs: int, steps: int, kind: RequestOutputKind, rng: random.Random) -> float:
     config = EngineConfig(
         block_size=16, max_num_seqs=num_seqs, max_num_batched_tokens=1 << 20, max_model_len=1 << 14
     )
     engine = Engine(config, NullRunner(num_seqs * 64), ByteTokenizer(), detokenizer_factory=AsciiDetokenizer)
-    params = SamplingParams(max_tokens=1 << 13, stop=["\x00\x00"], ignore_eos=True)
+    params = SamplingParams(max_tokens=1 << 13, stop=["\x00\x00"], ignore_eos=True, output_kind=kind)
     for i, p in enumerate(prompts(num_seqs, rng)):
         engine.add_request(f"r{i}", p, params)
     engine.step()
@@ -134,7 +136,14 @@ def main() -> None:
     rows = [
         ("schedule()+update(), prefix caching on", bench_scheduler(args.seqs, args.steps, True, rng)),
         ("schedule()+update(), prefix caching off", bench_scheduler(args.seqs, args.steps, False, rng)),
-        ("Engine.step() with output processing", bench_engine(args.seqs, args.steps, rng)),
+        (
+            "Engine.step(), per-step outputs",
+            bench_engine(args.seqs, args.steps, RequestOutputKind.PER_STEP, random.Random(1)),
+        ),
+        (
+            "Engine.step(), FINAL_ONLY outputs",
+            bench_engine(args.seqs, args.steps, RequestOutputKind.FINAL_ONLY, random.Random(1)),
+        ),
     ]
     print(
         f"scheduler overhead per decode step, {args.seqs} running sequences, {args.steps} steps, block size 16"

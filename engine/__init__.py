@@ -8,13 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
+from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:
     from kvfleet.engine.engine import Engine, EngineStats, RequestError
     from kvfleet.engine.llm import LLM
 
-__all__ = ["LLM", "Engine", "EngineStats", "RequestError", "SamplingParams", "SamplingParamsError"]
+__all__ = [
+    "LLM",
+    "Engine",
+    "EngineStats",
+    "RequestError",
+    "RequestOutputKind",
+    "SamplingParams",
+    "SamplingParamsError",
+]
 
 _LAZY = {
     "LLM": "kvfleet.engine.llm",

@@ -27,7 +27,7 @@ from kvfleet.engine.interfaces import Runner, Tokenizer
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
 from kvfleet.engine.outputs import RequestOutput
-from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sequence import Sequence
 
@@ -60,6 +60,7 @@ class _Request:
     request_id: str
     prompt_token_ids: list[int]
     states: list[SeqOutputState]
+    per_step: bool  # an output every step it samples; else only when it finishes (FINAL_ONLY)
 
     @property
     def finished(self) -> bool:
@@ -141,7 +142,8 @@ class Engine:
             for i in range(params.n)
         ]
         states = [SeqOutputState(seq, self._make_detokenizer(params)) for seq in seqs]
-        self._requests[request_id] = _Request(request_id, prompt_ids, states)
+        per_step = params.output_kind is RequestOutputKind.PER_STEP
+        self._requests[request_id] = _Request(request_id, prompt_ids, states, per_step)
         self.scheduler.add(seqs[0], forks=seqs[1:])
 
     def _make_detokenizer(self, params: SamplingParams) -> Detokenizer:
@@ -190,7 +192,11 @@ class Engine:
         return bool(self._requests)
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute and process one step; one output per request that changed."""
+        """Schedule, execute and process one step; one output per request that changed.
+
+        A FINAL_ONLY request appears only in the step that finishes it, so its cumulative
+        output is built once instead of every step.
+        """
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
@@ -207,8 +213,10 @@ class Engine:
             status = request.states[seq.index].on_token(result, eos_ids, max_len)
             if status is not None:
                 self.scheduler.finish(seq, status)
-            changed[seq.request_id] = request
-        outputs = [request.output() for request in changed.values()]
+                changed[seq.request_id] = request
+            elif request.per_step:
+                changed[seq.request_id] = request
+        outputs = [r.output() for r in changed.values() if r.per_step or r.finished]
         for out in outputs:
             if out.finished:
                 del self._requests[out.request_id]

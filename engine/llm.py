@@ -2,17 +2,20 @@
 
 Where it sits: on top of :class:`kvfleet.engine.engine.Engine`; it adds every prompt as a
 request, steps the engine until all finish, and returns the final outputs in prompt order.
+Every request runs as ``RequestOutputKind.FINAL_ONLY`` (as vLLM's ``LLM`` does): nothing here
+reads the per-step deltas, so the engine builds each request's output once, when it finishes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.engine import Engine
 from kvfleet.engine.outputs import RequestOutput
-from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 
@@ -69,11 +72,18 @@ def _per_prompt_params(
     params: SamplingParams | Sequence[SamplingParams] | None, n: int
 ) -> list[SamplingParams]:
     if params is None:
-        return [SamplingParams()] * n
+        return [_final_only(SamplingParams())] * n
     if isinstance(params, SamplingParams):
-        return [params] * n
+        return [_final_only(params)] * n
     if len(params) != n:
         raise ValueError(
             f"params: got {len(params)} SamplingParams for {n} prompts; pass one, or one per prompt"
         )
-    return list(params)
+    return [_final_only(p) for p in params]
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    """The same params as FINAL_ONLY; anything that is not a SamplingParams is left for the engine to reject."""
+    if not isinstance(params, SamplingParams) or params.output_kind is RequestOutputKind.FINAL_ONLY:
+        return params
+    return dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -8,6 +8,7 @@ and the limit, before anything is allocated.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -17,6 +18,13 @@ class SamplingParamsError(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+
+
+class RequestOutputKind(enum.Enum):
+    """Which steps produce a :class:`RequestOutput` for a request (as vLLM's ``RequestOutputKind``)."""
+
+    PER_STEP = "per_step"  # every step that samples a token: cumulative output + delta (streaming)
+    FINAL_ONLY = "final_only"  # only the step that finishes the request (offline ``LLM.generate``)
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's and the top-k logprobs
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.PER_STEP
 
     def __post_init__(self) -> None:
         # Accept lists (or one string) from callers; store tuples so params stay hashable.
@@ -62,6 +71,11 @@ class SamplingParams:
             raise SamplingParamsError("logprobs", f"must be in [0, 20], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise SamplingParamsError("stop", "stop strings must be non-empty")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            kinds = ", ".join(k.name for k in RequestOutputKind)
+            raise SamplingParamsError(
+                "output_kind", f"must be a RequestOutputKind ({kinds}), got {self.output_kind!r}"
+            )
         if any(t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")
 

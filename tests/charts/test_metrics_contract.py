@@ -21,8 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvfleet.operator.testing.chart import chart_metric_names, expressions
-
-from ..router.engines import router_processes, sim_engines
+from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
 
 KEY = "sk-metrics-0123456789"
 
@@ -80,8 +79,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
     tenants.write_text(
         yaml.safe_dump({"tenants": [{"tenant": "alice", "apiKey": KEY, "limits": {"requestsPerMinute": 1}}]})
     )
-    with sim_engines(1) as engines:
-        (engine_url, _) = engines[0]
+    with sim_engines(1, SimFlags()) as engines:
+        engine_url = engines[0].url
         with router_processes(1, [engine_url], tenants, ["--slo-ttft-ms", "10000"]) as (router_url,):
             drive(router_url)
             yield {

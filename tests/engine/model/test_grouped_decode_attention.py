@@ -34,6 +34,9 @@ def test_decoding_sequences_batched_together_match_the_per_sequence_reference(wi
     q = torch.randn(starts[-1], heads, dim, generator=gen)
     ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5, window)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))
+    # K and V in one (2, blocks, ...) tensor, as the runner allocates them: one gather, the same bits.
+    kv = torch.stack((k_cache, v_cache))
+    assert torch.equal(get_backend("torch").forward(q, kv[0], kv[1], meta, dim**-0.5, window), ours)
 
 
 def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_reference() -> None:
