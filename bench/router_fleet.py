@@ -20,13 +20,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
 from kvfleet.bench.load import LoadSpec, new_session, stream_one
 from kvfleet.bench.stats import BenchSummary, RequestRecord, summarize
 from kvfleet.testing.processes import SimFlags as EngineFlags
-from kvfleet.testing.processes import free_port, router_processes, sim_engines, stop, wait_http
+from kvfleet.testing.processes import free_port, routers, sim_engines, stop, wait_http
 from kvfleet.testing.processes import tenants_file as write_tenants
 
 __all__ = ["EngineFlags", "free_port"]
@@ -46,18 +47,35 @@ def tenants_file(directory: Path, tenants: Sequence[tuple[str, str]] = (("bench"
     return write_tenants(directory / "tenants.yaml", tenants)
 
 
+class Front(NamedTuple):
+    """A router process in front of the engines: its base URL and its process id."""
+
+    url: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads) has used so far, from ``/proc/PID/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+@contextlib.contextmanager
+def kvfleet_front(urls: Sequence[str], extra: Sequence[str] = (), cpus: str | None = None) -> Iterator[Front]:
+    """A ``kvfleet router`` process in front of ``urls``."""
+    with tempfile.TemporaryDirectory() as tmp, routers(1, urls, tenants_file(Path(tmp)), extra, cpus) as r:
+        yield Front(r[0].url, r[0].process.pid)  # taskset execs the router: same pid
+
+
 @contextlib.contextmanager
 def kvfleet_router(urls: Sequence[str], extra: Sequence[str] = (), cpus: str | None = None) -> Iterator[str]:
     """A ``kvfleet router`` process in front of ``urls``; yields its base URL."""
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        router_processes(1, urls, tenants_file(Path(tmp)), extra, cpus) as r,
-    ):
-        yield r[0]
+    with kvfleet_front(urls, extra, cpus) as front:
+        yield front.url
 
 
 @contextlib.contextmanager
-def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> Iterator[str]:
+def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> Iterator[Front]:
     pin = ["taskset", "-c", cpus] if cpus and shutil.which("taskset") else []
     binary = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
     port = free_port()
@@ -67,9 +85,20 @@ def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> It
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc)
-        yield url
+        yield Front(url, proc.pid)
     finally:
         stop([proc])
+
+
+@contextlib.contextmanager
+def pinned_here(cpu: int) -> Iterator[None]:
+    """This process (the load client) on ``cpu`` only, for the block."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def prefix_counts(urls: Sequence[str]) -> tuple[float, float]:
@@ -127,8 +156,13 @@ async def drive(
 ) -> tuple[list[RequestRecord], float]:
     """Send ``bodies`` open-loop at ``rate`` (Poisson) or closed-loop with ``concurrency`` clients."""
     spec = LoadSpec(
-        url=url, model="tiny", endpoint=endpoint, api_key=KEY, num_requests=len(bodies), timeout_s=timeout_s
-    )  # type: ignore[arg-type]
+        url=url,
+        model="tiny",
+        endpoint=endpoint,  # type: ignore[arg-type]
+        api_key=KEY,
+        num_requests=len(bodies),
+        timeout_s=timeout_s,
+    )
     rng = random.Random(seed)
     async with new_session(timeout_s) as client:
         start = time.perf_counter()

@@ -1,8 +1,9 @@
 """Figure 1: what the router adds, against going straight to one simulated engine.
 
 Added TTFT at p50/p99 (light closed-loop load, 1-token-per-step engine) and the
-request-rate ceiling (closed loop, 1-token answers, many clients) with the router
-process pinned to one core. Run: ``.venv/bin/python bench/router_overhead.py``.
+request-rate ceiling (closed loop, 1-token answers, many clients), with the router alone
+on CPU 1 and the engine and this load client on CPU 0; the router process's CPU seconds
+per request (``/proc/PID/stat``) are printed beside them. Run: ``.venv/bin/python bench/router_overhead.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from router_fleet import RESULTS, EngineFlags, drive, engines, header, kvfleet_router, ms, summary
+from router_fleet import (
+    RESULTS,
+    EngineFlags,
+    cpu_seconds,
+    drive,
+    engines,
+    header,
+    kvfleet_front,
+    ms,
+    pinned_here,
+    summary,
+)
+
+from kvfleet.bench.stats import BenchSummary
 
 
 def bodies(n: int, max_tokens: int) -> list[dict[str, object]]:
@@ -19,7 +33,7 @@ def bodies(n: int, max_tokens: int) -> list[dict[str, object]]:
             for i in range(n)]  # fmt: skip
 
 
-def measure(url: str, n: int, ceiling_n: int, ceiling_clients: int) -> tuple[object, object]:
+def measure(url: str, n: int, ceiling_n: int, ceiling_clients: int) -> tuple[BenchSummary, BenchSummary]:
     light, t1 = asyncio.run(drive(url, bodies(n, 8), concurrency=2, endpoint="completions"))
     heavy, t2 = asyncio.run(
         drive(url, bodies(ceiling_n, 1), concurrency=ceiling_clients, endpoint="completions")
@@ -35,10 +49,14 @@ def main() -> None:
     args = ap.parse_args()
     flags = EngineFlags(max_num_seqs=128, base_ms=2.0, per_token_ms=0.0)
     lines = [header("router overhead: kvfleet router vs straight to one simulated engine")]
-    with engines(1, flags, cpus="1") as urls:
+    with pinned_here(0), engines(1, flags, cpus="0") as urls:
         direct_light, direct_heavy = measure(urls[0], args.requests, args.ceiling_requests, args.clients)
-        with kvfleet_router(urls, cpus="0") as router:
-            routed_light, routed_heavy = measure(router, args.requests, args.ceiling_requests, args.clients)
+        with kvfleet_front(urls, cpus="1") as router:
+            before = cpu_seconds(router.pid)
+            routed_light, routed_heavy = measure(
+                router.url, args.requests, args.ceiling_requests, args.clients
+            )
+            cpu = (cpu_seconds(router.pid) - before) / (args.requests + args.ceiling_requests)
     rows = [("direct", direct_light, direct_heavy), ("kvfleet router", routed_light, routed_heavy)]
     lines.append(f"{'path':<16}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'ceiling req/s':>15}{'failed':>8}")
     for name, light, heavy in rows:
@@ -47,7 +65,8 @@ def main() -> None:
     added50 = routed_light.ttft.p50 - direct_light.ttft.p50
     added99 = routed_light.ttft.p99 - direct_light.ttft.p99
     lines.append(f"added TTFT: p50 {ms(added50)} ms, p99 {ms(added99)} ms; "
-                 f"ceiling ratio router/direct {routed_heavy.request_throughput / direct_heavy.request_throughput:.2f}")  # fmt: skip
+                 f"ceiling ratio router/direct {routed_heavy.request_throughput / direct_heavy.request_throughput:.2f}; "
+                 f"router CPU {cpu * 1e6:.0f} us per request")  # fmt: skip
     text = "\n".join(lines)
     print(text)
     (RESULTS / "router_overhead.txt").write_text(text + "\n")

@@ -118,7 +118,7 @@ class Exchange:
         if reason is not None and self.placement is None and code != 499:
             state.metrics.reject(model, tenant, reason, code)
             return
-        state.metrics.requests.labels(model=model, tenant=tenant, code=str(code)).inc()
+        state.metrics.child(state.metrics.requests, model, tenant, str(code)).inc()
         if code == 200:
             self._record_success()
 
@@ -126,8 +126,8 @@ class Exchange:
         state, model, tenant = self.state, self.req.model, self.tenant.name
         m = state.metrics
         prompt, completion = self.prompt_tokens(), self.completion_tokens()
-        m.prompt_tokens.labels(model=model, tenant=tenant).inc(prompt)
-        m.generation_tokens.labels(model=model, tenant=tenant).inc(completion)
+        m.child(m.prompt_tokens, model, tenant).inc(prompt)
+        m.child(m.generation_tokens, model, tenant).inc(completion)
         queue = state.queues.get(model)
         if queue is not None:
             queue.vtc.charge(tenant, prompt - self.prompt_estimate + completion, self.tenant.spec.weight)
@@ -135,12 +135,12 @@ class Exchange:
         ttft = (self.first_at if self.first_at is not None else end) - self.started
         tpot = (end - ttft - self.started) / (completion - 1) if completion > 1 else 0.0
         if self.req.stream:
-            itl = m.itl.labels(model=model, tenant=tenant)
+            itl = m.child(m.itl, model, tenant)
             for gap in self.gaps:
                 itl.observe(gap)
-            m.ttft.labels(model=model, tenant=tenant).observe(ttft)
+            m.child(m.ttft, model, tenant).observe(ttft)
             if completion > 1:
-                m.tpot.labels(model=model, tenant=tenant).observe(tpot)
+                m.child(m.tpot, model, tenant).observe(tpot)
         service = state.fleet.service_for(model)
         slo = service.slo if service is not None else state.config.slo
         if slo.ttft_ms is None and slo.tpot_ms is None:
@@ -152,4 +152,4 @@ class Exchange:
         else:  # no first token to see: the whole response within the budget of both targets
             budget = (slo.ttft_ms or 0.0) + (slo.tpot_ms or 0.0) * max(0, completion - 1)
             met = (end - self.started) * 1000 <= budget
-        m.slo.labels(model=model, tenant=tenant, met="true" if met else "false").inc()
+        m.child(m.slo, model, tenant, "true" if met else "false").inc()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -160,5 +163,30 @@ def run(args: argparse.Namespace) -> int:
         if args.envoy_bootstrap is not None:
             write_bootstrap(config.envoy, args.envoy_bootstrap)
         app = attach(app, config.envoy)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    with _profiled(os.environ.get(PROFILE_ENV)):
+        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
     return 0
+
+
+PROFILE_ENV = "KVFLEET_ROUTER_PROFILE"
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None) -> Iterator[None]:
+    """With ``KVFLEET_ROUTER_PROFILE=FILE``, cProfile the whole process and dump the stats to FILE on exit."""
+    if not path:
+        yield
+        return
+    import cProfile
+    import signal
+
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through Python then, so the
+    # stats are written.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(path)

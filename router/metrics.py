@@ -8,16 +8,21 @@ InferenceService's TTFT and TPOT targets.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+M = TypeVar("M", bound=MetricWrapperBase)
 
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
         mt = ["model", "tenant"]
         self.requests = Counter(
             "kvfleet_router_requests", "Requests answered, by status code", [*mt, "code"], registry=r
@@ -70,6 +75,15 @@ class RouterMetrics:
             "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=r
         )
 
+    def child(self, metric: M, *values: str) -> M:
+        """``metric.labels(*values)`` (values in label-name order), looked up once per label set:
+        ``labels()`` validates and locks on every call, and the request path makes about ten."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found  # type: ignore[return-value]
+
     def reject(self, model: str, tenant: str, reason: str, code: int) -> None:
-        self.rejections.labels(model=model, tenant=tenant, reason=reason).inc()
-        self.requests.labels(model=model, tenant=tenant, code=str(code)).inc()
+        self.child(self.rejections, model, tenant, reason).inc()
+        self.child(self.requests, model, tenant, str(code)).inc()

@@ -113,9 +113,9 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     except QuotaUnavailable as exc:
         raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
     finally:
-        state.metrics.queue_depth.labels(model=model).set(len(queue))
+        state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
         wait = time.perf_counter() - enqueued
-        state.metrics.queue_wait.labels(model=model, tenant=spec.tenant).observe(wait)
+        state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
 
 
 _JSON_HEADERS = {"content-type": "application/json"}
@@ -232,10 +232,10 @@ async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncI
     outcome = "client_gone"
     try:
         async for chunk in upstream.content.iter_any():
-            for event in events.feed(chunk):
-                out = ex.on_event(event)
-                if out is not None:
-                    yield out + b"\n\n"
+            # What one read brought goes on in one write: each event as it arrived, untouched.
+            out = b"".join(o + b"\n\n" for e in events.feed(chunk) if (o := ex.on_event(e)) is not None)
+            if out:
+                yield out
         outcome = "ok" if ex.saw_done else "engine_failed"
         if not ex.saw_done:
             yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"

@@ -60,7 +60,7 @@ class RouterState:
         q = self.queues.get(model)
         if q is not None:
             q.pump()
-            self.metrics.queue_depth.labels(model=model).set(len(q))
+            self.metrics.child(self.metrics.queue_depth, model).set(len(q))
 
     def waiting(self, model: str) -> int:
         q = self.queues.get(model)

@@ -126,6 +126,40 @@ def _sees_every_engine(url: str, n_engines: int) -> bool:
     return False
 
 
+class RouterProcess(NamedTuple):
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def routers(
+    n: int,
+    engine_urls: Sequence[str],
+    tenants: Path,
+    extra: Sequence[str] = (),
+    cpus: str | None = None,
+    timeout_s: float = 30.0,
+) -> Iterator[list[RouterProcess]]:
+    """``n`` ``kvfleet router`` processes, started together; yields once each has read every engine's load."""
+    ports = [free_port() for _ in range(n)]
+    started: list[RouterProcess] = []
+    try:
+        for port in ports:
+            argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
+                                "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
+            started.append(
+                RouterProcess(f"http://127.0.0.1:{port}", subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+            )
+        for url, proc in started:
+            wait_http(url + "/ready", proc)
+            deadline = time.monotonic() + timeout_s
+            while not _sees_every_engine(url, len(engine_urls)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        yield started
+    finally:
+        stop([r.process for r in started])
+
+
 @contextlib.contextmanager
 def router_processes(
     n: int,
@@ -135,20 +169,6 @@ def router_processes(
     cpus: str | None = None,
     timeout_s: float = 30.0,
 ) -> Iterator[list[str]]:
-    """``n`` ``kvfleet router`` processes, started together; yields once each has read every engine's load."""
-    ports = [free_port() for _ in range(n)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for port in ports:
-            argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
-                                "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
-            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
-        for url, proc in zip(urls, procs, strict=True):
-            wait_http(url + "/ready", proc)
-            deadline = time.monotonic() + timeout_s
-            while not _sees_every_engine(url, len(engine_urls)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        yield urls
-    finally:
-        stop(procs)
+    """As :func:`routers`, yielding only the base URLs."""
+    with routers(n, engine_urls, tenants, extra, cpus, timeout_s) as started:
+        yield [r.url for r in started]

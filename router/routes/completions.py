@@ -1,18 +1,26 @@
-"""``POST /v1/completions`` and ``POST /v1/chat/completions``: the proxied OpenAI endpoints."""
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: the proxied OpenAI endpoints.
+
+These are the hot path, so they are plain Starlette routes (no FastAPI dependency solving
+or response-model handling per request; they are left out of the OpenAPI schema) and the
+handlers do what the other routes' dependencies do (state, authentication) inline.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from kvfleet.router.deps import AuthTenant, State
+from kvfleet.router.deps import authenticate
 from kvfleet.router.errors import RouterError
 from kvfleet.router.proxy import serve
 from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
+from kvfleet.router.state import RouterState
 
 router = APIRouter(tags=["openai"])
 
 
-async def _forward(path: str, request: Request, state: State, tenant: AuthTenant) -> Response:
+async def _forward(path: str, request: Request) -> Response:
+    state: RouterState = request.app.state.router
+    tenant = authenticate(state, request.headers.get("authorization"))
     try:
         parsed = parse_request(path, await request.body(), state.config.default_max_tokens)
     except RouterError as err:
@@ -21,11 +29,13 @@ async def _forward(path: str, request: Request, state: State, tenant: AuthTenant
     return await serve(state, tenant, parsed)
 
 
-@router.post(COMPLETIONS)
-async def completions(request: Request, state: State, tenant: AuthTenant) -> Response:
-    return await _forward(COMPLETIONS, request, state, tenant)
+async def completions(request: Request) -> Response:
+    return await _forward(COMPLETIONS, request)
 
 
-@router.post(CHAT)
-async def chat_completions(request: Request, state: State, tenant: AuthTenant) -> Response:
-    return await _forward(CHAT, request, state, tenant)
+async def chat_completions(request: Request) -> Response:
+    return await _forward(CHAT, request)
+
+
+router.add_route(COMPLETIONS, completions, methods=["POST"], include_in_schema=False)
+router.add_route(CHAT, chat_completions, methods=["POST"], include_in_schema=False)
