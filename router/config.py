@@ -66,6 +66,7 @@ class PickerWeights(BaseModel):
     kv: float = Field(default=0.5, ge=0)
     load: float = Field(default=1.0, ge=0)
     room: float = Field(default=1.0, ge=0)
+    backlog: float = Field(default=1.0, ge=0, description="few uncached prompt tokens still prefilling")
     balance_factor: float = Field(default=1.0, ge=0, description="ε of the load bound ceil((1+ε)·mean)")
     balance_slack: int = Field(default=2, ge=0, description="requests allowed over that bound")
 
@@ -87,6 +88,9 @@ class RouterConfig(BaseModel):
     prefix_chunk_chars: int = Field(default=64, ge=1, description="characters per prefix-index block")
     prefix_index_blocks: int = Field(default=200_000, ge=1)
     chars_per_token: float = Field(default=4.0, gt=0, description="prompt token estimate at admission")
+    prefill_rate_prior: float = Field(
+        default=100.0, gt=0, description="prompt tokens/s an engine prefills, until a first byte says"
+    )
     default_max_tokens: int = Field(default=256, ge=1)
     load_interval_s: float = Field(default=0.2, gt=0)
     load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")

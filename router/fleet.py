@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -31,6 +32,17 @@ from kvfleet.router.quota import Clock
 
 log = logging.getLogger(__name__)
 
+RATE_MIN_TOKENS = 64  # shorter prefills say more about the queue than about the rate
+RATE_SMOOTHING = 0.2  # weight of each new sample in ``prefill_rate``
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A placed request's uncached prompt tokens, and when it was placed."""
+
+    tokens: int
+    at: float
+
 
 @dataclass
 class EngineState:
@@ -42,6 +54,7 @@ class EngineState:
     failed_at: float | None = None
     in_flight: int = 0
     pending_tokens: int = 0  # of requests placed since ``load`` was read
+    prefilling: dict[int, Prefill] = field(default_factory=dict)  # by ticket, until the first byte
 
 
 class PollMiss(enum.Enum):
@@ -60,6 +73,7 @@ class Placement:
     model: str
     score: float
     hashes: tuple[int, ...] = ()
+    ticket: int = 0  # this placement's key in its engine's ``prefilling``
 
 
 @dataclass
@@ -70,9 +84,13 @@ class Fleet:
     services: dict[str, Service] = field(default_factory=dict)
     on_change: Callable[[str], None] | None = None
     _rotation: dict[str, int] = field(default_factory=dict)
+    _tickets: Iterator[int] = field(default_factory=itertools.count)
+    prefill_rate: float = 0.0  # uncached tokens per second to the first byte: the prior, then averaged
+    rate_measured: bool = False  # the first sample replaces the prior outright
 
     def __post_init__(self) -> None:
         self.prefix = PrefixIndex(self.config.prefix_index_blocks)
+        self.prefill_rate = self.config.prefill_rate_prior
         self.context = PickContext(
             self.config.picker_weights, self.config.max_engine_queue, self.config.saturation_kv_usage
         )
@@ -152,6 +170,7 @@ class Fleet:
                 len(hashes),
                 e.pending_tokens,
                 self.prefix.prompt_starts(e.url),
+                self.backlog(e),
             )  # fmt: skip
             for e in sorted(ready, key=lambda e: e.url)
             if (load := self.trusted_load(e)) is not None
@@ -163,10 +182,12 @@ class Fleet:
         hashes: Sequence[int],
         *,
         tokens: int = 0,
+        prompt_tokens: int = 0,
         exclude: Sequence[str] = (),
         allow_saturated: bool = False,
     ) -> Placement | None:
-        """Pick and reserve an engine; ``tokens`` (the request's KV estimate) counts against it until next load."""
+        """Pick and reserve an engine. ``tokens`` (the request's KV estimate) counts against it until the
+        next load; the part of ``prompt_tokens`` it has not cached counts as its backlog until the first byte."""
         cands = self.candidates(model, hashes, exclude)
         if not allow_saturated:
             cands = [c for c in cands if not is_saturated(c, self.context)]
@@ -177,15 +198,42 @@ class Fleet:
         if choice is None:
             return None
         self._rotation[model] = rotation + 1
-        self.engines[choice.url].in_flight += 1
-        self.engines[choice.url].pending_tokens += tokens
+        engine, ticket = self.engines[choice.url], next(self._tickets)
+        engine.in_flight += 1
+        engine.pending_tokens += tokens
+        chosen = next(c for c in cands if c.url == choice.url)
+        cached = chosen.prefix_blocks / chosen.prompt_blocks if chosen.prompt_blocks else 0.0
+        engine.prefilling[ticket] = Prefill(round(prompt_tokens * (1.0 - cached)), self.clock())
         self.prefix.record(hashes, choice.url)
-        return Placement(choice.url, model, choice.score, tuple(hashes))
+        return Placement(choice.url, model, choice.score, tuple(hashes), ticket)
+
+    def backlog(self, engine: EngineState) -> int:
+        # Invariant: each prefill still awaiting its first byte counts its uncached tokens less what
+        # ``prefill_rate`` would have computed since it was placed, never below zero; so of two
+        # engines given the same prompt, the one given it earlier is the nearer to done.
+        now, rate = self.clock(), self.prefill_rate
+        return sum(max(0, round(p.tokens - rate * (now - p.at))) for p in engine.prefilling.values())
+
+    def prefilled(self, placement: Placement) -> None:
+        """Its first byte came back: the prompt is computed, no longer the engine's backlog.
+
+        A long enough prompt also updates ``prefill_rate`` (an average of tokens over time to
+        first byte: queueing included, so it errs slow)."""
+        engine = self.engines.get(placement.url)
+        done = engine.prefilling.pop(placement.ticket, None) if engine is not None else None
+        elapsed = self.clock() - done.at if done is not None else 0.0
+        if done is None or done.tokens < RATE_MIN_TOKENS or elapsed <= 0:
+            return
+        sample = done.tokens / elapsed
+        weight = RATE_SMOOTHING if self.rate_measured else 1.0
+        self.prefill_rate += weight * (sample - self.prefill_rate)
+        self.rate_measured = True
 
     def release(self, placement: Placement) -> None:
         engine = self.engines.get(placement.url)
         if engine is not None:
             engine.in_flight = max(0, engine.in_flight - 1)
+            engine.prefilling.pop(placement.ticket, None)
         if self.on_change is not None:
             self.on_change(placement.model)
 

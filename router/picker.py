@@ -13,9 +13,12 @@ share work. Policies register by name in :data:`POLICIES`:
 * ``default``: cache affinity under a load bound. Engines busier than the bound of
   bounded-load consistent hashing (Mirrokni et al., 2018: ``ceil((1+ε)·(Σbusy+1)/n)``,
   plus a slack of a few requests) are set aside; the rest are scored by the weighted mix
-  ``(w_prefix·prefix + w_kv·kv + w_load·load + w_room·room) / Σw``, where *room* is how
-  few distinct prompt starts the engine was sent (a cold prompt goes where it evicts the
-  least, as SGLang's cache-aware router sends it to the smallest tree). With the prefix
+  ``(w_prefix·prefix + w_kv·kv + w_load·load + w_room·room + w_backlog·backlog) / Σw``,
+  where *room* is how few distinct prompt starts the engine was sent (a cold prompt goes
+  where it evicts the least, as SGLang's cache-aware router sends it to the smallest
+  tree) and *backlog* how few uncached prompt tokens it is still prefilling (the fleet's
+  estimate, see :meth:`.fleet.Fleet.backlog`: a cold prompt avoids an engine still busy
+  with another, whatever its request count). With the prefix
   weight dominant, a request follows its cached prefix until that engine is over the
   bound, then spills to the best other one, which thereby becomes a second home.
 """
@@ -41,6 +44,7 @@ class Candidate:
     prompt_blocks: int = 0
     pending_tokens: int = 0
     prompt_starts: int = 0  # distinct prompt starts (first block hashes) sent to it lately
+    prefill_tokens: int = 0  # uncached prompt tokens sent to it whose first byte is not back yet
 
     @property
     def busy(self) -> int:
@@ -61,6 +65,7 @@ class PickContext:
     max_engine_queue: int
     saturation_kv_usage: float
     max_prompt_starts: int = 0  # the most any candidate has (room's scale)
+    max_prefill_tokens: int = 0  # the most any candidate has (backlog's scale)
 
 
 def is_saturated(c: Candidate, ctx: PickContext) -> bool:
@@ -86,11 +91,15 @@ def room_score(c: Candidate, ctx: PickContext) -> float:
     return 1.0 - c.prompt_starts / ctx.max_prompt_starts if ctx.max_prompt_starts else 1.0
 
 
+def backlog_score(c: Candidate, ctx: PickContext) -> float:
+    return 1.0 - c.prefill_tokens / ctx.max_prefill_tokens if ctx.max_prefill_tokens else 1.0
+
+
 def default_score(c: Candidate, ctx: PickContext) -> float:
     w = ctx.weights
-    total = w.prefix + w.kv + w.load + w.room
+    total = w.prefix + w.kv + w.load + w.room + w.backlog
     mixed = w.prefix * prefix_score(c, ctx) + w.kv * kv_score(c, ctx) + w.load * load_score(c, ctx)
-    mixed += w.room * room_score(c, ctx)
+    mixed += w.room * room_score(c, ctx) + w.backlog * backlog_score(c, ctx)
     return mixed / total if total else 0.0
 
 
@@ -153,7 +162,11 @@ def choose(cands: Sequence[Candidate], pol: Policy, ctx: PickContext, rotation: 
     # rotations spread equal engines evenly.
     if not cands:
         return None
-    ctx = replace(ctx, max_prompt_starts=max(c.prompt_starts for c in cands))
+    ctx = replace(
+        ctx,
+        max_prompt_starts=max(c.prompt_starts for c in cands),
+        max_prefill_tokens=max(c.prefill_tokens for c in cands),
+    )
     if pol.admit is not None:
         cands = pol.admit(cands, ctx)
     n = len(cands)

@@ -89,7 +89,9 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         if state.autoscaler is not None:
             state.autoscaler.poke()  # held in the queue while the autoscaler scales from zero
     if not state.config.admission:
-        placed = fleet.place(model, hashes, tokens=kv_tokens, allow_saturated=True)
+        placed = fleet.place(
+            model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate, allow_saturated=True
+        )
         if placed is None:
             raise RouterError(
                 503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
@@ -101,7 +103,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         priority=spec.priority,
         weight=spec.weight,
         tokens=ex.prompt_estimate,
-        place=lambda: fleet.place(model, hashes, tokens=kv_tokens),
+        place=lambda: fleet.place(model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate),
         max_queued=spec.limits.max_queued_requests,
     )
     queue = state.queue(model)
@@ -161,7 +163,13 @@ async def open_upstream(state: RouterState, ex: Exchange) -> aiohttp.ClientRespo
         state.fleet.release(failed)
         retry = None
         if len(tried) <= state.config.max_retries:
-            retry = state.fleet.place(ex.req.model, failed.hashes, exclude=tried, allow_saturated=True)
+            retry = state.fleet.place(
+                ex.req.model,
+                failed.hashes,
+                prompt_tokens=ex.prompt_estimate,
+                exclude=tried,
+                allow_saturated=True,
+            )
         if retry is None:
             raise RouterError(502, "engine_unreachable", "no engine could be reached", retry_after_s=1.0)
         ex.placement = retry
@@ -229,11 +237,14 @@ class _Events:
 
 async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     events = _Events()
-    outcome = "client_gone"
+    outcome, prefilling = "client_gone", True
     try:
         async for chunk in upstream.content.iter_any():
             # What one read brought goes on in one write: each event as it arrived, untouched.
             out = b"".join(o + b"\n\n" for e in events.feed(chunk) if (o := ex.on_event(e)) is not None)
+            if prefilling and ex.first_at is not None and ex.placement is not None:
+                prefilling = False  # the first content token: the prompt is computed
+                ex.state.fleet.prefilled(ex.placement)
             if out:
                 yield out
         outcome = "ok" if ex.saw_done else "engine_failed"

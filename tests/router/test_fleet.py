@@ -77,3 +77,47 @@ async def test_fetch_load_tells_a_slow_engine_from_a_gone_one() -> None:
         assert isinstance(got, EngineLoad) and got.max_num_seqs == 256
         assert await fetch_load(client, f"http://127.0.0.1:{free_port()}", timeout=1.0) is PollMiss.DOWN
         assert await fetch_load(client, url + "/nothing", timeout=1.0) is PollMiss.BAD
+
+
+def test_an_engines_backlog_is_its_uncached_prompt_tokens_less_what_the_prefill_rate_has_done(
+    clock: FakeClock,
+) -> None:
+    fleet = fleet_of(clock, A)  # the prior: 100 tokens/s
+    first = fleet.place("tiny", (1, 2, 3, 4), tokens=500, prompt_tokens=400)
+    repeat = fleet.place("tiny", (1, 2, 3, 9), tokens=500, prompt_tokens=400)  # 3 of 4 blocks sent already
+    assert first is not None and repeat is not None
+    assert [p.tokens for p in fleet.engines[A].prefilling.values()] == [400, 100]
+    assert fleet.backlog(fleet.engines[A]) == 500
+    clock.advance(1.0)  # 400 - 100 and 100 - 100
+    [cand] = fleet.candidates("tiny", (5,))
+    assert cand.prefill_tokens == 300
+
+
+def test_a_first_byte_ends_a_prefill_and_measures_the_rate_replacing_the_prior_then_averaging(
+    clock: FakeClock,
+) -> None:
+    fleet = fleet_of(clock, A)
+    first = fleet.place("tiny", (1, 2, 3, 4), prompt_tokens=400)
+    repeat = fleet.place("tiny", (1, 2, 3, 9), prompt_tokens=200)  # 50 uncached tokens
+    assert first is not None and repeat is not None
+    clock.advance(2.0)
+    fleet.prefilled(first)  # 400 tokens in 2 s
+    fleet.prefilled(first)
+    assert (fleet.prefill_rate, list(fleet.engines[A].prefilling)) == (200.0, [repeat.ticket])
+    third = fleet.place("tiny", (7, 8), prompt_tokens=100)
+    assert third is not None
+    clock.advance(0.25)
+    fleet.prefilled(third)  # 400 tokens/s, weighted 0.2
+    fleet.prefilled(repeat)  # 50 tokens: too few to say anything about the rate
+    assert fleet.prefill_rate == 240.0
+    for placement in (first, repeat, third):
+        fleet.release(placement)
+    assert (fleet.engines[A].prefilling, fleet.engines[A].in_flight) == ({}, 0)
+
+
+def test_a_request_released_before_its_first_byte_leaves_no_backlog(clock: FakeClock) -> None:
+    fleet = fleet_of(clock, A)
+    placed = fleet.place("tiny", (1, 2), prompt_tokens=400)
+    assert placed is not None
+    fleet.release(placed)
+    assert (fleet.backlog(fleet.engines[A]), fleet.prefill_rate) == (0, 100.0)

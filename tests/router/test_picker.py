@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvfleet.protocol import EngineLoad
@@ -19,7 +21,9 @@ from kvfleet.router.picker import (
 from kvfleet.router.prefix import PrefixIndex, block_hashes, prompt_text
 
 CTX = PickContext(
-    weights=PickerWeights(prefix=2, kv=1, load=1, room=0), max_engine_queue=4, saturation_kv_usage=0.95
+    weights=PickerWeights(prefix=2, kv=1, load=1, room=0, backlog=0),
+    max_engine_queue=4,
+    saturation_kv_usage=0.95,
 )
 DEFAULTS = PickContext(weights=PickerWeights(), max_engine_queue=4, saturation_kv_usage=0.95)
 
@@ -93,17 +97,17 @@ def _fleet(home_busy: int) -> list[Candidate]:
 
 def test_the_default_follows_the_cached_prefix_while_that_engine_is_within_the_load_bound() -> None:
     # busy (4, 0, 0, 0): bound ceil(2 * 5 / 4) + 2 = 5, and home holds 4 + 1 <= 5.
-    # home: (3*1 + 0.5*0.6 + 1*(1 - 4/8) + 1*(1 - 2/2)) / 5.5 = 3.8 / 5.5
+    # home: (3*1 + 0.5*0.6 + 1*(1 - 4/8) + 1*(1 - 2/2) + 1*1) / 6.5 = 4.8 / 6.5 (no backlog anywhere)
     assert choose(_fleet(4), policy("default"), DEFAULTS, 0) == Choice(
-        "http://home", pytest.approx(3.8 / 5.5)
+        "http://home", pytest.approx(4.8 / 6.5)
     )
 
 
 def test_past_the_load_bound_the_default_spills_to_the_best_other_engine() -> None:
     # busy (5, 0, 0, 0): bound ceil(2 * 6 / 4) + 2 = 5 < 5 + 1, so home is set aside.
-    # half: (3*0.5 + 0.5*0.8 + 1 + 0) / 5.5 = 2.9 / 5.5; cold: (0 + 0.5 + 1 + 0.5) / 5.5 = 2 / 5.5
+    # half: (3*0.5 + 0.5*0.8 + 1 + 0 + 1) / 6.5 = 3.9 / 6.5; cold: (0 + 0.5 + 1 + 0.5 + 1) / 6.5 = 3 / 6.5
     assert choose(_fleet(5), policy("default"), DEFAULTS, 0) == Choice(
-        "http://half", pytest.approx(2.9 / 5.5)
+        "http://half", pytest.approx(3.9 / 6.5)
     )
 
 
@@ -112,10 +116,30 @@ def test_a_cold_prompt_goes_to_the_engine_sent_the_fewest_distinct_prompt_starts
         Candidate(f"http://{n}", load(kv=0.1), in_flight=0, prompt_blocks=4, prompt_starts=k)
         for n, k in zip("abc", (3, 1, 2), strict=True)
     ]
-    # b: (0 + 0.5*0.9 + 1 + 1*(1 - 1/3)) / 5.5
+    # b: (0 + 0.5*0.9 + 1 + 1*(1 - 1/3) + 1) / 6.5
     assert choose(cands, policy("default"), DEFAULTS, 0) == Choice(
-        "http://b", pytest.approx((1.45 + 2 / 3) / 5.5)
+        "http://b", pytest.approx((2.45 + 2 / 3) / 6.5)
     )
+
+
+def test_a_cold_prompt_avoids_the_engine_still_prefilling_another_cold_prompt() -> None:
+    # Equal request counts and prompt starts; a still owes 600 uncached prompt tokens, b none.
+    # b: (0 + 0.5*0.9 + 1*(1 - 1/8) + 0 + 1*(1 - 0/600)) / 6.5; a scores the same less the backlog's 1.
+    a = Candidate("http://a", load(kv=0.1), in_flight=1, prompt_blocks=4, prompt_starts=1, prefill_tokens=600)
+    b = Candidate("http://b", load(kv=0.1), in_flight=1, prompt_blocks=4, prompt_starts=1)
+    assert choose([a, b], policy("default"), DEFAULTS, 0) == Choice("http://b", pytest.approx(2.325 / 6.5))
+    assert default_score(a, replace(DEFAULTS, max_prompt_starts=1, max_prefill_tokens=600)) == pytest.approx(
+        1.325 / 6.5
+    )
+
+
+def test_a_repeat_follows_its_prompt_to_the_engine_still_prefilling_it() -> None:
+    # a was sent this prompt and is still prefilling it; b is idle and was sent nothing.
+    # a: (3*1 + 0.5*0.9 + 1*(1 - 1/8) + 0 + 0) / 6.5 = 4.325 / 6.5; b: (0 + 0.5 + 1 + 1 + 1) / 6.5 = 3.5 / 6.5
+    a = Candidate("http://a", load(kv=0.1), in_flight=1, prefix_blocks=4, prompt_blocks=4, prompt_starts=1,
+                  prefill_tokens=600)  # fmt: skip
+    b = Candidate("http://b", load(), in_flight=0, prompt_blocks=4)
+    assert choose([b, a], policy("default"), DEFAULTS, 0) == Choice("http://a", pytest.approx(4.325 / 6.5))
 
 
 def test_equal_engines_share_requests_by_rotation() -> None:
