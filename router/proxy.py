@@ -11,6 +11,7 @@ once with the usage the engine reported (:class:`Exchange`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -175,22 +176,37 @@ async def open_upstream(state: RouterState, ex: Exchange) -> aiohttp.ClientRespo
         ex.placement = retry
 
 
-async def serve(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Response:
+@contextlib.asynccontextmanager
+async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
+    """An error inside settles the exchange (quota, in-flight, metrics) before it propagates."""
+    try:
+        yield
+    except RouterError as err:
+        await ex.finish(err.status, used=None, reason=err.code)
+        raise
+    except BaseException:  # the client left (or Envoy gave up) while queued or connecting
+        with anyio.CancelScope(shield=True):
+            await ex.finish(499, used=None, reason="client_disconnected")
+        raise
+
+
+async def admit(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Exchange:
+    """Validate, take quota, wait for admission and place: the steps the proxy and the gateway share."""
     estimate = check_request(state, tenant, req)
     ex = Exchange(
         state, tenant, req, prompt_estimate=req.prompt_tokens_estimate(state.config.chars_per_token)
     )
-    try:
+    async with settled_on_error(ex):
         await take_quota(state, ex, estimate)
         ex.placement = await place(state, ex)
+    return ex
+
+
+async def serve(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Response:
+    ex = await admit(state, tenant, req)
+    async with settled_on_error(ex):
         upstream = await open_upstream(state, ex)
-    except RouterError as err:
-        await ex.finish(err.status, used=None, reason=err.code)
-        raise
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await ex.finish(499, used=None, reason="client_disconnected")
-        raise
+    assert ex.placement is not None  # open_upstream returns only once placed on an engine that answered
     headers = _engine_header(ex.placement.url)
     if upstream.status != 200 or not req.stream:
         return await relay_whole(ex, upstream, headers)

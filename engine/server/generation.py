@@ -109,6 +109,15 @@ async def submit(
     return Submitted(streams, [len(p) for p in prompts])
 
 
+async def final_outputs(sub: Submitted, n: int) -> dict[int, CompletionOutput]:
+    """Each choice's last output (choice = prompt index × n + sample index), for a non-streamed response."""
+    final: dict[int, CompletionOutput] = {}
+    async for p, out in merged(sub.streams):
+        for c in out.outputs:
+            final[p * n + c.index] = c
+    return final
+
+
 def abort_unfinished(state: ServerState, streams: Sequence[RequestStream]) -> None:
     for s in streams:
         if not s.finished:

@@ -16,7 +16,6 @@ taken out as failed and the request is counted on the engine that served it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway.config import UPSTREAM_HEADER
 from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
 from kvfleet.router.gateway.xds import is_ip
-from kvfleet.router.proxy import _Events, check_request, place, take_quota
+from kvfleet.router.proxy import _Events, admit
 from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
@@ -188,17 +187,6 @@ class RouterGate:
         except RouterError as err:
             state.metrics.reject("unknown", tenant.name, err.code, err.status)
             raise
-        estimate = check_request(state, tenant, req)
-        ex = Exchange(
-            state, tenant, req, prompt_estimate=req.prompt_tokens_estimate(state.config.chars_per_token)
-        )
-        try:
-            await take_quota(state, ex, estimate)
-            ex.placement = await place(state, ex)
-        except RouterError as err:
-            await ex.finish(err.status, used=None, reason=err.code)
-            raise
-        except BaseException:  # Envoy gave up on the stream (the client left) while it was queued
-            await asyncio.shield(ex.finish(499, used=None, reason="client_disconnected"))
-            raise
+        ex = await admit(state, tenant, req)
+        assert ex.placement is not None  # admit returns only once placed
         return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
+from kvfleet.engine.outputs import TokenLogprob
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.sse import (
     GENERATION_RESPONSES,
@@ -77,10 +77,7 @@ async def create_chat_completion(
 async def _collect(
     state: ServerState, body: ChatCompletionRequest, response_id: str, sub: gen.Submitted
 ) -> ChatCompletionResponse:
-    final: dict[int, CompletionOutput] = {}
-    async for _, out in gen.merged(sub.streams):
-        for c in out.outputs:
-            final[c.index] = c
+    final = await gen.final_outputs(sub, body.n)
     choices = [
         ChatChoice(
             index=i,

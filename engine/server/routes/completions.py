@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from kvfleet.engine.outputs import CompletionOutput, TokenLogprob
+from kvfleet.engine.outputs import TokenLogprob
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.sse import (
     GENERATION_RESPONSES,
@@ -69,10 +69,7 @@ async def create_completion(
 async def _collect(
     state: ServerState, body: CompletionRequest, response_id: str, sub: gen.Submitted
 ) -> CompletionResponse:
-    final: dict[int, CompletionOutput] = {}
-    async for p, out in gen.merged(sub.streams):
-        for c in out.outputs:
-            final[p * body.n + c.index] = c
+    final = await gen.final_outputs(sub, body.n)
     choices = []
     for index in sorted(final):
         c = final[index]
