@@ -88,6 +88,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
 
+def pack_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears of the same input, stacked by output rows.
+
+    The linears' parameters become views of the packed tensors, so the weights are held once
+    and ``state_dict`` keeps the checkpoint's names.
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
+    if biases and len(biases) != len(linears):
+        raise ValueError("packed linears must all have a bias or none")
+    bias = torch.cat(biases) if biases else None
+    row = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[row : row + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[row : row + rows], requires_grad=False)
+        row += rows
+    return weight, bias
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -99,6 +120,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
         self.scale = d**-0.5
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # packed by pack()
+
+    def pack(self) -> None:
+        """Run q/k/v as one matmul (after the weights are loaded; forward packs if nobody did)."""
+        self.qkv = pack_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -108,11 +134,15 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.qkv is None:
+            self.pack()
+        assert self.qkv is not None
+        t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, *self.qkv)
+        # q and k heads side by side take the rotation in one call; v is a view of the rest.
+        qk = apply_rope(qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d)), *rope)
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = backend.forward(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
@@ -126,9 +156,18 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # packed by pack()
+
+    def pack(self) -> None:
+        """Run gate and up as one matmul (after the weights are loaded; forward packs if nobody did)."""
+        self.gate_up = pack_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            self.pack()
+        assert self.gate_up is not None
+        gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -170,6 +209,14 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def pack(self) -> None:
+        """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once)."""
+        with torch.no_grad():
+            for layer in self.model.layers:
+                assert isinstance(layer, DecoderLayer)
+                layer.self_attn.pack()
+                layer.mlp.pack()
 
     def forward(
         self,

@@ -38,6 +38,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaF
     # A non-persistent buffer: to_empty left it uninitialised, and it stays float32 whatever the dtype.
     model.model.rotary_emb.reset_buffers(device)
     _copy_weights(model, weight_files(folder))
+    model.pack()
     return model.eval()
 
 
