@@ -20,12 +20,13 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 
 venv: $(STAMP)
 
-# Debian packages the tests drive for real: redis-server (router state), prometheus (promtool for the rules).
+# Debian packages the tests drive for real: redis-server (router state), prometheus (promtool for the rules),
+# gcc (the engine's native CPU decode kernel is compiled on first use).
 system-deps:
-	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null; then \
+	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null || ! command -v cc >/dev/null; then \
 	  if command -v apt-get >/dev/null; then \
-	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus >/dev/null; \
-	  else echo "install redis-server and promtool (prometheus) yourself"; fi; \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus gcc libc6-dev >/dev/null; \
+	  else echo "install redis-server, promtool (prometheus) and gcc yourself"; fi; \
 	fi
 
 run: $(STAMP)

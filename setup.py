@@ -18,4 +18,7 @@ for name, path in PARTS.items():
     packages.append(name)
     packages.extend(f"{name}.{sub}" for sub in find_packages(path))
 
-setup(packages=packages, package_dir=dict(PARTS), include_package_data=True)
+# The native CPU decode kernel ships as C source and is compiled on the user's machine at first use.
+PACKAGE_DATA = {"kvfleet.engine.kernels": ["csrc/*.c"]}
+
+setup(packages=packages, package_dir=dict(PARTS), package_data=PACKAGE_DATA, include_package_data=True)

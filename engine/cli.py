@@ -89,7 +89,12 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     e.add_argument("--device", default="auto", help="cuda, cpu or auto")
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--attention", default="torch", choices=["torch", "triton"], help="attention backend")
+    e.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "torch", "triton", "cpu"],
+        help="attention backend (auto: the native cpu kernel on a CPU where it builds, else torch)",
+    )
     e.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
 

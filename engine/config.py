@@ -31,7 +31,8 @@ class EngineConfig(BaseModel):
     num_kv_blocks: int | None = Field(default=None, ge=1)  # exact block count (tests); wins over both
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # a registered policy name: "fcfs", "priority"
-    attention_backend: Literal["torch", "triton"] = "torch"
+    # auto: "cpu" (native decode kernel) on a CPU where it builds, else "torch"
+    attention_backend: Literal["auto", "torch", "triton", "cpu"] = "auto"
     enable_chunked_prefill: bool = True
 
     @model_validator(mode="after")

@@ -70,6 +70,18 @@ def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def resolve_backend(name: str, device: torch.device) -> str:
+    """``auto``: the native ``cpu`` backend on a CPU where its kernel builds, else ``torch``."""
+    if name != "auto":
+        return name
+    if device.type == "cpu":
+        from kvfleet.engine.kernels.cpu_decode import load_kernel
+
+        if load_kernel() is not None:
+            return "cpu"
+    return "torch"
+
+
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
     limit = model_config.max_model_len
     if config.max_model_len is None:
@@ -93,7 +105,7 @@ class ModelRunner:
         self.model = load_model(self.model_path, self.dtype, self.device)
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
-        self.backend = get_backend(config.attention_backend)
+        self.backend = get_backend(resolve_backend(config.attention_backend, self.device))
         self.block_size = config.block_size
         self._num_blocks = self._count_kv_blocks()
         shape = (

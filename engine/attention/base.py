@@ -83,8 +83,10 @@ def get_backend(name: str) -> AttentionBackend:
         import kvfleet.engine.attention.torch_backend  # noqa: F401
     elif name == "triton":
         import kvfleet.engine.attention.triton_backend  # noqa: F401
+    elif name == "cpu":
+        import kvfleet.engine.attention.cpu_backend  # noqa: F401
     if name not in _REGISTRY:
         raise ValueError(
-            f"attention backend {name!r} is unknown; known: {sorted(_REGISTRY) or ['torch', 'triton']}"
+            f"attention backend {name!r} is unknown; known: {sorted(_REGISTRY) or ['cpu', 'torch', 'triton']}"
         )
     return _REGISTRY[name]()

@@ -26,7 +26,9 @@ from kvfleet.engine.attention.base import AttentionMetadata
 
 DECODE_BUCKET = 8  # decoding sequences per SDPA call, at least (fewer, longer calls beat many short ones)
 MAX_DECODE_BUCKETS = 4
-PREFILL_BUCKET = 4  # prefill chunks per SDPA call
+PREFILL_BUCKET = 4  # prefill tiles per SDPA call, at least
+PREFILL_TILE = 128  # query rows per prefill tile
+SEQ_LEN = 2  # Span field the buckets sort by
 
 
 def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -82,12 +84,25 @@ class Group:
 
 @dataclass(frozen=True)
 class StepLayout:
-    groups: tuple[Group, ...]
+    groups: tuple[Group, ...]  # the SDPA calls of the step
+    decode_seqs: torch.Tensor | None = None  # (S_dec,) int64: decodes left to a native kernel (None: none)
 
 
-def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | None) -> list[list[int]]:
-    """Cut sequences (sorted by ``lens``) into runs of at least ``size``, at most ``max_buckets`` runs."""
-    ranked = sorted(order, key=lambda s: lens[s])
+class Span(NamedTuple):
+    """Query rows attended together: ``num_rows`` rows from flat row ``first_row``, the last at
+    position ``seq_len - 1``, over the keys of ``table``. A decode is one span of one row; a
+    prefill chunk is cut into spans of at most ``PREFILL_TILE`` rows, each seeing only the keys
+    up to its own last row, so the causal upper triangle beyond a tile is never computed."""
+
+    first_row: int
+    num_rows: int
+    seq_len: int
+    table: list[int]
+
+
+def _buckets(spans: list[Span], key: int, size: int, max_buckets: int | None) -> list[list[Span]]:
+    """Cut spans (sorted by field ``key``) into runs of at least ``size``, at most ``max_buckets`` runs."""
+    ranked = sorted(spans, key=lambda span: span[key])
     count = max(1, len(ranked) // size)
     if max_buckets is not None:
         count = min(count, max_buckets)
@@ -95,36 +110,41 @@ def _buckets(order: list[int], lens: list[int], size: int, max_buckets: int | No
     return [ranked[i : i + per] for i in range(0, len(ranked), per)]
 
 
-def _group(
-    seqs: list[int], starts: list[int], seq_lens: list[int], tables: list[list[int]], geo: Geometry
-) -> Group:
-    # Invariant: padded query row i of sequence s sits at position start_s + min(i, qlen_s - 1) and
-    # reads query row qs_s + min(i, qlen_s - 1), so a padding row repeats a real one and is never
+def _tiles(first_row: int, num_rows: int, seq_len: int, table: list[int]) -> list[Span]:
+    spans = []
+    for lo in range(0, num_rows, PREFILL_TILE):
+        rows = min(PREFILL_TILE, num_rows - lo)
+        spans.append(Span(first_row + lo, rows, seq_len - (num_rows - lo - rows), table))
+    return spans
+
+
+def _group(spans: list[Span], geo: Geometry) -> Group:
+    # Invariant: padded query row i of span s sits at position start_s + min(i, rows_s - 1) and
+    # reads query row first_s + min(i, rows_s - 1), so a padding row repeats a real one and is never
     # fully masked; a padding key row reads the sequence's own position-0 slot (stored, so finite)
     # and is masked, so a sequence never reads a slot it did not store (stale or NaN contents).
     block_size = geo.block_size
-    qlens = [starts[s + 1] - starts[s] for s in seqs]
-    width = max(qlens)
-    num_blocks = -(-max(seq_lens[s] for s in seqs) // block_size)
+    width = max(span.num_rows for span in spans)
+    num_blocks = -(-max(span.seq_len for span in spans) // block_size)
     q_rows: list[int] = []
     positions: list[int] = []
     out_index: list[int] = []
     out_rows: list[int] = []
     tables_padded: list[list[int]] = []
-    for n, (s, qlen) in enumerate(zip(seqs, qlens, strict=True)):
-        first_pos = seq_lens[s] - qlen
+    for n, (first, rows, seq_len, table) in enumerate(spans):
+        first_pos = seq_len - rows
         for i in range(width):
-            j = min(i, qlen - 1)
-            q_rows.append(starts[s] + j)
+            j = min(i, rows - 1)
+            q_rows.append(first + j)
             positions.append(first_pos + j)
-        out_index.extend(range(n * width, n * width + qlen))
-        out_rows.extend(range(starts[s], starts[s] + qlen))
-        table = tables[s][:num_blocks]
+        out_index.extend(range(n * width, n * width + rows))
+        out_rows.extend(range(first, first + rows))
+        table = table[:num_blocks]
         tables_padded.append(table + [table[0]] * (num_blocks - len(table)))
-    query_pos = torch.tensor(positions, dtype=torch.int64).view(len(seqs), width)
+    query_pos = torch.tensor(positions, dtype=torch.int64).view(len(spans), width)
     key_pos = torch.arange(num_blocks * block_size)
     padded = len(out_rows) != len(q_rows)
-    lens = torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64)
+    lens = torch.tensor([span.seq_len for span in spans], dtype=torch.int64)
     key_at = torch.where(key_pos[None, :] < lens[:, None], key_pos[None, :], 0)
     table_t = torch.tensor(tables_padded, dtype=torch.int64)
     key_slots = table_t.gather(1, key_at // block_size) * block_size + key_at % block_size
@@ -134,30 +154,41 @@ def _group(
         out_rows=torch.tensor(out_rows, dtype=torch.int64),
         key_slots=key_slots.view(-1),
         query_pos=query_pos,
-        num_seqs=len(seqs),
+        num_seqs=len(spans),
         query_len=width,
         num_blocks=num_blocks,
         geo=geo,
     )
 
 
-def plan_step(meta: AttentionMetadata, geo: Geometry) -> StepLayout:
-    """Group the step's sequences into padded SDPA calls (decodes and prefill chunks apart)."""
+def plan_step(meta: AttentionMetadata, geo: Geometry, sdpa_decodes: bool = True) -> StepLayout:
+    """Group the step's sequences into padded SDPA calls (decodes and prefill tiles apart).
+
+    ``sdpa_decodes=False``: the decoding sequences get no SDPA call; the layout lists them in
+    ``decode_seqs`` for a kernel that reads the paged cache in place.
+    """
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     tables = meta.block_tables.tolist()
-    decode = [s for s in range(len(seq_lens)) if starts[s + 1] - starts[s] == 1]
-    prefill = [s for s in range(len(seq_lens)) if starts[s + 1] - starts[s] > 1]
-    qlens = [starts[s + 1] - starts[s] for s in range(len(seq_lens))]
+    decode: list[int] = []
+    tiles: list[Span] = []
+    for s, seq_len in enumerate(seq_lens):
+        rows = starts[s + 1] - starts[s]
+        if rows == 1:
+            decode.append(s)
+        else:
+            tiles += _tiles(starts[s], rows, seq_len, tables[s])
     runs = []
-    if decode:
-        runs += _buckets(decode, seq_lens, DECODE_BUCKET, MAX_DECODE_BUCKETS)
-    if prefill:
-        runs += _buckets(prefill, qlens, PREFILL_BUCKET, None)
-    groups = [_group(run, starts, seq_lens, tables, geo) for run in runs]
+    if decode and sdpa_decodes:
+        spans = [Span(starts[s], 1, seq_lens[s], tables[s]) for s in decode]
+        runs += _buckets(spans, SEQ_LEN, DECODE_BUCKET, MAX_DECODE_BUCKETS)
+    if tiles:
+        runs += _buckets(tiles, SEQ_LEN, PREFILL_BUCKET, None)
+    groups = [_group(run, geo) for run in runs]
     if geo.device.type != "cpu":
         groups = [_to(grp, geo.device) for grp in groups]
-    return StepLayout(tuple(groups))
+    native = None if sdpa_decodes or not decode else torch.tensor(decode, dtype=torch.int64)
+    return StepLayout(tuple(groups), native)
 
 
 def _to(grp: Group, device: torch.device) -> Group:
@@ -181,7 +212,8 @@ class BatchedAttention:
     step: gathering into fresh tensors of a few MB each would page-fault on every call.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sdpa_decodes: bool = True) -> None:
+        self.sdpa_decodes = sdpa_decodes
         self._key: tuple[AttentionMetadata, Geometry] | None = None
         self._layout = StepLayout(())
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -189,9 +221,14 @@ class BatchedAttention:
     def layout(self, meta: AttentionMetadata, geo: Geometry) -> StepLayout:
         # A new step: every layer of one step shares the metadata object (compared by identity).
         if self._key is None or self._key[0] is not meta or self._key[1] != geo:
-            self._layout = plan_step(meta, geo)
+            self._layout = plan_step(meta, geo, self.sdpa_decodes)
             self._key = (meta, geo)
         return self._layout
+
+    @staticmethod
+    def geometry(q: torch.Tensor, k_cache: torch.Tensor) -> Geometry:
+        group = q.shape[1] // k_cache.shape[2]
+        return Geometry(k_cache.shape[1], group, torch.promote_types(q.dtype, k_cache.dtype), q.device)
 
     def _buffers(self, k_cache: torch.Tensor, rows: int) -> torch.Tensor:
         """(2, rows, kv_heads * head_dim), contiguous: the K rows then the V rows of one group."""
@@ -229,13 +266,15 @@ class BatchedAttention:
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+        """Attention of the rows the layout's groups cover, written into ``out`` (new if None)."""
+        block_size, kv_heads, head_dim = k_cache.shape[1:]
         heads = q.shape[1]
         g = heads // kv_heads
+        layout = self.layout(meta, self.geometry(q, k_cache))
         dtype = torch.promote_types(q.dtype, k_cache.dtype)
-        layout = self.layout(meta, Geometry(block_size, g, dtype, q.device))
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         for grp in layout.groups:
             n, lq, keys = grp.num_seqs, grp.query_len, grp.num_blocks * block_size
             kv = self._gather(k_cache, v_cache, grp.key_slots)

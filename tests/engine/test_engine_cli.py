@@ -74,3 +74,19 @@ def test_a_bad_value_exits_2_naming_it(
 ) -> None:
     assert cli.run(_args("--simulate", "--num-kv-blocks", "8", "--port", "9", *flags)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_attention_backend_defaults_to_auto_and_takes_each_named_backend() -> None:
+    assert cli.engine_config(_args("--model", "tiny")).attention_backend == "auto"
+    for name in ("auto", "torch", "triton", "cpu"):
+        assert cli.engine_config(_args("--model", "tiny", "--attention", name)).attention_backend == name
+
+
+def test_an_unknown_attention_backend_is_refused_naming_the_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        _args("--attention", "flash")
+    err = capsys.readouterr().err
+    assert "argument --attention: invalid choice: 'flash'" in err
+    assert all(name in err.split("choose from")[1] for name in ("auto", "torch", "triton", "cpu"))

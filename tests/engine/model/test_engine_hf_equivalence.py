@@ -20,12 +20,12 @@ PROMPTS = [
 ]
 NEW_TOKENS = 5
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "triton", "cpu"]
 
 
 def prompts_for(backend: str) -> list[list[int]]:
     """Triton runs interpreted on the CPU: a short and a long prompt are enough to cover it."""
-    return PROMPTS if backend == "torch" else [PROMPTS[0], PROMPTS[2]]
+    return PROMPTS if backend != "triton" else [PROMPTS[0], PROMPTS[2]]
 
 
 def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -48,7 +48,13 @@ def record_plans(llm: LLM) -> list[SchedulerPlan]:
 
 @pytest.mark.parametrize(
     ("variant", "backend"),
-    [("llama-gqa-llama3-sharded", "torch"), ("qwen2-tied", "torch"), ("llama-gqa-llama3-sharded", "triton")],
+    [
+        ("llama-gqa-llama3-sharded", "torch"),
+        ("qwen2-tied", "torch"),
+        ("llama-gqa-llama3-sharded", "triton"),
+        ("llama-gqa-llama3-sharded", "cpu"),
+        ("qwen2-tied", "cpu"),
+    ],
 )
 def test_a_batch_of_mixed_prompt_lengths_through_llm_generate_matches_transformers(
     variant: str, backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any

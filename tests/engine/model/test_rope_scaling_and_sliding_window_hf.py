@@ -26,7 +26,7 @@ PROMPTS = {
     "mistral-window": [SHORT, LONG],
     "qwen2-window": [SHORT, LONG],
 }
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "triton", "cpu"]
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

@@ -1,0 +1,91 @@
+"""The ``cpu`` attention backend: decodes through the native kernel, prefill chunks through torch's SDPA.
+
+Where it sits: the runner's default on a CPU (``attention_backend="auto"``) when the native
+kernel of :mod:`kvfleet.engine.kernels.cpu_decode` builds on the machine. Per layer and step
+it runs the torch backend's batched path for the prefill chunks only, and hands the
+decoding sequences (one query row each) to the C kernel, which reads their K/V rows in
+place through the block table instead of gathering them into a padded copy first.
+
+Float32 only: with another dtype, or tensors off the CPU, it falls back to the torch
+backend's path for the whole step, so it is never wrong, only sometimes no faster.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
+from kvfleet.engine.attention.torch_batched import BatchedAttention
+from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel, unavailable_reason
+
+
+class CpuKernelUnavailable(RuntimeError):
+    """The native CPU kernel could not be built here (no C compiler, or the build failed)."""
+
+
+def require_kernel() -> NativeDecode:
+    kernel = load_kernel()
+    if kernel is None:
+        raise CpuKernelUnavailable(
+            f"attention backend 'cpu' needs its native kernel: {unavailable_reason()}; "
+            "use attention_backend='torch' (or 'auto', which falls back to it)"
+        )
+    return kernel
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kernel = require_kernel()
+        self._prefill = BatchedAttention(sdpa_decodes=False)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        if not _native_ok(q, k_cache, v_cache, meta):
+            return super().forward(q, k_cache, v_cache, meta, scale, sliding_window)
+        q = q.contiguous()
+        layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
+        out = torch.empty_like(q)
+        if layout.decode_seqs is not None:
+            self._kernel(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                meta.query_start_loc,
+                layout.decode_seqs,
+                out,
+                scale,
+                sliding_window,
+            )
+        if layout.groups:
+            self._prefill.forward(q, k_cache, v_cache, meta, scale, sliding_window, out=out)
+        return out
+
+
+def _native_ok(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> bool:
+    tensors = (q, k_cache, v_cache)
+    return (
+        all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and meta.block_tables.dtype == torch.int32
+        and meta.block_tables.stride(1) == 1
+        and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.seq_lens, meta.query_start_loc))
+    )
+
+
+register_backend("cpu", CpuAttentionBackend)

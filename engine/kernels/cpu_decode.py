@@ -1,0 +1,148 @@
+"""The native CPU decode kernel (``csrc/paged_decode.c``): compiled once per machine, called through ctypes.
+
+Where it sits: the ``cpu`` attention backend (``kvfleet.engine.attention.cpu_backend``) hands
+it the decoding sequences of each step and layer. It reads every K and V row in place
+through the block table, where the torch path first gathers the rows into a padded copy
+and then runs SDPA over it: on a CPU, decode attention is memory-bound, so one pass over
+the cache instead of three is most of the gain.
+
+:func:`load_kernel` compiles the C source with the machine's C compiler (``$CC``, ``cc`` or
+``gcc``; ``-O3 -march=native -fopenmp``) into ``$KVFLEET_CACHE/kernels`` (default
+``~/.cache/kvfleet/kernels``), named by a hash of the source, the flags and the host CPU,
+written under a temporary name and renamed, so concurrent processes never load half a file.
+No compiler, or a failed build: :func:`load_kernel` returns None with the reason in
+:func:`unavailable_reason`, and the ``auto`` backend falls back to ``torch``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kvfleet.engine.model.tiny import cache_root
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+_reason: list[str] = []
+
+
+class NativeDecode:
+    """``paged_decode_f32`` behind a typed call: float32 CPU tensors in, ``out`` rows written."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.paged_decode_f32
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        fn.argtypes = [p, p, p, p, i64, p, p, p, i64, p, i32, i32, i32, i32, f32, i32, i32]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seqs: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        window: int | None,
+    ) -> None:
+        """Attend the one query row of each sequence in ``seqs`` (int64 indices) into ``out``."""
+        _, block_size, kv_heads, head_dim = k_cache.shape
+        heads = q.shape[1]
+        status = self._fn(
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            seq_lens.data_ptr(),
+            query_start_loc.data_ptr(),
+            seqs.data_ptr(),
+            seqs.numel(),
+            out.data_ptr(),
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            scale,
+            window or 0,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise MemoryError(
+                f"the CPU decode kernel could not allocate scores for {int(seq_lens.max())} keys"
+            )
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`load_kernel` returned None (None if it loaded or was not tried)."""
+    return _reason[0] if _reason else None
+
+
+@functools.cache
+def load_kernel() -> NativeDecode | None:
+    """The kernel, built on first use (once per process; ``load_kernel.cache_clear()`` retries)."""
+    _reason.clear()
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        _reason.append("no C compiler (set CC, or install gcc)")
+        return None
+    target = _cache_dir() / f"paged_decode-{_build_key(compiler)}.so"
+    try:
+        if not target.exists():
+            _compile(compiler, target)
+        return NativeDecode(ctypes.CDLL(str(target)))
+    except (OSError, subprocess.SubprocessError) as err:
+        detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else str(err)
+        _reason.append(f"building {SOURCE.name} with {compiler} failed: {detail}"[:2000])
+        return None
+
+
+def _cache_dir() -> Path:
+    return cache_root() / "kernels"
+
+
+def _build_key(compiler: str) -> str:
+    """Source, flags, compiler and host CPU: -march=native code is only valid on the CPU it was built for."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_flags())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [line for line in text.splitlines() if line.startswith(("flags", "Features", "model name"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _compile(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,160 @@
+/* Paged decode attention on the CPU: one query row per sequence, read in place from the block table.
+ *
+ * Where it sits: kvfleet/engine/kernels/cpu_decode.py compiles this file once per machine
+ * (cc -O3 -march=native -fopenmp) and calls paged_decode_f32 through ctypes from the "cpu"
+ * attention backend, for the decoding sequences of a step; prefill chunks stay on torch's SDPA.
+ *
+ * Layout (float32, contiguous): q (rows, H, D); k_cache and v_cache (num_blocks, block_size,
+ * KVH, D); block_tables (S, table_stride) int32; seq_lens (S,) int32; query_start (S + 1,)
+ * int32; out (rows, H, D). seqs lists the sequences to attend (each with one query row).
+ *
+ * Invariant: the query of sequence s sits at position L - 1 (L = seq_lens[s]) and attends keys
+ * lo..L-1, lo = max(0, L - window) (window 0: lo = 0); a key is read only if the sequence
+ * stored it, so no other sequence's slot (stale or NaN) is ever touched, and no score is masked.
+ * All heads of a sequence are done together, so every token's K and V rows (KVH * D floats
+ * each, contiguous) are read once per step: scores, then max, exp and normalise, then the
+ * weighted sum of V rows. A step's sequences are shared among the OpenMP threads.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* e^x for x <= 0 (a score minus the row's maximum), within 2 ulp: Cephes' expf, written so that
+ * the loop over a row vectorises (no libm call, no branch). Below -87 it returns e^-87 (~1e-38),
+ * nothing next to the maximum's 1. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* Blocks lie anywhere in the cache (a 4 KiB block is a page of its own): start fetching the next
+ * one while this one is read, since the hardware prefetcher does not cross pages. */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 1
+#endif
+static inline void prefetch_block(const float *block, int64_t floats) {
+    const char *p = (const char *)block;
+    const int64_t bytes = floats * (int64_t)sizeof(float) < 4096 ? floats * (int64_t)sizeof(float) : 4096;
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
+static inline __attribute__((always_inline)) void attend(
+    const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int L, int lo, int H,
+    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out) {
+    const int64_t rs = (int64_t)KVH * D;              /* floats between consecutive tokens of a block */
+    const int64_t bstride = (int64_t)block_size * rs; /* floats between consecutive blocks */
+    const int n = L - lo;
+    const int first = lo / block_size, last = (L - 1) / block_size;
+    /* scores[h * n + i]: head h against key lo + i; a token's KV heads are read together, once. */
+    for (int b = first, i = 0; b <= last; b++) {
+        const float *base = k_cache + (int64_t)table[b] * bstride;
+        if (b + PREFETCH_AHEAD <= last) prefetch_block(k_cache + (int64_t)table[b + PREFETCH_AHEAD] * bstride, bstride);
+        const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
+        for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
+            const float *row = base + t * rs;
+            for (int kh = 0; kh < KVH; kh++) {
+                const float *k = row + (int64_t)kh * D;
+                for (int h = kh * g; h < (kh + 1) * g; h++) {
+                    const float *qh = q + (int64_t)h * D;
+                    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                    for (int d = 0; d < D; d++) acc += qh[d] * k[d];
+                    scores[(int64_t)h * n + i] = acc * scale;
+                }
+            }
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        float *sc = scores + (int64_t)h * n;
+        float m = sc[0];
+#pragma omp simd reduction(max : m)
+        for (int i = 0; i < n; i++) m = sc[i] > m ? sc[i] : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < n; i++) {
+            sc[i] = exp_nonpositive(sc[i] - m);
+            sum += sc[i];
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int i = 0; i < n; i++) sc[i] *= inv;
+    }
+    memset(out, 0, sizeof(float) * (size_t)H * D);
+    for (int b = first, i = 0; b <= last; b++) {
+        const float *base = v_cache + (int64_t)table[b] * bstride;
+        if (b + PREFETCH_AHEAD <= last) prefetch_block(v_cache + (int64_t)table[b + PREFETCH_AHEAD] * bstride, bstride);
+        const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
+        for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
+            const float *row = base + t * rs;
+            for (int kh = 0; kh < KVH; kh++) {
+                const float *v = row + (int64_t)kh * D;
+                for (int h = kh * g; h < (kh + 1) * g; h++) {
+                    const float w = scores[(int64_t)h * n + i];
+                    float *o = out + (int64_t)h * D;
+#pragma omp simd
+                    for (int d = 0; d < D; d++) o[d] += w * v[d];
+                }
+            }
+        }
+    }
+}
+
+/* The common head sizes get their own copy, so the inner loops have a constant trip count. */
+#define ATTEND_FIXED(DIM)                                                                                  \
+    static void attend_##DIM(const float *q, const float *kc, const float *vc, const int32_t *table, int L, \
+                             int lo, int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o) { \
+        (void)D;                                                                                           \
+        attend(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o);                                 \
+    }
+ATTEND_FIXED(32)
+ATTEND_FIXED(64)
+ATTEND_FIXED(128)
+static void attend_any(const float *q, const float *kc, const float *vc, const int32_t *table, int L, int lo,
+                       int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o) {
+    attend(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o);
+}
+
+/* Returns 0, or 2 if the scores scratch (H * longest context floats per thread) could not be allocated. */
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                     float scale, int window, int num_threads) {
+    const int g = H / KVH;
+    typeof(attend_any) *fn = D == 32 ? attend_32 : D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
+    int max_len = 1;
+    for (int64_t i = 0; i < num_seqs; i++)
+        if (seq_lens[seqs[i]] > max_len) max_len = seq_lens[seqs[i]];
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1 && num_seqs > 1)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)H * (size_t)max_len);
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t w = 0; w < num_seqs; w++) {
+            if (scores == NULL) continue;
+            const int64_t s = seqs[w];
+            const int L = seq_lens[s];
+            const int lo = (window > 0 && L > window) ? L - window : 0;
+            const int64_t row = query_start[s];
+            fn(q + row * H * D, k_cache, v_cache, block_tables + s * table_stride, L, lo, H, g, KVH, D,
+               block_size, scale, scores, out + row * H * D);
+        }
+        free(scores);
+    }
+    return failed ? 2 : 0;
+}

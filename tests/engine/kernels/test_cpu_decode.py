@@ -1,0 +1,217 @@
+"""The native CPU decode kernel and the ``cpu`` backend against the torch reference.
+
+The kernel is compiled here with the machine's C compiler (``make test`` installs gcc where
+it is missing); with no compiler at all the kernel tests skip, and the fallback tests still
+run. A compiler that is present but fails to build the kernel is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvfleet.engine.attention import get_backend, torch_batched
+from kvfleet.engine.attention.torch_backend import paged_attention_reference
+from kvfleet.engine.kernels import cpu_decode
+from kvfleet.engine.runner import resolve_backend
+
+HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+
+DECODES = [(9, 1), (1, 1), (33, 1), (16, 1), (70, 1), (17, 1)]
+# (seq_len, query_len): a whole prefill, a chunked prefill across a block boundary, decodes
+MIXED = [(19, 19), (41, 9), (33, 1), (1, 1), (16, 1)]
+
+
+@pytest.fixture
+def fresh_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty kernel cache of the test's own, and ``load_kernel`` forgotten before and after."""
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path))
+    cpu_decode.load_kernel.cache_clear()
+    yield tmp_path / "kernels"
+    cpu_decode.load_kernel.cache_clear()
+
+
+def _reference(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, window)
+
+
+def _cpu(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return get_backend("cpu").forward(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, window)
+
+
+@needs_kernel
+@pytest.mark.parametrize("seqs", [DECODES, MIXED], ids=["decodes", "mixed"])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [
+        (2, 2, 64, 16),  # MHA
+        (4, 2, 128, 8),  # GQA 2
+        (8, 2, 64, 32),  # GQA 4
+        (8, 1, 32, 16),  # GQA 8, the tiny model's head size
+        (4, 1, 80, 8),  # head_dim without a specialised copy
+        (7, 1, 64, 1),  # GQA 7 (Qwen2-7B's ratio); one token per block
+        (3, 3, 17, 4),  # odd head_dim, no GQA
+    ],
+)
+def test_decodes_among_prefills_match_the_reference_without_reading_unowned_slots(
+    paged_batch: Callable,
+    seqs: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> None:
+    # unowned slots hold NaN (make_paged_batch): one read of them would poison a whole row
+    batch = paged_batch(
+        seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size
+    )
+    out = _cpu(batch, head_dim**-0.5)
+    assert out.shape == batch.q.shape and not out.isnan().any()
+    torch.testing.assert_close(out, _reference(batch, head_dim**-0.5), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("window", [1, 5, 16, 40, 1000])
+def test_a_sliding_window_reads_only_the_last_window_keys(paged_batch: Callable, window: int) -> None:
+    batch = paged_batch(
+        [(155, 1), (120, 40), (70, 1), (5, 1), (33, 1)],
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+    )
+    out = _cpu(batch, 0.125, window)
+    torch.testing.assert_close(out, _reference(batch, 0.125, window), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_queries_read_as_a_strided_view_of_a_fused_qkv_projection(paged_batch: Callable) -> None:
+    batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, strided_q=True)
+    assert not batch.q.is_contiguous()
+    torch.testing.assert_close(_cpu(batch, 0.2), _reference(batch, 0.2), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_the_kernel_writes_the_rows_of_the_listed_sequences_and_no_other(paged_batch: Callable) -> None:
+    batch = paged_batch(DECODES, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8)
+    kernel = cpu_decode.load_kernel()
+    assert kernel is not None, cpu_decode.unavailable_reason()
+    meta = batch.meta
+    out = torch.full_like(batch.q, 7.0)
+    listed = torch.tensor([4, 0, 2], dtype=torch.int64)
+    kernel(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+           listed, out, 0.3, None)  # fmt: skip
+    expected = _reference(batch, 0.3)
+    for s in range(len(DECODES)):
+        if s in listed.tolist():
+            torch.testing.assert_close(out[s], expected[s], atol=2e-5, rtol=2e-5)
+        else:
+            assert torch.equal(out[s], torch.full_like(out[s], 7.0))
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_result_does_not_depend_on_the_thread_count(paged_batch: Callable, threads: int) -> None:
+    batch = paged_batch(DECODES * 4, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = _cpu(batch, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    torch.set_num_threads(1)
+    try:
+        single = _cpu(batch, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out, single)  # each sequence is one work item: same arithmetic, same bits
+
+
+@needs_kernel
+def test_a_bfloat16_cache_takes_the_torch_path_and_gets_its_result(paged_batch: Callable) -> None:
+    batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, dtype=torch.bfloat16)
+    out = _cpu(batch, 0.2)
+    ref = get_backend("torch").forward(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.2)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=needs_kernel)])
+def test_long_prefill_chunks_cut_into_tiles_see_exactly_their_causal_keys(
+    paged_batch: Callable, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    # 4-row tiles: chunks of 19, 9 and 40 rows become 5, 3 and 10 tiles, each attending keys up to its last row
+    monkeypatch.setattr(torch_batched, "PREFILL_TILE", 4)
+    batch = paged_batch(
+        [(19, 19), (41, 9), (33, 1), (80, 40), (7, 3)], num_heads=4, num_kv_heads=2, head_dim=32, block_size=8
+    )
+    for window in (None, 6):
+        out = get_backend(backend).forward(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.2, window)
+        assert not out.isnan().any()
+        torch.testing.assert_close(out, _reference(batch, 0.2, window), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_the_kernel_is_built_once_into_the_cache_and_reused(
+    fresh_kernel: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert cpu_decode.load_kernel() is not None, cpu_decode.unavailable_reason()
+    built = list(fresh_kernel.glob("paged_decode-*.so"))
+    assert len(built) == 1 and not list(fresh_kernel.glob("*.tmp*"))
+    cpu_decode.load_kernel.cache_clear()
+
+    def no_compiler(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the cached kernel should have been loaded, not rebuilt")
+
+    monkeypatch.setattr(cpu_decode.subprocess, "run", no_compiler)
+    assert cpu_decode.load_kernel() is not None
+    assert list(fresh_kernel.glob("paged_decode-*.so")) == built
+
+
+def test_auto_falls_back_to_torch_when_no_compiler_exists(
+    fresh_kernel: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CC", str(fresh_kernel.parent / "no-such-cc"))
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert "no-such-cc" in (cpu_decode.unavailable_reason() or "")
+    from kvfleet.engine.attention.cpu_backend import CpuKernelUnavailable
+
+    with pytest.raises(CpuKernelUnavailable, match=r"'cpu' needs its native kernel.*no-such-cc.*'torch'"):
+        get_backend("cpu")
+
+
+def test_a_failed_build_is_reported_with_the_compiler_output(
+    fresh_kernel: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = fresh_kernel.parent / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'paged_decode.c:1: error: no vectors today' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(broken))
+    assert cpu_decode.load_kernel() is None
+    assert "no vectors today" in (cpu_decode.unavailable_reason() or "")
+    assert not list(fresh_kernel.glob("*")), "a failed build leaves nothing in the cache"
+
+
+def test_auto_means_torch_off_the_cpu_and_names_are_kept_as_given() -> None:
+    assert resolve_backend("auto", torch.device("cuda")) == "torch"
+    assert resolve_backend("triton", torch.device("cpu")) == "triton"
+    assert resolve_backend("torch", torch.device("cpu")) == "torch"
+
+
+def test_a_chunk_is_cut_into_tiles_that_end_at_their_own_last_position(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch_batched, "PREFILL_TILE", 4)
+    # 9 new rows from flat row 19, the last at position 40: tiles end at positions 35, 39 and 40
+    assert torch_batched._tiles(19, 9, 41, [3, 1]) == [
+        torch_batched.Span(19, 4, 36, [3, 1]),
+        torch_batched.Span(23, 4, 40, [3, 1]),
+        torch_batched.Span(27, 1, 41, [3, 1]),
+    ]
+    assert torch_batched._tiles(0, 4, 4, [0]) == [torch_batched.Span(0, 4, 4, [0])]
