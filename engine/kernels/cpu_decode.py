@@ -94,15 +94,20 @@ def unavailable_reason() -> str | None:
 @functools.cache
 def load_kernel() -> NativeDecode | None:
     """The kernel, built on first use (once per process; ``load_kernel.cache_clear()`` retries)."""
+    return build_kernel(FLAGS)
+
+
+def build_kernel(flags: tuple[str, ...]) -> NativeDecode | None:
+    """The kernel built with ``flags`` (cached on disk by source, flags and CPU), or None with the reason."""
     _reason.clear()
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         _reason.append("no C compiler (set CC, or install gcc)")
         return None
-    target = _cache_dir() / f"paged_decode-{_build_key(compiler)}.so"
+    target = _cache_dir() / f"paged_decode-{_build_key(compiler, flags)}.so"
     try:
         if not target.exists():
-            _compile(compiler, target)
+            _compile(compiler, flags, target)
         return NativeDecode(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as err:
         detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else str(err)
@@ -114,10 +119,10 @@ def _cache_dir() -> Path:
     return cache_root() / "kernels"
 
 
-def _build_key(compiler: str) -> str:
+def _build_key(compiler: str, flags: tuple[str, ...]) -> str:
     """Source, flags, compiler and host CPU: -march=native code is only valid on the CPU it was built for."""
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_flags())).encode())
+    digest.update(" ".join((compiler, *flags, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -130,13 +135,13 @@ def _cpu_flags() -> str:
     return "\n".join(sorted(set(lines)))
 
 
-def _compile(compiler: str, target: Path) -> None:
+def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"],
+            [compiler, *flags, str(SOURCE), "-o", tmp, "-lm"],
             check=True,
             capture_output=True,
             text=True,

@@ -13,7 +13,9 @@
  * stored it, so no other sequence's slot (stale or NaN) is ever touched, and no score is masked.
  * All heads of a sequence are done together, so every token's K and V rows (KVH * D floats
  * each, contiguous) are read once per step: scores, then max, exp and normalise, then the
- * weighted sum of V rows. A step's sequences are shared among the OpenMP threads.
+ * weighted sum of V rows. A step's sequences are shared among the OpenMP threads. The portable
+ * loops are what every CPU runs; with AVX-512 (-march=native found it) head sizes that are a
+ * multiple of 16 take attend16, the same computation in explicit vector code.
  */
 #include <math.h>
 #include <stdint.h>
@@ -37,6 +39,25 @@ static inline float exp_nonpositive(float x) {
     p = p * r * r + r + 1.0f;
     union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
     return p * scale.f;
+}
+
+/* Each of the H rows of n scores becomes its softmax, in place. */
+static inline void softmax_rows(float *scores, int H, int n) {
+    for (int h = 0; h < H; h++) {
+        float *sc = scores + (int64_t)h * n;
+        float m = sc[0];
+#pragma omp simd reduction(max : m)
+        for (int i = 0; i < n; i++) m = sc[i] > m ? sc[i] : m;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < n; i++) {
+            sc[i] = exp_nonpositive(sc[i] - m);
+            sum += sc[i];
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int i = 0; i < n; i++) sc[i] *= inv;
+    }
 }
 
 /* Blocks lie anywhere in the cache (a 4 KiB block is a page of its own): start fetching the next
@@ -76,21 +97,7 @@ static inline __attribute__((always_inline)) void attend(
             }
         }
     }
-    for (int h = 0; h < H; h++) {
-        float *sc = scores + (int64_t)h * n;
-        float m = sc[0];
-#pragma omp simd reduction(max : m)
-        for (int i = 0; i < n; i++) m = sc[i] > m ? sc[i] : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int i = 0; i < n; i++) {
-            sc[i] = exp_nonpositive(sc[i] - m);
-            sum += sc[i];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int i = 0; i < n; i++) sc[i] *= inv;
-    }
+    softmax_rows(scores, H, n);
     memset(out, 0, sizeof(float) * (size_t)H * D);
     for (int b = first, i = 0; b <= last; b++) {
         const float *base = v_cache + (int64_t)table[b] * bstride;
@@ -111,18 +118,114 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
-/* The common head sizes get their own copy, so the inner loops have a constant trip count. */
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The 16 lane sums of v[0..15], as one vector: r[j] = v[j][0] + ... + v[j][15]. */
+static inline __m512 sum_lanes16(const __m512 *v) {
+    __m512 x[8], z[4], u[2];
+    for (int j = 0; j < 8; j++)
+        x[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; j++) {
+        const __m512d a = _mm512_castps_pd(x[2 * j]), b = _mm512_castps_pd(x[2 * j + 1]);
+        z[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int j = 0; j < 2; j++)
+        u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * j], z[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(z[2 * j], z[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Pointers to the K (or V) rows of keys lo + i0 .. lo + i0 + count - 1 (count <= 16). */
+static inline void token_rows(const float *cache, const int32_t *table, int lo, int i0, int count, int block_size,
+                              int64_t rs, int64_t bstride, const float **rows) {
+    for (int j = 0; j < count; j++) {
+        const int pos = lo + i0 + j;
+        rows[j] = cache + (int64_t)table[pos / block_size] * bstride + (int64_t)(pos % block_size) * rs;
+    }
+}
+
+/* attend() with AVX-512, for head sizes that are a multiple of 16 up to 128: the scores of 16 keys
+ * come out of one lane reduction (sum_lanes16), not one each, and each head's output stays in
+ * registers over all its keys. Same invariant as attend(). */
+static inline __attribute__((always_inline)) void attend16(
+    const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int L, int lo, int H,
+    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out) {
+    const int DV = D / 16;
+    const int64_t rs = (int64_t)KVH * D, bstride = (int64_t)block_size * rs;
+    const int n = L - lo;
+    const float *rows[16];
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int count = n - i0 < 16 ? n - i0 : 16;
+        token_rows(k_cache, table, lo, i0, count, block_size, rs, bstride, rows);
+        if (i0 + 16 < n) { /* the next 16 keys start on another page, often: fetch it now */
+            const int pos = lo + i0 + 16;
+            __builtin_prefetch(k_cache + (int64_t)table[pos / block_size] * bstride + (int64_t)(pos % block_size) * rs, 0, 3);
+        }
+        const __mmask16 keep = (__mmask16)((1u << count) - 1u);
+        for (int h = 0; h < H; h++) {
+            const float *qh = q + (int64_t)h * D;
+            __m512 qv[8], p[16];
+            for (int c = 0; c < DV; c++) qv[c] = _mm512_loadu_ps(qh + 16 * c);
+            const int64_t koff = (int64_t)(h / g) * D;
+            for (int j = 0; j < 16; j++) {
+                __m512 acc = _mm512_setzero_ps();
+                if (j < count) {
+                    const float *kh = rows[j] + koff;
+                    for (int c = 0; c < DV; c++) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kh + 16 * c), acc);
+                }
+                p[j] = acc;
+            }
+            _mm512_mask_storeu_ps(scores + (int64_t)h * n + i0, keep, _mm512_mul_ps(sum_lanes16(p), _mm512_set1_ps(scale)));
+        }
+    }
+    softmax_rows(scores, H, n);
+    for (int h = 0; h < H; h++) {
+        const float *w = scores + (int64_t)h * n;
+        const int64_t voff = (int64_t)(h / g) * D;
+        __m512 acc[8];
+        for (int c = 0; c < DV; c++) acc[c] = _mm512_setzero_ps();
+        for (int b = lo / block_size, i = 0; i < n; b++) {
+            const float *base = v_cache + (int64_t)table[b] * bstride + voff;
+            const int t0 = i == 0 ? lo % block_size : 0;
+            const int t1 = block_size - t0 < n - i ? block_size : t0 + (n - i);
+            for (int t = t0; t < t1; t++, i++) {
+                const __m512 wi = _mm512_set1_ps(w[i]);
+                const float *v = base + t * rs;
+                for (int c = 0; c < DV; c++) acc[c] = _mm512_fmadd_ps(wi, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            }
+        }
+        for (int c = 0; c < DV; c++) _mm512_storeu_ps(out + (int64_t)h * D + 16 * c, acc[c]);
+    }
+}
+#endif
+
+#if defined(__AVX512F__)
+#define ATTEND_BODY(DIM) attend16(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o)
+#else
+#define ATTEND_BODY(DIM) attend(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o)
+#endif
+/* The common head sizes get their own copy, so the inner loops have a constant trip count; with
+ * AVX-512 they take attend16, other sizes (and other CPUs) the portable attend. */
 #define ATTEND_FIXED(DIM)                                                                                  \
     static void attend_##DIM(const float *q, const float *kc, const float *vc, const int32_t *table, int L, \
                              int lo, int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o) { \
         (void)D;                                                                                           \
-        attend(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o);                                 \
+        ATTEND_BODY(DIM);                                                                                  \
     }
 ATTEND_FIXED(32)
 ATTEND_FIXED(64)
 ATTEND_FIXED(128)
 static void attend_any(const float *q, const float *kc, const float *vc, const int32_t *table, int L, int lo,
                        int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o) {
+#if defined(__AVX512F__)
+    if (D % 16 == 0 && D <= 128) {
+        attend16(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o);
+        return;
+    }
+#endif
     attend(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o);
 }
 

@@ -8,6 +8,7 @@ run. A compiler that is present but fails to build the kernel is a failure.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -75,6 +76,27 @@ def test_decodes_among_prefills_match_the_reference_without_reading_unowned_slot
     out = _cpu(batch, head_dim**-0.5)
     assert out.shape == batch.q.shape and not out.isnan().any()
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512f is an x86 flag")
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 32), (8, 2, 64), (4, 1, 128), (4, 2, 80)]
+)
+def test_the_portable_loops_match_the_reference_where_the_cpu_has_vector_code_for_the_shape(
+    paged_batch: Callable, num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    # built without AVX-512, the kernel runs the portable loops that CPUs without it get
+    portable = cpu_decode.build_kernel((*cpu_decode.FLAGS, "-mno-avx512f"))
+    assert portable is not None, cpu_decode.unavailable_reason()
+    batch = paged_batch(
+        DECODES, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=8
+    )
+    meta, out = batch.meta, torch.empty_like(batch.q)
+    everyone = torch.arange(len(DECODES), dtype=torch.int64)
+    portable(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+             everyone, out, head_dim**-0.5, 7)  # fmt: skip
+    torch.testing.assert_close(out, _reference(batch, head_dim**-0.5, 7), atol=2e-5, rtol=2e-5)
 
 
 @needs_kernel
