@@ -7,7 +7,9 @@ decoding sequences (one query row each) to the C kernel, which reads their K/V r
 place through the block table instead of gathering them into a padded copy first.
 
 Float32 only: with another dtype, or tensors off the CPU, it falls back to the torch
-backend's path for the whole step, so it is never wrong, only sometimes no faster.
+backend's path for the whole step, so it is never wrong, only sometimes no faster. Since the
+kernel reads raw memory, shapes are checked per call and the step's offsets, lengths and
+block ids once per step (``kvfleet.engine.attention.checks``): a bad one is a ValueError.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
 from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel, unavailable_reason
@@ -41,6 +44,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         super().__init__()
         self._kernel = require_kernel()
         self._prefill = BatchedAttention(sdpa_decodes=False)
+        self._checked: AttentionMetadata | None = None  # the last step whose bounds were checked
 
     def forward(
         self,
@@ -53,6 +57,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         if not _native_ok(q, k_cache, v_cache, meta):
             return super().forward(q, k_cache, v_cache, meta, scale, sliding_window)
+        check_cache(k_cache, v_cache)
+        check_forward(q, k_cache, meta, sliding_window)
+        if meta is not self._checked:  # the step's values, once for all its layers
+            check_paged_bounds(q, k_cache, meta)
+            self._checked = meta
         q = q.contiguous()
         layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
         out = torch.empty_like(q)

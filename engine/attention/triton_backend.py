@@ -17,6 +17,7 @@ from typing import Final
 import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.checks import check_cache, check_forward
 from kvfleet.engine.kernels import kv_store, paged_attention
 
 MAX_HEAD_DIM: Final[int] = 256
@@ -35,16 +36,7 @@ def _check_device(*tensors: torch.Tensor) -> None:
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    if k_cache.dim() != 4:
-        raise ValueError(
-            f"k_cache must be (num_blocks, block_size, num_kv_heads, head_dim), got shape {tuple(k_cache.shape)}"
-        )
-    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
-        raise ValueError(
-            f"v_cache must match k_cache in shape and strides: {tuple(v_cache.shape)} vs {tuple(k_cache.shape)}"
-        )
-    if v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache dtype {v_cache.dtype} differs from k_cache dtype {k_cache.dtype}")
+    check_cache(k_cache, v_cache)
     if k_cache.shape[3] > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {k_cache.shape[3]} exceeds the triton backend's limit {MAX_HEAD_DIM}")
 
@@ -82,21 +74,7 @@ class TritonAttentionBackend:
     ) -> torch.Tensor:
         _check_device(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
         _check_cache(k_cache, v_cache)
-        if q.dim() != 3 or q.shape[2] != k_cache.shape[3]:
-            raise ValueError(f"q must be (T, num_heads, {k_cache.shape[3]}), got {tuple(q.shape)}")
-        if q.shape[1] % k_cache.shape[2] != 0:
-            raise ValueError(f"num_heads {q.shape[1]} is not a multiple of num_kv_heads {k_cache.shape[2]}")
-        if meta.query_start_loc.shape != (meta.num_seqs + 1,):
-            raise ValueError(
-                f"query_start_loc must be ({meta.num_seqs + 1},) for {meta.num_seqs} sequences, "
-                f"got {tuple(meta.query_start_loc.shape)}"
-            )
-        if sliding_window is not None and sliding_window < 1:
-            raise ValueError(f"sliding_window must be at least 1 token, got {sliding_window}")
-        if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] != meta.num_seqs:
-            raise ValueError(
-                f"block_tables must be ({meta.num_seqs}, max_blocks_per_seq), got {tuple(meta.block_tables.shape)}"
-            )
+        check_forward(q, k_cache, meta, sliding_window)
         return paged_attention.paged_attention(
             q,
             k_cache,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvfleet.engine.attention import get_backend, torch_batched
+from kvfleet.engine.attention import AttentionMetadata, get_backend, torch_batched
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 from kvfleet.engine.kernels import cpu_decode
 from kvfleet.engine.runner import resolve_backend
@@ -237,3 +237,56 @@ def test_a_chunk_is_cut_into_tiles_that_end_at_their_own_last_position(
         torch_batched.Span(27, 1, 41, [3, 1]),
     ]
     assert torch_batched._tiles(0, 4, 4, [0]) == [torch_batched.Span(0, 4, 4, [0])]
+
+
+def _one_decode(block_ids: list[int], seq_len: int, rows: int = 1) -> AttentionMetadata:
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(rows, dtype=torch.int64),
+        block_tables=torch.tensor([block_ids], dtype=torch.int32),
+        seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, rows], dtype=torch.int32),
+        max_query_len=rows,
+        max_seq_len=seq_len,
+    )
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("q_rows", "meta", "message"),
+    [
+        (1, _one_decode([0, 9], 12), r"block_tables name blocks 0\.\.9, the cache has 0\.\.3"),
+        (1, _one_decode([0, -1], 12), r"block_tables name blocks -1\.\.0"),
+        (1, _one_decode([1], 9), r"seq_len 9 exceeds its block table \(8 token slots\)"),
+        (2, _one_decode([1, 2], 12), r"query_start_loc must rise from 0 to the 2 query rows"),
+        (3, _one_decode([1], 2, rows=3), "seq_len must be at least 1 and cover its query rows"),
+    ],
+)
+def test_a_step_that_names_memory_outside_q_or_the_cache_is_refused_before_the_kernel_reads(
+    q_rows: int, meta: AttentionMetadata, message: str
+) -> None:
+    cache = torch.zeros(4, 8, 2, 32)
+    backend = get_backend("cpu")
+    with pytest.raises(ValueError, match=message):
+        backend.forward(torch.zeros(q_rows, 4, 32), cache, cache.clone(), meta, 1.0)
+    # nothing is kept from the refused step: a good one runs next
+    good = _one_decode([1, 2], 12)
+    assert backend.forward(torch.ones(1, 4, 32), cache, cache.clone(), good, 1.0).shape == (1, 4, 32)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("q_shape", "window", "message"),
+    [
+        ((1, 3, 32), None, "num_heads 3 is not a multiple of num_kv_heads 2"),
+        ((1, 4, 16), None, r"q must be \(T, num_heads, 32\), got \(1, 4, 16\)"),
+        ((1, 4, 32), 0, "sliding_window must be at least 1 token, got 0"),
+    ],
+)
+def test_shapes_the_kernel_cannot_serve_are_refused_naming_them(
+    q_shape: tuple[int, ...], window: int | None, message: str
+) -> None:
+    cache = torch.zeros(4, 8, 2, 32)
+    with pytest.raises(ValueError, match=message):
+        get_backend("cpu").forward(
+            torch.zeros(q_shape), cache, cache.clone(), _one_decode([1, 2], 12), 1.0, window
+        )
