@@ -31,15 +31,31 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaF
     config = load_config(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-        model = model.to(dtype)
-    model = model.to_empty(device=device)
+    _materialise(model, dtype, device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    # A non-persistent buffer: to_empty left it uninitialised, and it stays float32 whatever the dtype.
+    # A non-persistent buffer, made on the CPU in float32: moved to the device, float32 whatever the dtype.
     model.model.rotary_emb.reset_buffers(device)
     _copy_weights(model, weight_files(folder))
     model.pack()
     return model.eval()
+
+
+def _materialise(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Give every meta parameter uninitialised storage of ``dtype`` on ``device``, to be loaded into.
+
+    Not ``to_empty``: its ``empty_like`` of meta tensors runs through torch._refs, which imports
+    sympy and torch's symbolic shapes, most of a second at every engine start.
+    """
+    made: dict[
+        int, torch.nn.Parameter
+    ] = {}  # a parameter shared by two modules (tied embeddings) stays shared
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in made:
+                storage = torch.empty(param.shape, dtype=dtype, device=device)
+                made[id(param)] = torch.nn.Parameter(storage, requires_grad=False)
+            setattr(module, name, made[id(param)])
 
 
 def _check_folder(folder: Path) -> None:

@@ -181,8 +181,13 @@ def _kind(config: ModelConfig) -> RopeType:
 
 
 def rope_frequencies(config: ModelConfig) -> RopeFrequencies:
-    """The frequencies and cos/sin scale the model starts with (float32, on the CPU)."""
-    return _kind(config).init(config)
+    """The frequencies and cos/sin scale the model starts with (float32, on the CPU).
+
+    On the CPU even inside a ``torch.device("meta")`` block (the loader's): meta tensors compute
+    through torch._refs, whose first use imports torch._dynamo, over a second of engine start.
+    """
+    with torch.device("cpu"):
+        return _kind(config).init(config)
 
 
 def rope_is_dynamic(config: ModelConfig) -> bool:
