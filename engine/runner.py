@@ -17,6 +17,7 @@ capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from kvfleet.engine.model.tokenizer import HFTokenizer
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampler import Sampler, SampleRequest
 from kvfleet.engine.sched.plan import SchedulerPlan
+
+log = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
 CUDA_ACTIVATION_RESERVE = 0.05  # of the device's memory, kept free for activations and the sampler
@@ -75,10 +78,11 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name != "auto":
         return name
     if device.type == "cpu":
-        from kvfleet.engine.kernels.cpu_decode import load_kernel
+        from kvfleet.engine.kernels.cpu_decode import load_kernel, unavailable_reason
 
         if load_kernel() is not None:
             return "cpu"
+        log.warning("attention backend auto: torch, not cpu (%s)", unavailable_reason())
     return "torch"
 
 

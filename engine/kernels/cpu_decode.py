@@ -106,8 +106,12 @@ def build_kernel(flags: tuple[str, ...]) -> NativeDecode | None:
         return None
     target = _cache_dir() / f"paged_decode-{_build_key(compiler, flags)}.so"
     try:
-        if not target.exists():
-            _compile(compiler, flags, target)
+        if target.exists():
+            try:
+                return NativeDecode(ctypes.CDLL(str(target)))
+            except OSError:  # a damaged file in the cache (a full disk, a copied home): build it again
+                target.unlink(missing_ok=True)
+        _compile(compiler, flags, target)
         return NativeDecode(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as err:
         detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else str(err)

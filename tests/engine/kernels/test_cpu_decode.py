@@ -11,6 +11,8 @@ import os
 import platform
 import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -290,3 +292,18 @@ def test_shapes_the_kernel_cannot_serve_are_refused_naming_them(
         get_backend("cpu").forward(
             torch.zeros(q_shape), cache, cache.clone(), _one_decode([1, 2], 12), 1.0, window
         )
+
+
+@needs_kernel
+def test_a_damaged_kernel_in_the_cache_is_built_again(fresh_kernel: Path) -> None:
+    assert cpu_decode.load_kernel() is not None, cpu_decode.unavailable_reason()
+    (built,) = fresh_kernel.glob("paged_decode-*.so")
+    damaged = built.with_suffix(".damaged")
+    damaged.write_bytes(b"not an ELF file")
+    damaged.replace(built)  # a new file: this process keeps its mapping of the good one
+    # a fresh process, which has not loaded the kernel, meets the damaged file
+    code = "from kvfleet.engine.kernels import cpu_decode as c; k = c.load_kernel(); print(k is not None, c.unavailable_reason())"
+    env = {**os.environ, "KVFLEET_CACHE": str(fresh_kernel.parent)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True None", done.stderr
+    assert built.read_bytes()[:4] == b"\x7fELF"
