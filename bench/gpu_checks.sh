@@ -8,7 +8,7 @@
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     pydantic pydantic-core annotated-types typing-inspection
+#     pydantic pydantic-core annotated-types typing-inspection typing-extensions
 # then: run(command="bash bench/gpu_checks.sh", carry=[".whl"], timeout_s=540).
 # Without a GPU it checks itself: SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu_checks.sh
 set -uo pipefail
