@@ -187,13 +187,12 @@ def print_simulated(requests: list[Request], batch_size: int, gpu: str, model: s
     memory = equal_memory_blocks(batch_size)
     rates = []
     contenders = (
-        (f"continuous batching, batch {batch_size}", "fcfs", batch_size, None),
-        (f"static batches, batch {batch_size}", "static", batch_size, None),
-        (f"continuous, {memory} KV blocks, <= 256 seqs", "fcfs", 256, memory),
-        (f"static batches, batch {batch_size}, padded", "static", batch_size, None),
+        (f"continuous batching, batch {batch_size}", "fcfs", batch_size, None, False),
+        (f"static batches, batch {batch_size}", "static", batch_size, None, False),
+        (f"continuous, {memory} KV blocks, <= 256 seqs", "fcfs", 256, memory, False),
+        (f"static batches, batch {batch_size}, padded", "static", batch_size, None, True),
     )
-    for name, policy, seqs, blocks in contenders:
-        padded = name.endswith("padded")
+    for name, policy, seqs, blocks, padded in contenders:
         seconds, steps = run_simulated(requests, policy, seqs, gpu, model, blocks, padded)
         rates.append(out_tokens / seconds)
         print(

@@ -78,11 +78,12 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name != "auto":
         return name
     if device.type == "cpu":
-        from kvfleet.engine.kernels.cpu_decode import load_kernel, unavailable_reason
+        from kvfleet.engine.kernels.cpu_decode import load_kernel
 
-        if load_kernel() is not None:
+        build = load_kernel()
+        if build.kernel is not None:
             return "cpu"
-        log.warning("attention backend auto: torch, not cpu (%s)", unavailable_reason())
+        log.warning("attention backend auto: torch, not cpu (%s)", build.reason)
     return "torch"
 
 

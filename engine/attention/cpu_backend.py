@@ -20,7 +20,7 @@ from kvfleet.engine.attention.base import AttentionMetadata, register_backend
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
-from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel, unavailable_reason
+from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel
 
 
 class CpuKernelUnavailable(RuntimeError):
@@ -28,10 +28,10 @@ class CpuKernelUnavailable(RuntimeError):
 
 
 def require_kernel() -> NativeDecode:
-    kernel = load_kernel()
+    kernel, reason = load_kernel()
     if kernel is None:
         raise CpuKernelUnavailable(
-            f"attention backend 'cpu' needs its native kernel: {unavailable_reason()}; "
+            f"attention backend 'cpu' needs its native kernel: {reason}; "
             "use attention_backend='torch' (or 'auto', which falls back to it)"
         )
     return kernel

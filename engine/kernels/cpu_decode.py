@@ -10,8 +10,7 @@ the cache instead of three is most of the gain.
 ``gcc``; ``-O3 -march=native -fopenmp``) into ``$KVFLEET_CACHE/kernels`` (default
 ``~/.cache/kvfleet/kernels``), named by a hash of the source, the flags and the host CPU,
 written under a temporary name and renamed, so concurrent processes never load half a file.
-No compiler, or a failed build: :func:`load_kernel` returns None with the reason in
-:func:`unavailable_reason`, and the ``auto`` backend falls back to ``torch``.
+No compiler, or a failed build: :func:`load_kernel` gives no kernel and the reason, and the ``auto`` backend falls back to ``torch``.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -32,7 +32,6 @@ from kvfleet.engine.model.tiny import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
-_reason: list[str] = []
 
 
 class NativeDecode:
@@ -86,37 +85,36 @@ class NativeDecode:
             )
 
 
-def unavailable_reason() -> str | None:
-    """Why :func:`load_kernel` returned None (None if it loaded or was not tried)."""
-    return _reason[0] if _reason else None
+class KernelBuild(NamedTuple):
+    """What a build gave: the kernel, or None and the reason (no compiler, the compiler's errors)."""
+
+    kernel: NativeDecode | None
+    reason: str | None = None
 
 
 @functools.cache
-def load_kernel() -> NativeDecode | None:
+def load_kernel() -> KernelBuild:
     """The kernel, built on first use (once per process; ``load_kernel.cache_clear()`` retries)."""
     return build_kernel(FLAGS)
 
 
-def build_kernel(flags: tuple[str, ...]) -> NativeDecode | None:
-    """The kernel built with ``flags`` (cached on disk by source, flags and CPU), or None with the reason."""
-    _reason.clear()
+def build_kernel(flags: tuple[str, ...]) -> KernelBuild:
+    """The kernel built with ``flags``, cached on disk by source, flags, compiler and CPU."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        _reason.append("no C compiler (set CC, or install gcc)")
-        return None
+        return KernelBuild(None, "no C compiler (set CC, or install gcc)")
     target = _cache_dir() / f"paged_decode-{_build_key(compiler, flags)}.so"
     try:
         if target.exists():
             try:
-                return NativeDecode(ctypes.CDLL(str(target)))
+                return KernelBuild(NativeDecode(ctypes.CDLL(str(target))))
             except OSError:  # a damaged file in the cache (a full disk, a copied home): build it again
                 target.unlink(missing_ok=True)
         _compile(compiler, flags, target)
-        return NativeDecode(ctypes.CDLL(str(target)))
+        return KernelBuild(NativeDecode(ctypes.CDLL(str(target))))
     except (OSError, subprocess.SubprocessError) as err:
         detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else str(err)
-        _reason.append(f"building {SOURCE.name} with {compiler} failed: {detail}"[:2000])
-        return None
+        return KernelBuild(None, f"building {SOURCE.name} with {compiler} failed: {detail}"[:2000])
 
 
 def _cache_dir() -> Path:

@@ -193,9 +193,11 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        # Given its (uninitialised) weight, Embedding skips the random init: on the meta device that
-        # init goes through torch._refs and imports torch._dynamo, over a second of every engine start.
+        # On the meta device (the loader's) Embedding's random init would run through torch._refs and
+        # import torch._dynamo, over a second of every engine start: only real weights get it.
         weight = torch.empty(config.vocab_size, config.hidden_size)
+        if not weight.is_meta:
+            nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -47,9 +47,8 @@ def _materialise(model: torch.nn.Module, dtype: torch.dtype, device: torch.devic
     Not ``to_empty``: its ``empty_like`` of meta tensors runs through torch._refs, which imports
     sympy and torch's symbolic shapes, most of a second at every engine start.
     """
-    made: dict[
-        int, torch.nn.Parameter
-    ] = {}  # a parameter shared by two modules (tied embeddings) stays shared
+    # a parameter shared by two modules (tied embeddings) stays shared
+    made: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             if id(param) not in made:

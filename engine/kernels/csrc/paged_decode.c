@@ -62,9 +62,6 @@ static inline void softmax_rows(float *scores, int H, int n) {
 
 /* Blocks lie anywhere in the cache (a 4 KiB block is a page of its own): start fetching the next
  * one while this one is read, since the hardware prefetcher does not cross pages. */
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 1
-#endif
 static inline void prefetch_block(const float *block, int64_t floats) {
     const char *p = (const char *)block;
     const int64_t bytes = floats * (int64_t)sizeof(float) < 4096 ? floats * (int64_t)sizeof(float) : 4096;
@@ -81,7 +78,7 @@ static inline __attribute__((always_inline)) void attend(
     /* scores[h * n + i]: head h against key lo + i; a token's KV heads are read together, once. */
     for (int b = first, i = 0; b <= last; b++) {
         const float *base = k_cache + (int64_t)table[b] * bstride;
-        if (b + PREFETCH_AHEAD <= last) prefetch_block(k_cache + (int64_t)table[b + PREFETCH_AHEAD] * bstride, bstride);
+        if (b < last) prefetch_block(k_cache + (int64_t)table[b + 1] * bstride, bstride);
         const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
         for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
             const float *row = base + t * rs;
@@ -101,7 +98,7 @@ static inline __attribute__((always_inline)) void attend(
     memset(out, 0, sizeof(float) * (size_t)H * D);
     for (int b = first, i = 0; b <= last; b++) {
         const float *base = v_cache + (int64_t)table[b] * bstride;
-        if (b + PREFETCH_AHEAD <= last) prefetch_block(v_cache + (int64_t)table[b + PREFETCH_AHEAD] * bstride, bstride);
+        if (b < last) prefetch_block(v_cache + (int64_t)table[b + 1] * bstride, bstride);
         const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
         for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
             const float *row = base + t * rs;
