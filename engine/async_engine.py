@@ -130,6 +130,15 @@ class AsyncEngine:
         return self._started and not self._stopped and self.error is None and self.core.alive
 
     @property
+    def dead_reason(self) -> str | None:
+        """Why the core stopped on its own (a failed step, a dead process); None while it runs or was stopped."""
+        if not self._started or self._stopped:
+            return None
+        if self.error is not None:
+            return self.error
+        return None if self.core.alive else "the engine core is not running"
+
+    @property
     def num_unfinished(self) -> int:
         """Requests accepted and not yet finished."""
         return len(self._streams)

@@ -3,17 +3,20 @@
 Where it sits: ``kvfleet engine`` (the API process: FastAPI, tokenising, SSE) launches
 :class:`ProcessCore`, which spawns :func:`core_main`. The child builds the ``Engine`` from
 a picklable factory, says :class:`Hello`, then runs :class:`~kvfleet.engine.core.CoreLoop`:
-commands arrive over a ``multiprocessing`` pipe (pickled NamedTuples) and are applied
-between steps; after each step one :class:`~kvfleet.engine.core.StepBatch` goes back (as
-plain tuples, :func:`to_wire`) with
-every sequence's new tokens and the stats that ``/load`` and ``/metrics`` show. The API
-process reads the pipe from its event loop (``loop.add_reader``), so no thread of its own
-ever waits on the engine, and the model step holds a GIL of its own.
+commands arrive over a socket pair (framed pickles, ``engine/core_link.py``) and are
+applied between steps; after each step one :class:`~kvfleet.engine.core.StepBatch` goes
+back (as plain tuples, :func:`to_wire`) with every sequence's new tokens and the stats that
+``/load`` and ``/metrics`` show. The API process drives its end from the event loop
+(:class:`~kvfleet.engine.core_link.AsyncLink`): reads and writes never block it, a full
+socket buffer is a wait and never an error, and the model step holds a GIL of its own.
 
 Lifetime: the core ignores SIGINT and SIGTERM (the API process drains, then sends
-:class:`~kvfleet.engine.core.ShutdownCmd`). It exits when told to, when the pipe reaches
+:class:`~kvfleet.engine.core.ShutdownCmd`). It exits when told to, when the link reaches
 EOF (the API process died, even by SIGKILL: the kernel closes its end), or when its parent
-pid changes (it was orphaned), so it never outlives the server.
+pid changes (it was orphaned), so it never outlives the server. The API process declares
+the core dead only when it is: its process exited (its sentinel) or the link closed; it
+then logs why at ERROR and fails every request in flight (``engine/server/serve.py`` then
+exits non-zero so that the Deployment or ``kvfleet up`` restarts the engine).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from kvfleet.engine.core import (
@@ -41,6 +44,7 @@ from kvfleet.engine.core import (
     StepBatch,
     Verdict,
 )
+from kvfleet.engine.core_link import AsyncLink, BlockingLink, LinkClosed
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[[], EngineLike]  # picklable: a module-level function or a functools.partial of one
@@ -89,58 +93,71 @@ def from_wire(w: WireBatch) -> StepBatch:
 # ---- the child
 
 
-def core_main(conn: Connection, factory: EngineFactory, parent_pid: int, idle_wait_s: float) -> None:
-    """The core process's body: build the engine, greet, serve the pipe until told to stop or orphaned."""
+def core_main(sock: socket.socket, factory: EngineFactory, parent_pid: int, idle_wait_s: float) -> None:
+    """The core process's body: build the engine, greet, serve the link until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process owns shutdown (drain first)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    link = BlockingLink(sock)
     try:
         engine = factory()
     except Exception as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
-        conn.send(StartFailed(" ".join(str(exc).split())))
+        with contextlib.suppress(OSError):
+            link.send(StartFailed(" ".join(str(exc).split())))
         return
     name = str(getattr(engine, "model_name", "model"))
-    conn.send(Hello(name, int(getattr(engine, "max_model_len", 0)), engine.stats()))
     core = CoreLoop(engine)
     try:
-        serve_pipe(conn, core, parent_pid, idle_wait_s)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
+        link.send(Hello(name, int(getattr(engine, "max_model_len", 0)), engine.stats()))
+        serve_pipe(link, core, parent_pid, idle_wait_s)
+    except (EOFError, ConnectionError):
         return  # the API process is gone: nobody to serve
     except BaseException as exc:  # the engine is broken: tell the API side, which fails every stream
         log.exception("engine core failed")
         with contextlib.suppress(OSError):
-            conn.send(to_wire(core.failed(exc)))
+            link.send(to_wire(core.failed(exc)))
 
 
 # Invariant: commands are applied in the order sent, only between steps; one batch per step.
-def serve_pipe(conn: Connection, core: CoreLoop, parent_pid: int, idle_wait_s: float) -> None:
-    while (commands := _receive(conn, 0.0 if core.has_work else idle_wait_s)) is not None:
+def serve_pipe(link: BlockingLink, core: CoreLoop, parent_pid: int, idle_wait_s: float) -> None:
+    while (commands := _receive(link, 0.0 if core.has_work else idle_wait_s)) is not None:
         if os.getppid() != parent_pid:
-            return  # orphaned (the API process died without closing the pipe): exit rather than linger
+            return  # orphaned (the API process died without closing the link): exit rather than linger
         core.apply(commands)
         if core.has_verdicts and core.has_work:
-            conn.send(to_wire(core.take_batch()))  # a verdict (400 or go) should not wait for a long step
+            link.send(to_wire(core.take_batch()))  # a verdict (400 or go) should not wait for a long step
         if core.has_work:
             core.step()
-            conn.send(to_wire(core.take_batch()))
+            link.send(to_wire(core.take_batch()))
         elif commands:
-            conn.send(to_wire(core.take_batch()))  # aborts and refusals change the stats too
+            link.send(to_wire(core.take_batch()))  # aborts and refusals change the stats too
 
 
-def _receive(conn: Connection, timeout: float) -> list[AddCmd | AbortCmd] | None:
+def _receive(link: BlockingLink, timeout: float) -> list[AddCmd | AbortCmd] | None:
     """Whatever commands are waiting (after up to ``timeout`` s of idling); None on shutdown."""
     commands: list[AddCmd | AbortCmd] = []
-    if not conn.poll(timeout):
+    if not link.poll(timeout):
         return commands
     while True:
-        msg = conn.recv()
+        msg = link.recv()
         if isinstance(msg, ShutdownCmd):
             return None
         commands.append(msg)
-        if not conn.poll(0):
+        if not link.poll(0):
             return commands
 
 
 # ---- the API process's handle
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code 3``, ``killed by SIGKILL``, or ``still running`` for a process's exitcode."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 class ProcessCore:
@@ -153,11 +170,13 @@ class ProcessCore:
         self._idle_wait_s = idle_wait_s
         self._start_timeout_s = start_timeout_s
         self._proc: Any = None  # multiprocessing.context.SpawnProcess
-        self._conn: Connection | None = None
+        self._link: BlockingLink | None = None
+        self._async: AsyncLink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliver: Deliver | None = None
         self._dead = False
         self.hello: Hello | None = None
+        self.death: str | None = None  # why the core is gone, once it is
 
     @property
     def initial_stats(self) -> Any:
@@ -176,48 +195,53 @@ class ProcessCore:
         if self.hello is not None:
             return self.hello
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or CUDA state
-        conn, child_conn = ctx.Pipe(duplex=True)
-        args = (child_conn, self._factory, os.getpid(), self._idle_wait_s)
+        ours, theirs = socket.socketpair()
+        args = (theirs, self._factory, os.getpid(), self._idle_wait_s)
         self._proc = ctx.Process(target=core_main, args=args, name="kvfleet-engine-core", daemon=True)
         self._proc.start()
-        child_conn.close()  # only the child holds that end now: its death is our EOF, and ours its EOF
-        self._conn = conn
-        msg = self._first_message(conn)
+        theirs.close()  # only the child holds that end now: its death is our EOF, and ours its EOF
+        self._link = BlockingLink(ours)
+        msg = self._first_message(self._link)
         if isinstance(msg, StartFailed):
             self._proc.join(5)
             raise CoreStartError(msg.message)
         self.hello = msg
         return msg
 
-    def _first_message(self, conn: Connection) -> Hello | StartFailed:
+    def _first_message(self, link: BlockingLink) -> Hello | StartFailed:
         try:
-            if not conn.poll(self._start_timeout_s):
+            if not link.poll(self._start_timeout_s):
                 self._kill()
                 raise CoreStartError(f"the engine core did not start within {self._start_timeout_s:.0f} s")
-            msg: Hello | StartFailed = conn.recv()
-        except EOFError:
+            msg: Hello | StartFailed = link.recv()
+        except LinkClosed:
             self._proc.join(5)
             raise CoreStartError(
-                f"the engine core process exited with code {self._proc.exitcode} while starting"
+                f"the engine core process ended while starting ({describe_exit(self._proc.exitcode)})"
             ) from None
         return msg
 
     def start(self, deliver: Deliver, loop: asyncio.AbstractEventLoop) -> None:
         self.launch()
-        assert self._conn is not None
+        assert self._link is not None
         self._deliver, self._loop = deliver, loop
-        loop.add_reader(self._conn.fileno(), self._readable)
+        self._async = AsyncLink(self._link, loop, self._on_message, self._on_closed)
+        loop.add_reader(self._proc.sentinel, self._on_exit)
 
-    def _readable(self) -> None:
-        assert self._conn is not None and self._deliver is not None
-        try:
-            while self._conn.poll():
-                self._deliver(from_wire(self._conn.recv()))
-        except (EOFError, OSError):
-            self._lost()
+    def _on_message(self, wire: WireBatch) -> None:
+        assert self._deliver is not None
+        self._deliver(from_wire(wire))
 
-    def _lost(self) -> None:
-        """The pipe closed under us: the core process died. Fail everything once."""
+    def _on_closed(self, reason: str) -> None:
+        self._lost(f"its link closed ({reason})")
+
+    def _on_exit(self) -> None:
+        if self._async is not None:
+            self._async.read_ready()  # its last words (a failed step's error) before the exit
+        self._lost("its process ended")
+
+    def _lost(self, how: str) -> None:
+        """The core is gone (its process ended or its link closed): say why, fail everything once."""
         if self._dead:
             return
         self._dead = True
@@ -225,19 +249,16 @@ class ProcessCore:
         if self._proc is not None:
             self._proc.join(1)
         code = None if self._proc is None else self._proc.exitcode
+        self.death = f"the engine core process died: {how}, {describe_exit(code)}"
+        log.error("%s; failing every request in flight", self.death)
         if self._deliver is not None:
             stats = self.hello.stats if self.hello is not None else None
-            self._deliver(
-                StepBatch(0.0, None, [], [], stats, f"the engine core process exited (code {code})")
-            )
+            self._deliver(StepBatch(0.0, None, [], [], stats, self.death))
 
     def send(self, command: Command) -> None:
-        if self._conn is None or self._dead:
-            return
-        try:
-            self._conn.send(command)
-        except OSError:  # BrokenPipeError: the reader reports the death
-            self._lost()
+        """Queue a command for the core (never blocks, never fails on a full buffer)."""
+        if self._async is not None and not self._dead:
+            self._async.send(command)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Shut the core down (it finishes its step first); terminate it if it does not go in time."""
@@ -245,22 +266,26 @@ class ProcessCore:
             return
         if not self._dead:
             self._dead = True
-            with contextlib.suppress(OSError):
-                assert self._conn is not None
-                self._conn.send(ShutdownCmd())
+            if self._async is not None:
+                self._async.finish(ShutdownCmd(), timeout=1.0)
+            elif self._link is not None:
+                with contextlib.suppress(OSError):
+                    self._link.send(ShutdownCmd())
         self._detach()
         self._proc.join(timeout)
         if self._proc.is_alive():
             log.warning("the engine core did not stop in %.1f s: terminating it", timeout)
             self._kill()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._link is not None:
+            self._link.sock.close()
+            self._link = None
 
     def _detach(self) -> None:
-        if self._loop is not None and self._conn is not None and not self._loop.is_closed():
+        if self._async is not None:
+            self._async.detach()
+        if self._loop is not None and self._proc is not None and not self._loop.is_closed():
             with contextlib.suppress(ValueError, OSError):
-                self._loop.remove_reader(self._conn.fileno())
+                self._loop.remove_reader(self._proc.sentinel)
 
     def _kill(self) -> None:
         self._proc.kill()

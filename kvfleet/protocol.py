@@ -40,6 +40,9 @@ class EngineLoad(BaseModel):
     num_running: int = Field(ge=0)
     max_num_seqs: int = Field(ge=1)
     draining: bool = False
+    ready: bool = Field(
+        default=True, description="false while loading, draining or once the engine core died"
+    )
     block_size: int = Field(default=DEFAULT_BLOCK_SIZE, ge=1)
     num_kv_blocks: int = Field(default=0, ge=0)
     prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)

@@ -4,7 +4,7 @@ Discovery gives the URLs; the poller reads each engine's ``GET /load`` every
 ``load_interval_s``. A loaded engine is not an unready one: a ``/load`` slower than
 ``load_timeout_s`` is skipped, not held against the engine. An engine is *ready* while
 it has answered (a load, or the first byte of a proxied response) within
-``engine_silent_s``, it is not draining, and nothing has failed on it since (a refused
+``engine_silent_s``, its load says it is ready and not draining, and nothing has failed on it since (a refused
 connection, a bad answer or a stream cut off takes it out at once; the next good poll
 brings it back). A load older than ``load_stale_s`` is not trusted: its running and
 waiting counts give way to the router's own in-flight count. :meth:`Fleet.place` runs the picker over the ready engines of a model
@@ -126,7 +126,7 @@ class Fleet:
             engine.failed_at = self.clock()
 
     def is_ready(self, engine: EngineState) -> bool:
-        if engine.load is None or engine.heard_at is None or engine.load.draining:
+        if engine.load is None or engine.heard_at is None or engine.load.draining or not engine.load.ready:
             return False
         if self.clock() - engine.heard_at > self.config.engine_silent_s:
             return False

@@ -7,7 +7,10 @@ with two local pieces plugged in. :class:`LocalFleet` is the autoscaler's
 :class:`~kvfleet.router.discovery.StaticDiscovery` which URLs exist. Engines are
 separate processes (``python -m kvfleet.cli engine ...``), so the router's process never
 imports torch; the router's poller decides when a new engine is ready (its ``/load``
-answers) exactly as it does for pods.
+answers) exactly as it does for pods. :meth:`LocalFleet.watch` plays the kubelet: an engine
+whose process exits, or whose ``/health`` fails for ``health_grace_s`` after it once
+answered, is replaced (with backoff when replacements come fast), and each replacement is
+logged at WARNING.
 """
 
 from __future__ import annotations
@@ -15,18 +18,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file
 from kvfleet.router.discovery import AutoscalingSpec, Endpoint, Service, StaticDiscovery
 
+log = logging.getLogger("kvfleet.up")
 LOCAL_TENANT = "local"
 LOCAL_API_KEY = "sk-kvfleet-local"
 
@@ -41,6 +49,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EngineProcess:
     url: str
     process: subprocess.Popen[bytes]
+    healthy_once: bool = False  # /health answered 200 at least once (it is past loading)
+    failing_since: float | None = None  # monotonic time /health started failing, while it fails
+    last_failure: str = ""
+
+
+def describe_returncode(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
 
 
 @dataclass
@@ -52,6 +72,10 @@ class LocalFleet:
     drain_timeout_s: float = 30.0
     engines: list[EngineProcess] = field(default_factory=list)
     on_change: list[Callable[[list[str]], None]] = field(default_factory=list)  # told the engine URLs
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 2.0
+    health_grace_s: float = 5.0  # /health failing this long (after it once answered): replace the engine
+    restarts: list[float] = field(default_factory=list)  # monotonic times of replacements (for backoff)
 
     def urls(self) -> list[str]:
         return [e.url for e in self.engines]
@@ -79,9 +103,66 @@ class LocalFleet:
     async def current_replicas(self, service: object) -> int:
         del service
         for engine in [e for e in self.engines if e.process.poll() is not None]:
-            self.engines.remove(engine)  # died on its own: the autoscaler will start another
-            self._notify()
+            self._reap(engine, self._verdict(engine) or "")  # the autoscaler starts its replacement
         return len(self.engines)
+
+    def _reap(self, engine: EngineProcess, why: str) -> None:
+        log.warning("engine %s: %s; replacing it", engine.url, why)
+        self.engines.remove(engine)
+        self._notify()
+
+    # Invariant: every engine in self.engines is either starting, healthy, or failing for less
+    # than health_grace_s; one that exited or failed longer is replaced by a fresh process.
+    async def watch(self) -> None:
+        """Probe every engine's ``/health`` each ``health_interval_s``; replace the dead and the stuck."""
+        async with httpx.AsyncClient(timeout=self.health_timeout_s) as client:
+            while True:
+                await asyncio.gather(*(self._probe(client, e) for e in list(self.engines)))
+                for engine in list(self.engines):
+                    why = self._verdict(engine)
+                    if why is not None and engine in self.engines:
+                        await self._replace(engine, why)
+                await asyncio.sleep(self.health_interval_s)
+
+    async def _probe(self, client: httpx.AsyncClient, engine: EngineProcess) -> None:
+        try:
+            response = await client.get(f"{engine.url}/health")
+            failure = "" if response.status_code == 200 else f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            failure = f"{type(exc).__name__} {exc}".strip()
+        if not failure:
+            engine.healthy_once, engine.failing_since = True, None
+        elif engine.healthy_once:
+            engine.last_failure = failure
+            if engine.failing_since is None:
+                engine.failing_since = time.monotonic()
+
+    def _verdict(self, engine: EngineProcess) -> str | None:
+        """Why the engine must be replaced now, or None."""
+        if engine.process.poll() is not None:
+            return f"its process ended ({describe_returncode(engine.process.returncode)})"
+        if (
+            engine.failing_since is not None
+            and time.monotonic() - engine.failing_since >= self.health_grace_s
+        ):
+            return (
+                f"/health failed for {time.monotonic() - engine.failing_since:.1f} s ({engine.last_failure})"
+            )
+        return None
+
+    async def _replace(self, engine: EngineProcess, why: str) -> None:
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 60.0] + [now]
+        self._reap(engine, why)
+        if engine.process.poll() is None:
+            engine.process.kill()
+        await asyncio.to_thread(engine.process.wait)
+        if len(self.restarts) > 2:  # replacements coming fast: back off (1, 2, 4 ... 30 s)
+            backoff = min(30.0, 0.5 * 2 ** (len(self.restarts) - 2))
+            log.warning("%d engine replacements within a minute: waiting %.1f s", len(self.restarts), backoff)
+            await asyncio.sleep(backoff)
+        fresh = self.start_engine()
+        log.warning("engine %s started in place of %s", fresh.url, engine.url)
 
     async def set_replicas(self, service: object, replicas: int) -> None:
         del service
@@ -156,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"kvfleet up: {error}", file=sys.stderr)
         return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))
     return 0
@@ -182,9 +266,11 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    watcher = asyncio.create_task(fleet.watch())
     try:
         await server.serve()
     finally:
+        watcher.cancel()
         await fleet.close()
 
 

@@ -143,23 +143,32 @@ async def _send(state: RouterState, ex: Exchange, url: str) -> aiohttp.ClientRes
 
 
 async def open_upstream(state: RouterState, ex: Exchange) -> aiohttp.ClientResponse:
-    """Send to the placed engine; before the first byte, a failed connection moves to another one."""
+    """Send to the placed engine; before the first byte, a failed connection or a 503 moves to another one.
+
+    An engine's 503 (draining, or its core died: ``engine_dead``) means it started nothing, so the
+    request is safe to place again; the engine is out of rotation until a poll finds it ready.
+    """
     tried: list[str] = []
+    refusal = ""
     while True:
         assert ex.placement is not None
         url = ex.placement.url
         try:
             response = await _send(state, ex, url)
-            state.fleet.heard(url)
-            return response
         except (*_DOWN, *_STALE):
             state.fleet.mark_failed(url)
-            tried.append(url)
         except TimeoutError:
             state.fleet.mark_failed(url)
             raise RouterError(
                 504, "engine_timeout", f"engine {urlsplit(url).netloc} did not answer in time"
             ) from None
+        else:
+            if response.status != 503:
+                state.fleet.heard(url)
+                return response
+            state.fleet.mark_failed(url)
+            refusal = f"; {urlsplit(url).netloc} answered 503 {await _error_code(response)}"
+        tried.append(url)
         failed, ex.placement = ex.placement, None
         state.fleet.release(failed)
         retry = None
@@ -172,8 +181,23 @@ async def open_upstream(state: RouterState, ex: Exchange) -> aiohttp.ClientRespo
                 allow_saturated=True,
             )
         if retry is None:
+            if refusal:
+                raise RouterError(
+                    503, "no_ready_engine", f"no engine could take the request{refusal}", retry_after_s=1.0
+                )
             raise RouterError(502, "engine_unreachable", "no engine could be reached", retry_after_s=1.0)
         ex.placement = retry
+
+
+async def _error_code(response: aiohttp.ClientResponse) -> str:
+    """The ``error.code`` of an engine's error body (read whole, the connection released), or ''."""
+    try:
+        body = orjson.loads(await response.read())
+        return str(body["error"]["code"])
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError, TypeError):
+        return ""
+    finally:
+        response.release()
 
 
 @contextlib.asynccontextmanager

@@ -44,12 +44,15 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _engine_dead(_: Request, exc: Exception) -> JSONResponse:
-    return _respond(
-        APIError(
-            503, str(exc), type="service_unavailable", code="engine_unavailable", headers={"Retry-After": "5"}
-        )
+def engine_dead_error(exc: Exception) -> APIError:
+    """What a request the dead (or stopping) engine core failed gets: a 503 ``engine_dead``."""
+    return APIError(
+        503, str(exc), type="service_unavailable", code="engine_dead", headers={"Retry-After": "5"}
     )
+
+
+async def _engine_dead(_: Request, exc: Exception) -> JSONResponse:
+    return _respond(engine_dead_error(exc))
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

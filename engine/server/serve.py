@@ -6,6 +6,12 @@ router stop sending, new generation requests get 503 with ``Retry-After``, and r
 requests finish. Once none is left, or after ``drain_timeout`` seconds (the unfinished
 ones are then aborted), uvicorn shuts down and the process exits 0. A second signal
 exits at once.
+
+When the engine core dies on its own (its process ended, its link closed, a step raised),
+every request in flight has already been failed with a clean error; the server logs why at
+ERROR, answers 503 on ``/ready``, ``/health`` and ``/load`` (``ready: false``) for up to
+``DEATH_FLUSH_S`` while those error events reach their clients, then exits with
+``EXIT_ENGINE_DEAD`` so that the Deployment or ``kvfleet up`` replaces the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from kvfleet.engine.server.state import ServerState
 
 log = logging.getLogger(__name__)
 ABORT_FLUSH_S = 0.2  # after aborting stragglers, time for their streams to send their last bytes
+DEATH_FLUSH_S = 2.0  # after the core died, the longest the failed streams get to send their error events
+EXIT_ENGINE_DEAD = 3
 
 
 class DrainingServer(uvicorn.Server):
@@ -30,6 +38,8 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.drain_timeout = drain_timeout
         self._drain_task: asyncio.Task[None] | None = None
+        self._death_task: asyncio.Task[None] | None = None
+        self.exit_code = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.draining or sig not in (signal.SIGTERM, signal.SIGINT):
@@ -51,6 +61,17 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(ABORT_FLUSH_S)
         self.should_exit = True
 
+    async def on_tick(self, counter: int) -> bool:
+        if self._death_task is None and (reason := self.state.engine.dead_reason) is not None:
+            log.error("the engine core is dead (%s): exiting with code %d", reason, EXIT_ENGINE_DEAD)
+            self.exit_code = EXIT_ENGINE_DEAD
+            self._death_task = asyncio.ensure_future(self._die())
+        return bool(await super().on_tick(counter))
+
+    async def _die(self) -> None:
+        await self.state.in_flight.wait_idle(DEATH_FLUSH_S)
+        self.should_exit = True
+
 
 def serve(
     app: FastAPI, state: ServerState, *, host: str, port: int, drain_timeout: float, log_level: str = "info"
@@ -66,4 +87,4 @@ def serve(
     )
     server = DrainingServer(config, state, drain_timeout)
     server.run()
-    return 0 if server.started else 1
+    return server.exit_code if server.started else 1

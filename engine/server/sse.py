@@ -10,6 +10,7 @@ drops. Per-token chunks are written from a :class:`ChunkTemplate`, not a pydanti
 
 from __future__ import annotations
 
+import json
 import json.encoder
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -19,7 +20,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
+from kvfleet.engine.async_engine import EngineDeadError
 from kvfleet.engine.server import generation as gen
+from kvfleet.engine.server.errors import engine_dead_error
 from kvfleet.engine.server.state import ServerState
 from kvfleet.openai_responses import ErrorResponse
 
@@ -79,11 +82,26 @@ def sse_done() -> str:
     return "data: [DONE]\n\n"
 
 
+async def _ending_cleanly(body: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The body's events; if the engine core dies mid-stream, a terminal OpenAI error event (no ``[DONE]``)."""
+    try:
+        async for event in body:
+            yield event
+    except EngineDeadError as exc:
+        yield f"data: {json.dumps(engine_dead_error(exc).body())}\n\n"
+    finally:
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            await aclose()  # its own clean-up now (a client that left), not at garbage collection
+
+
 class GenerationStream(StreamingResponse):
     """An SSE response that aborts its unfinished sequences and releases its in-flight slot when it ends."""
 
     def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        super().__init__(
+            _ending_cleanly(body), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -91,7 +91,7 @@ class ServerState:
         if not self.engine.is_running:
             raise APIError(
                 503,
-                "the engine is not running",
+                f"the engine is not running: {self.engine.dead_reason or 'stopped'}",
                 type="service_unavailable",
                 code="engine_dead",
                 headers={"Retry-After": "5"},

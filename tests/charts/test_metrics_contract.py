@@ -11,6 +11,7 @@ scraped and parsed with prometheus-client's own parser. The chart's names come f
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -85,8 +86,18 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
             drive(router_url)
             yield {
                 "engine": exported(httpx.get(engine_url + "/metrics", timeout=10).text),
-                "router": exported(httpx.get(router_url + "/metrics", timeout=10).text),
+                "router": exported(settled_metrics(router_url)),
             }
+
+
+def settled_metrics(router_url: str) -> str:
+    """The router's exposition once the stream's accounting (done after its last byte) is in."""
+    deadline = time.monotonic() + 20
+    while True:
+        text = httpx.get(router_url + "/metrics", timeout=10).text
+        if "kvfleet_router_time_to_first_token_seconds_count{" in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
 
 
 def drive(router_url: str) -> None:

@@ -24,7 +24,7 @@ from kvfleet.protocol import EngineLoad
 class FakeEngine:
     model: str = "tiny"
     tokens: list[str] = field(default_factory=lambda: ["Hel", "lo", " world"])
-    mode: str = "ok"  # ok | die | hang
+    mode: str = "ok"  # ok | die | hang | dead (every generation request: 503 engine_dead)
     gate: asyncio.Event | None = None
     load: dict[str, Any] = field(default_factory=dict)
     load_delay_s: float = 0.0  # how long GET /load takes (a busy engine)
@@ -77,6 +77,9 @@ class FakeEngine:
     async def handle(self, request: Request) -> Response:
         body = await request.json()
         self.received.append(body)
+        if self.mode == "dead":
+            error = {"message": "the engine is not running: core died", "type": "service_unavailable"}
+            return JSONResponse({"error": {**error, "param": None, "code": "engine_dead"}}, status_code=503)
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:

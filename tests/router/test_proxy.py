@@ -175,6 +175,38 @@ async def test_a_connection_refused_before_the_first_byte_retries_on_another_eng
         assert not state.fleet.is_ready(state.fleet.engines[first])
 
 
+async def test_an_engine_that_answers_503_engine_dead_is_taken_out_and_the_request_placed_again() -> None:
+    dead, alive = FakeEngine(mode="dead"), FakeEngine()
+    async with router(
+        [dead, alive], [tenant()], policy="round-robin", load_interval_s=30, load_stale_s=60
+    ) as (
+        url,
+        state,
+    ):
+        for _ in range(3):
+            assert (await client(url).completions.create(model="tiny", prompt="x")).choices[0].text
+        assert (len(dead.received), len(alive.received)) == (1, 3), "once refused, out of rotation"
+        assert sorted(state.fleet.is_ready(e) for e in state.fleet.engines.values()) == [False, True]
+        assert state.quota.in_flight("alice") == 0
+
+
+async def test_when_every_engine_answers_503_the_client_gets_503_naming_the_refusal() -> None:
+    async with router([FakeEngine(mode="dead")], [tenant()]) as (url, state):
+        with pytest.raises(openai.APIStatusError) as info:
+            await client(url).completions.create(model="tiny", prompt="x")
+        assert info.value.status_code == 503
+        assert "answered 503 engine_dead" in info.value.message
+        assert state.quota.in_flight("alice") == 0
+
+
+async def test_an_engine_whose_load_says_not_ready_gets_no_requests() -> None:
+    unready, ready = FakeEngine(load={"ready": False}), FakeEngine()
+    async with router([unready, ready], [tenant()], policy="round-robin") as (url, _):
+        for _ in range(4):
+            await client(url).completions.create(model="tiny", prompt="x")
+    assert (len(unready.received), len(ready.received)) == (0, 4)
+
+
 async def _stop_engine_at(port: int) -> None:
     from .fakes import RUNNING
 

@@ -53,6 +53,7 @@ async def load(state: State) -> EngineLoad:
         num_running=s.num_running,
         max_num_seqs=s.max_num_seqs,
         draining=state.draining,
+        ready=state.ready and not state.draining and state.engine.is_running,
         block_size=state.model.block_size,
         num_kv_blocks=s.num_kv_blocks,
         prefix_cache_hit_rate=s.prefix_cache_hits / queries if queries else 0.0,
