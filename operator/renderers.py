@@ -60,6 +60,7 @@ class ModelSource:
     volume: Obj | None = None
     fetch_repo: str | None = None
     fetch_revision: str | None = None
+    fetch_file: str | None = None  # one .gguf file of the repo, not the whole snapshot
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -88,16 +89,22 @@ def endpoint(owner: Owner) -> str:
 
 def model_source(uri: str) -> ModelSource:
     """``pvc://claim/sub/path`` mounts the claim read-only; ``hf://org/name[@rev]`` downloads
-    into an emptyDir before the engine starts; ``file:///path`` is a path already in the image."""
+    into an emptyDir before the engine starts (``hf://org/name/dir/file.gguf`` just that file);
+    ``file:///path`` is a path already in the image. The path may name a folder or a .gguf file."""
     if uri.startswith("pvc://"):
         claim, _, sub = uri[len("pvc://") :].partition("/")
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         return ModelSource(path=f"{MODEL_MOUNT}/{sub}".rstrip("/"), volume=volume)
     if uri.startswith("hf://"):
-        repo, _, revision = uri[len("hf://") :].partition("@")
-        volume = {"name": "model", "emptyDir": {}}
+        location, _, revision = uri[len("hf://") :].partition("@")
+        org, name, *rest = location.split("/")
+        repo, file = f"{org}/{name}", "/".join(rest) or None
         return ModelSource(
-            path=f"{MODEL_MOUNT}/{repo}", volume=volume, fetch_repo=repo, fetch_revision=revision or None
+            path="/".join(p for p in (MODEL_MOUNT, repo, file) if p),
+            volume={"name": "model", "emptyDir": {}},
+            fetch_repo=repo,
+            fetch_revision=revision or None,
+            fetch_file=file,
         )
     return ModelSource(path=uri[len("file://") :])
 
@@ -175,13 +182,16 @@ def _fetch_container(spec: InferenceServiceSpec, image: str, source: ModelSource
     """An init container that downloads an ``hf://`` model with ``huggingface_hub`` (in the engine image)."""
     code = (
         "import sys; from huggingface_hub import snapshot_download; "
-        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])"
+        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
+        "allow_patterns=sys.argv[4:] or None)"
     )
+    local_dir = f"{MODEL_MOUNT}/{source.fetch_repo}"
     container: Obj = {
         "name": "fetch-model",
         "image": image,
         "command": ["python", "-c", code],
-        "args": [source.fetch_repo or "", source.fetch_revision or "", source.path],
+        "args": [source.fetch_repo or "", source.fetch_revision or "", local_dir]
+        + ([source.fetch_file] if source.fetch_file else []),
         "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}],
     }
     cred = spec.model.credentials_secret_ref

@@ -82,7 +82,7 @@ def test_every_example_manifest_is_admitted(path: Path) -> None:
 REFUSED_ISVC = [
     (
         isvc(model={"name": "m", "uri": "s3://bucket/w"}),
-        "uri must be pvc://CLAIM[/PATH], hf://ORG/NAME[@REVISION] or file:///ABSOLUTE/PATH",
+        "uri must be pvc://CLAIM[/PATH], hf://ORG/NAME[/FILE.gguf][@REVISION] or file:///ABSOLUTE/PATH",
     ),
     (isvc(autoscaling={"minReplicas": 5, "maxReplicas": 2}), "minReplicas must be <= maxReplicas"),
     (isvc(autoscaling={"minReplicas": 0, "maxReplicas": 2}), "minReplicas 0 needs scaleToZero: true"),
@@ -99,6 +99,24 @@ REFUSED_ISVC = [
 def test_the_cel_rules_refuse_impossible_inferenceservices(obj: dict[str, Any], message: str) -> None:
     _, errors = admit(CRDS["inferenceservices"], obj)
     assert len(errors) == 1 and errors[0].endswith(message)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "hf://org/repo/model.Q4_1.gguf",
+        "hf://org/repo/q/model.gguf@main",
+        "pvc://claim/dir/model.gguf",
+        "hf://org/repo",
+    ],
+)
+def test_the_model_uri_rule_admits_folders_and_gguf_files(uri: str) -> None:
+    assert admit(CRDS["inferenceservices"], isvc(model={"name": "m", "uri": uri}))[1] == []
+
+
+@pytest.mark.parametrize("uri", ["hf://org/repo/model.bin", "hf://org/repo/dir/"])
+def test_the_model_uri_rule_refuses_an_hf_file_that_is_not_gguf(uri: str) -> None:
+    assert admit(CRDS["inferenceservices"], isvc(model={"name": "m", "uri": uri}))[1] != []
 
 
 @pytest.mark.parametrize("obj", [o for o, _ in REFUSED_ISVC], ids=[m for _, m in REFUSED_ISVC])

@@ -119,6 +119,19 @@ def test_an_hf_uri_downloads_into_an_empty_dir_first_with_the_token_secret() -> 
     assert p["containers"][0]["args"][:2] == ["--model", "/models/meta-llama/Meta-Llama-3-8B"]
 
 
+def test_an_hf_gguf_uri_fetches_only_that_file_and_points_the_engine_at_it() -> None:
+    p = pod(model={"name": "m", "uri": "hf://org/repo/quant/model.Q4_K.gguf@v2"})
+    fetch = p["initContainers"][0]
+    assert fetch["args"] == ["org/repo", "v2", "/models/org/repo", "quant/model.Q4_K.gguf"]
+    assert p["containers"][0]["args"][:2] == ["--model", "/models/org/repo/quant/model.Q4_K.gguf"]
+
+
+def test_a_pvc_gguf_uri_points_the_engine_at_the_file_in_the_claim() -> None:
+    p = pod(model={"name": "m", "uri": "pvc://weights/smol/SmolLM2-135M-Instruct.Q4_1.gguf"})
+    assert p["containers"][0]["args"][:2] == ["--model", "/models/smol/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert "initContainers" not in p
+
+
 def test_placement_fields_reach_the_pod() -> None:
     placement = {
         "nodeSelector": {"gpu": "h100"},
