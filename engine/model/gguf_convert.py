@@ -190,8 +190,8 @@ def _hf_config(fields: dict[str, Any], arch: str, source: str, vocab: int, tied:
         "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(fields.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(fields.get(f"{arch}.rope.freq_base", 10000.0)),
         "rope_scaling": _rope_scaling(fields, arch, source),
         "sliding_window": fields.get(f"{arch}.attention.sliding_window") if arch == "mistral" else None,
         "use_sliding_window": False,
@@ -202,6 +202,11 @@ def _hf_config(fields: dict[str, Any], arch: str, source: str, vocab: int, tied:
         "pad_token_id": fields.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
+
+
+def _f32(value: Any) -> float:
+    """A float32 field as the decimal it was written from (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(value)))
 
 
 def _rope_scaling(fields: dict[str, Any], arch: str, source: str) -> dict[str, Any] | None:
