@@ -57,8 +57,9 @@ from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.engine import Engine
+from kvfleet.engine.model.sources import resolve_model
 from kvfleet.engine.model.tiny import BOS_ID, PAD_ID
-from kvfleet.engine.runner import resolve_backend, resolve_model_path
+from kvfleet.engine.runner import resolve_backend
 from kvfleet.engine.sim import SimRunner, TimingModel, kv_blocks_for_hardware
 
 
@@ -259,7 +260,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = resolve_model_path(args.model)
+    model = resolve_model(args.model)
     requests = workload(args.num_prompts, args.seed)
     print(
         f"offline throughput: model={args.model} prompts={len(requests)} batch={args.batch_size} "

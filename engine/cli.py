@@ -55,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _server_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and server")
     g.add_argument(
-        "--model", default="tiny", help="a Hugging Face checkpoint folder, or 'tiny' (the embedded model)"
+        "--model",
+        default="tiny",
+        help="a Hugging Face checkpoint folder, a .gguf file, 'tiny' (the embedded model) "
+        "or 'smollm2' (SmolLM2-135M-Instruct, fetched once)",
     )
     g.add_argument(
         "--served-model-name", default=None, help="the name clients send as 'model' (default: the folder's)"
@@ -167,12 +170,10 @@ def api_tokenizer(args: argparse.Namespace) -> Tokenizer:
         from kvfleet.engine.byte_tokenizer import ByteTokenizer
 
         return ByteTokenizer()
-    from pathlib import Path
-
-    from kvfleet.engine.model.tiny import ensure_tiny_model
+    from kvfleet.engine.model.sources import resolve_model
     from kvfleet.engine.model.tokenizer import HFTokenizer
 
-    return HFTokenizer(ensure_tiny_model() if args.model == "tiny" else Path(args.model).expanduser())
+    return HFTokenizer(resolve_model(args.model))
 
 
 def build_server_state(args: argparse.Namespace) -> ServerState:

@@ -17,7 +17,9 @@ from kvfleet.protocol import DEFAULT_BLOCK_SIZE
 class EngineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field(default="tiny", description="a Hugging Face checkpoint folder, or 'tiny'")
+    model: str = Field(
+        default="tiny", description="a Hugging Face checkpoint folder, a .gguf file, 'tiny' or 'smollm2'"
+    )
     served_model_name: str | None = None  # defaults to the folder's name (or 'tiny')
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: float32 on CPU, bf16 on GPU
     device: str = "auto"  # auto: cuda if available, else cpu

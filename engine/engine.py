@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.detokenizer import IncrementalDetokenizer
 from kvfleet.engine.interfaces import Runner, Tokenizer
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
+from kvfleet.engine.model.sources import served_name
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
 from kvfleet.engine.outputs import RequestOutput
 from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
@@ -86,9 +86,7 @@ class Engine:
         detokenizer_factory: DetokenizerFactory | None = None,
     ) -> None:
         self.config = config
-        self.model_name = config.served_model_name or (
-            "tiny" if config.model == "tiny" else Path(config.model).name
-        )
+        self.model_name = config.served_model_name or served_name(config.model)
         model_max_len: int | None = None
         eos_ids: frozenset[int] = frozenset()
         prefix_caching = config.enable_prefix_caching

