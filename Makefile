@@ -2,6 +2,7 @@
 # Both set up what they need themselves: a .venv, torch first (CPU build where one is on disk), then the rest.
 
 PYTHON ?= python3
+MODEL  ?= smollm2
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -30,7 +31,7 @@ system-deps:
 	fi
 
 run: $(STAMP)
-	$(BIN)/kvfleet up --model tiny --port 8080
+	$(BIN)/kvfleet up --model $(MODEL) --port 8080
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

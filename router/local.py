@@ -190,7 +190,9 @@ class LocalFleet:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
-    parser.add_argument("--model", default="tiny", help="a Hugging Face checkpoint folder, or 'tiny'")
+    parser.add_argument(
+        "--model", default="tiny", help="'tiny', 'smollm2', a .gguf file or a Hugging Face checkpoint folder"
+    )
     parser.add_argument(
         "--served-model-name", help="the model name clients ask for (default: the folder name)"
     )
@@ -215,7 +217,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _served_name(args: argparse.Namespace) -> str:
     if args.served_model_name:
         return str(args.served_model_name)
-    return "tiny" if args.model == "tiny" else Path(args.model).resolve().name
+    if args.model in ("tiny", "smollm2"):
+        return str(args.model)
+    path = Path(args.model).expanduser().resolve()
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 def _validate(args: argparse.Namespace) -> str | None:
@@ -227,13 +232,32 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"need 0 <= --min-replicas ({low}) <= --max-replicas ({high})"
     if not low <= args.replicas <= high:
         return f"--replicas {args.replicas} is outside [{low}, {high}]"
-    if args.model != "tiny" and not args.simulate and not Path(args.model).is_dir():
-        return f"--model {args.model!r} is neither 'tiny' nor a checkpoint folder"
+    named = args.model in ("tiny", "smollm2") or Path(args.model).expanduser().is_dir()
+    if not (args.simulate or named or Path(args.model).expanduser().is_file()):
+        return f"--model {args.model!r} is neither 'tiny', 'smollm2', a .gguf file nor a checkpoint folder"
     return None
+
+
+def fetch_model(model: str, timeout_s: float = 900.0) -> str | None:
+    """Fetch/convert ``model`` into the cache once (``kvfleet fetch``), before any engine starts;
+    the one-line reason it could not be, or None. Run as a process: the router never imports the engine."""
+    argv = [sys.executable, "-m", "kvfleet.cli", "fetch", model]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"fetching {model!r} took over {timeout_s:.0f} s"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return lines[-1].removeprefix("kvfleet fetch: ") if lines else f"kvfleet fetch exited {done.returncode}"
 
 
 def run(args: argparse.Namespace) -> int:
     error = _validate(args)
+    if error is None and not args.simulate:
+        if args.model == "smollm2":
+            print("kvfleet up: fetching smollm2 (first run only) ...", file=sys.stderr, flush=True)
+        error = fetch_model(args.model)
     if error:
         print(f"kvfleet up: {error}", file=sys.stderr)
         return 2

