@@ -244,6 +244,7 @@ def _tokenizer_meta(fields: dict[str, Any], source: str) -> TokenizerMeta:
         merges=list(fields.get("tokenizer.ggml.merges") or []),
         special_ids=special_ids,
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix", True)),
         chat_template=fields.get("tokenizer.chat_template"),
     )
 

