@@ -95,7 +95,7 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent):
+    with cache_lock(target.parent):
         if (target / "config.json").is_file():
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -109,7 +109,8 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def cache_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on a cache folder (flock on the folder itself: no lock file left behind)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

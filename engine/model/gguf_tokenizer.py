@@ -150,7 +150,7 @@ def _merges_from_scores(meta: TokenizerMeta) -> list[list[str]]:
     vocab: dict[str, int] = {}
     for index, token in enumerate(meta.tokens):
         vocab.setdefault(token, index)
-    scores = dict(zip(meta.tokens, meta.scores or [0.0] * len(meta.tokens), strict=True))
+    scores = dict(zip(meta.tokens, meta.scores or [0.0] * len(meta.tokens), strict=False))
     found: list[tuple[float, str, str]] = []
     for token, score in scores.items():
         pairs = [(token[:cut], token[cut:]) for cut in range(1, len(token))]
