@@ -20,7 +20,7 @@ class EngineConfig(BaseModel):
     model: str = Field(
         default="tiny", description="a Hugging Face checkpoint folder, a .gguf file, 'tiny' or 'smollm2'"
     )
-    served_model_name: str | None = None  # defaults to the folder's name (or 'tiny')
+    served_model_name: str | None = None  # default: model.sources.served_name (folder name, GGUF stem, tiny)
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: float32 on CPU, bf16 on GPU
     device: str = "auto"  # auto: cuda if available, else cpu
     seed: int = 0

@@ -44,6 +44,8 @@ SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
     *(_Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K),
 )
 SHARD_BYTES = 2 * 1024**3
+ROPE_FREQS = "rope_freqs.weight"
+LLAMA3_ROPE = (1.0, 4.0, 8192)  # low_freq_factor, high_freq_factor, original_max_position_embeddings
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -95,7 +97,7 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent):
+    with cache_lock(target.parent):
         if (target / "config.json").is_file():
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -109,7 +111,8 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def cache_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on a cache folder (flock on the folder itself: no lock file left behind)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -147,8 +150,46 @@ def read_gguf(path: Path) -> GGUFModel:
     tokenizer = _tokenizer_meta(fields, source)
     names = {t.name for t in reader.tensors}
     config = _hf_config(fields, arch, source, len(tokenizer.tokens), tied="output.weight" not in names)
-    _check_tensors(reader.tensors, arch, config, source)
-    return GGUFModel(arch, config, tokenizer, list(reader.tensors))
+    tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
+    for t in reader.tensors:
+        if t.name == ROPE_FREQS:  # llama3 rope scaling, written as its table of per-frequency factors
+            config["rope_scaling"] = llama3_rope_scaling(np.asarray(t.data, dtype=np.float32), config, source)
+    _check_tensors(tensors, arch, config, source)
+    return GGUFModel(arch, config, tokenizer, tensors)
+
+
+def llama3_rope_scaling(factors: np.ndarray, config: dict[str, Any], source: str) -> dict[str, Any]:
+    """The llama3 ``rope_scaling`` whose factor table convert_hf_to_gguf wrote as ``rope_freqs.weight``.
+
+    The table does not name its parameters; every Llama 3.1/3.2/3.3 uses low/high frequency factors
+    1 and 4 over an 8192-token original context, so those are checked against it, not guessed."""
+    factor = _f32(factors.max()) if factors.size else 1.0
+    low, high, original = LLAMA3_ROPE
+    expected = llama3_rope_factors(config["rope_theta"], config["head_dim"], factor, low, high, original)
+    if factors.shape != expected.shape or not np.allclose(factors, expected, rtol=1e-4):
+        raise ModelLoadError(
+            f"{source}: tensor {ROPE_FREQS} is not llama3 rope scaling with low/high frequency factors "
+            f"{low:g}/{high:g} over a {original}-token original context; no other rope frequency table is supported"
+        )
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original,
+    }
+
+
+def llama3_rope_factors(
+    theta: float, dim: int, factor: float, low: float, high: float, original: int
+) -> np.ndarray:
+    """convert_hf_to_gguf's table: 1 for short wavelengths, ``factor`` for long ones, smooth between."""
+    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    between = 1 / ((1 - smooth) / factor + smooth)
+    scaled = np.where(wavelen > original / low, factor, between)
+    return np.where(wavelen < original / high, 1.0, scaled).astype(np.float32)
 
 
 def _field(fields: dict[str, Any], key: str, source: str) -> Any:
@@ -244,6 +285,7 @@ def _tokenizer_meta(fields: dict[str, Any], source: str) -> TokenizerMeta:
         merges=list(fields.get("tokenizer.ggml.merges") or []),
         special_ids=special_ids,
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix", True)),
         chat_template=fields.get("tokenizer.chat_template"),
     )
 

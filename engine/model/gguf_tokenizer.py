@@ -58,6 +58,7 @@ class TokenizerMeta(NamedTuple):
     merges: list[str]
     special_ids: dict[str, int]  # bos_token / eos_token / unk_token / pad_token → id
     add_bos: bool
+    add_space_prefix: bool  # sentencepiece: "hello" is tokenised as " hello"
     chat_template: str | None
 
 
@@ -124,39 +125,41 @@ def _byte_level_json(meta: TokenizerMeta, tokens: list[str]) -> dict[str, Any]:
 
 
 def _sentencepiece_json(meta: TokenizerMeta) -> dict[str, Any]:
-    unk_id = meta.special_ids.get("unk_token")
-    unk = meta.tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(meta.tokens) else None
+    """transformers' ``LlamaTokenizer``: Metaspace (a prefix space unless the file says not), byte fallback."""
     merges = [m.split(" ", 1) for m in meta.merges] if meta.merges else _merges_from_scores(meta)
-    decoder = {
-        "type": "Sequence",
-        "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-            {"type": "ByteFallback"},
-            {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-        ],
-    }
-    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    decoders: list[dict[str, Any]] = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if meta.add_space_prefix:
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    scheme = "first" if meta.add_space_prefix else "never"
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme, "split": False}
     return _json_body(
         normalizer=None,
         pre_tokenizer=metaspace,
-        decoder=decoder,
-        model=_bpe(meta.tokens, merges, byte_fallback=True, unk=unk),
+        decoder={"type": "Sequence", "decoders": decoders},
+        model=_bpe(meta.tokens, merges, byte_fallback=True, unk=None),
     )
 
 
 def _merges_from_scores(meta: TokenizerMeta) -> list[list[str]]:
-    """Sentencepiece stores no merges: every split of a token into two tokens, best token score first."""
-    vocab = {t: i for i, t in enumerate(meta.tokens)}
-    scores = meta.scores or [0.0] * len(meta.tokens)
-    found: list[tuple[float, int, int, str, str]] = []
-    for token, index in vocab.items():
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                found.append((-scores[index], vocab[left], vocab[right], left, right))
-    found.sort()
-    return [[left, right] for _, _, _, left, right in found]
+    """Sentencepiece stores no merges: every split of a token into two tokens, in transformers' order
+    (``generate_merges``: the merged token's score, then the longer left and right piece first)."""
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(meta.tokens):
+        vocab.setdefault(token, index)
+    scores = dict(zip(meta.tokens, meta.scores or [0.0] * len(meta.tokens), strict=False))
+    found: list[tuple[float, str, str]] = []
+    for token, score in scores.items():
+        pairs = [(token[:cut], token[cut:]) for cut in range(1, len(token))]
+        local = sorted(
+            (p for p in pairs if p[0] in vocab and p[1] in vocab), key=lambda p: (vocab[p[0]], vocab[p[1]])
+        )
+        found.extend((score, left, right) for left, right in local)
+    found.sort(key=lambda m: (m[0], len(m[1]), len(m[2])), reverse=True)
+    return [[left, right] for _, left, right in found]
 
 
 def _bpe(

