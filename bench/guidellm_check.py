@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -136,7 +137,18 @@ def main() -> int:
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for one guidellm run")
+    p.add_argument(
+        "--threads",
+        default="1",
+        help="OMP_NUM_THREADS of the engines started here ('default': unset); on a busy 2-core machine torch's "
+        "two spinning threads made a smollm2 run miss its 300 s bound",
+    )
     args = p.parse_args()
+    os.environ.pop("OMP_NUM_THREADS", None)
+    if args.threads != "default":
+        os.environ["OMP_NUM_THREADS"] = (
+            args.threads
+        )  # inherited by kvfleet engine / kvfleet up and its engines
     guidellm = guidellm_bin()
     failures = 0
 

@@ -25,7 +25,7 @@ default,2`` measures it as it comes and with ``OMP_NUM_THREADS=2``, and kvfleet 
 compared with the better of the two. ``--kvfleet-threads`` does the same for kvfleet
 (``default``: torch's own choice, one thread per core).
 
-    python bench/peers.py                 # the full run (about 20-25 min on a quiet 2-core machine)
+    python bench/peers.py --model smollm2 # the full run (about 20-25 min on a quiet 2-core machine)
     python bench/peers.py --smoke         # a few requests of each part, to check it end to end
 """
 
@@ -420,7 +420,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", default="random,shared")
     p.add_argument("--shared-fraction", type=float, default=0.8)
     p.add_argument("--min-requests", type=int, default=8, help="serving: requests per cell at least")
-    p.add_argument("--rounds", type=int, default=2, help="serving: requests per cell = rounds x concurrency")
+    p.add_argument("--rounds", type=int, default=1, help="serving: requests per cell = rounds x concurrency")
     p.add_argument("--kvfleet-threads", default="1,2", help="OMP_NUM_THREADS values ('default': unset)")
     p.add_argument("--vllm-threads", default="default,2", help="'' leaves vLLM out")
     p.add_argument("--hf-threads", default="1,2")
