@@ -84,7 +84,8 @@ async def apply_burst(user: User, names: list[str]) -> dict[str, float]:
 BASELINE = """
 import os, sys, time
 from kvfleet.operator import renderers
-from kvfleet.operator.kube import KubeApi, api_client, client_configuration
+from kvfleet.kubeconfig import client_configuration
+from kvfleet.operator.kube import KubeApi, api_client
 from kvfleet.operator.spec import parse_inferenceservice
 from kvfleet.operator.testing.cluster import inferenceservice
 api = KubeApi(api_client(client_configuration()))

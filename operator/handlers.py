@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import kopf
 
+from kvfleet.kubeconfig import client_configuration
 from kvfleet.protocol import (
     API_GROUP,
     API_VERSION,
@@ -32,7 +33,7 @@ from kvfleet.protocol import (
 
 from . import reconcile
 from .config import OperatorConfig
-from .kube import KubeApi, api_client, backoff_seconds, client_configuration, connection_info
+from .kube import KubeApi, api_client, backoff_seconds, connection_info
 
 log = logging.getLogger(__name__)
 

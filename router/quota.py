@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.router.config import TenantLimits
+from kvfleet.resources import TenantLimits
 
 Clock = Callable[[], float]
 

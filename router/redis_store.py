@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kvfleet.router.config import TenantLimits
+from kvfleet.resources import TenantLimits
 from kvfleet.router.quota import Charge, Clock, Denial, QuotaUnavailable
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvfleet.router.config import TenantSpec
+from kvfleet.resources import TenantSpec
 
 
 @dataclass(frozen=True)
