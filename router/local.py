@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,16 +33,11 @@ import httpx
 from kvfleet.resources import AutoscalingSpec
 from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file
 from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
+from kvfleet.testing.processes import free_port
 
 log = logging.getLogger("kvfleet.up")
 LOCAL_TENANT = "local"
 LOCAL_API_KEY = "sk-kvfleet-local"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
