@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from kvfleet.operator.testing.chart import (
+from ..operator_kit.chart import (
     CHART,
     DASHBOARDS,
     RULES,
@@ -21,7 +21,7 @@ from kvfleet.operator.testing.chart import (
     lint,
     render,
 )
-from kvfleet.operator.testing.crdschema import CRD_DIR, admit, load_crds
+from ..operator_kit.crdschema import CRD_DIR, admit, load_crds
 
 K8S = "1.35"
 # DESIGN §8: every name the engine and the router export.

@@ -21,8 +21,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfleet.operator.testing.chart import chart_metric_names, expressions
 from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
+
+from ..operator_kit.chart import chart_metric_names, expressions
 
 KEY = "sk-metrics-0123456789"
 
