@@ -1,4 +1,4 @@
-"""The kopf handlers: thin glue from kopf's causes to ``reconcile`` (DESIGN.md §7).
+"""The kopf handlers: thin glue from kopf's causes to ``reconcile`` (docs/architecture.md §7).
 
 ``register`` puts them into a given registry so tests and ``kvfleet operator`` run the
 same handlers on their own registries. Handlers are sync: kopf runs them in its thread

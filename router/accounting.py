@@ -1,4 +1,4 @@
-"""One request's bookkeeping, from quota charge to settlement (DESIGN §6, §8).
+"""One request's bookkeeping, from quota charge to settlement (docs/architecture.md §6, §8).
 
 An :class:`Exchange` watches the response go by (SSE events or a JSON body), times the
 first token and the gaps between chunks as the client sees them, keeps the usage the

@@ -1,4 +1,4 @@
-"""The autoscaler inside the router: queue depth and KV usage → replicas (DESIGN §1, §6).
+"""The autoscaler inside the router: queue depth and KV usage → replicas (docs/architecture.md §1, §6).
 
 For each InferenceService with ``spec.autoscaling``, every ``autoscale_interval_s``
 (and at once when a request waits for a model with no ready engine):

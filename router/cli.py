@@ -1,4 +1,4 @@
-"""`kvfleet router` (DESIGN §3): flags → one :class:`RouterConfig` → :func:`build_app` on uvicorn."""
+"""`kvfleet router` (docs/architecture.md §3): flags → one :class:`RouterConfig` → :func:`build_app` on uvicorn."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
     _add_envoy_arguments(
         parser.add_argument_group(
-            "Envoy gateway (DESIGN §6; the other --envoy-* flags take effect with --envoy-xds-port)"
+            "Envoy gateway (docs/architecture.md §6; the other --envoy-* flags take effect with --envoy-xds-port)"
         )
     )
     parser.add_argument("--log-level", default="warning")

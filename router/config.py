@@ -1,4 +1,4 @@
-"""The router's one validated configuration (DESIGN §3, §6), built once per process.
+"""The router's one validated configuration (docs/architecture.md §3, §6), built once per process.
 
 ``kvfleet router`` turns its flags and the ``--tenants`` YAML file into a
 :class:`RouterConfig`; :func:`kvfleet.router.app.build_app` takes nothing else. The

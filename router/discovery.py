@@ -1,4 +1,4 @@
-"""Where the engines are: the fleet's shape, as the router's poller reads it (DESIGN §6, §7).
+"""Where the engines are: the fleet's shape, as the router's poller reads it (docs/architecture.md §6, §7).
 
 A :class:`Discovery` answers "which engine URLs exist, and which InferenceService
 each belongs to". Three implementations: :class:`StaticDiscovery` (``--engines``, or

@@ -1,4 +1,4 @@
-"""``--kubernetes`` mode: the cluster as discovery, tenant source and scaler (DESIGN §6, §7).
+"""``--kubernetes`` mode: the cluster as discovery, tenant source and scaler (docs/architecture.md §6, §7).
 
 The API server is found as the operator finds it (:mod:`kvfleet.kubeconfig`: in-cluster
 config, else ``KUBECONFIG`` / ``~/.kube/config``); the calls

@@ -1,4 +1,4 @@
-"""Per-tenant quotas, the second step of the request path (DESIGN §6).
+"""Per-tenant quotas, the second step of the request path (docs/architecture.md §6).
 
 A request is charged at admission: one request from the requests-per-minute bucket,
 its *estimated* tokens (prompt estimate + max_tokens) from the tokens-per-minute

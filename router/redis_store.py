@@ -1,4 +1,4 @@
-"""Quotas shared by several router replicas, in one Redis (``--redis URL``, DESIGN §6).
+"""Quotas shared by several router replicas, in one Redis (``--redis URL``, docs/architecture.md §6).
 
 The same buckets as :class:`kvfleet.router.quota.MemoryQuotaStore`, kept in Redis
 hashes and changed only inside Lua scripts, so a check-and-take is atomic across

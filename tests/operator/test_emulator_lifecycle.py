@@ -1,4 +1,4 @@
-"""kopf's real runtime with the operator's handlers against the emulated API server (DESIGN §9).
+"""kopf's real runtime with the operator's handlers against the emulated API server (docs/architecture.md §9).
 
 A user applies manifests with the official ``kubernetes`` client; the operator runs in
 its own thread as in a pod; assertions read what the API server stores.
