@@ -1,4 +1,4 @@
-"""Packaging glue: the top-level folders are the parts, imported as kvfleet.<part> (DESIGN.md §2).
+"""Packaging glue: the top-level folders are the parts, imported as kvfleet.<part> (docs/architecture.md §2).
 
 pyproject.toml holds the metadata; this file only computes the package list, since
 setuptools' declarative config cannot prefix subpackages found under a mapped folder.

@@ -20,7 +20,7 @@ site=$(mktemp -d)
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site/wheels" .whl/*.whl || exit 1
 fi
-# kvfleet.<part> lives in the top-level folders (DESIGN §2): a tree of links lays them out as Python imports them.
+# kvfleet.<part> lives in the top-level folders (docs/architecture.md §2): a tree of links lays them out as Python imports them.
 mkdir -p "$site/tree/kvfleet"
 for f in "$PWD"/kvfleet/*; do ln -s "$f" "$site/tree/kvfleet/"; done
 for p in engine router operator; do ln -s "$PWD/$p" "$site/tree/kvfleet/$p"; done

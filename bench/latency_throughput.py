@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from engine_process import engine_process
-
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.stats import BenchSummary
+from kvfleet.testing.processes import engine_process
 
 
 def _row(rate: float, s: BenchSummary, slo_ttft_s: float) -> str:
@@ -65,7 +64,7 @@ def main() -> None:
         f"{'rate':>6} {'req/s':>8} {'out tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} {'goodput':>8} {'SLO':>6}"
     )
     knee = None
-    with engine_process(*flags) as url:
+    with engine_process(*flags) as (url, _):
         for rate in rates:
             spec = LoadSpec(
                 url=url,

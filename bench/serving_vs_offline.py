@@ -45,13 +45,13 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (see the docstring)
 
-from engine_process import engine_process_handle  # noqa: E402
 
 from kvfleet.bench import LoadSpec, parse_distribution, run_load  # noqa: E402
 from kvfleet.bench.load import plan_requests  # noqa: E402
 from kvfleet.engine.config import EngineConfig  # noqa: E402
 from kvfleet.engine.llm import LLM  # noqa: E402
 from kvfleet.engine.sampling_params import SamplingParams  # noqa: E402
+from kvfleet.testing.processes import engine_process  # noqa: E402
 
 
 def server_flags(config: EngineConfig) -> list[str]:
@@ -147,7 +147,7 @@ def servers(modes: list[str], config: EngineConfig) -> Iterator[list[Server]]:
     with contextlib.ExitStack() as stack:
         out = []
         for m in modes:
-            url, proc = stack.enter_context(engine_process_handle(*server_flags(config), "--engine-core", m))
+            url, proc = stack.enter_context(engine_process(*server_flags(config), "--engine-core", m))
             out.append(Server(m, url, proc.pid, core_pid(proc.pid)))
         yield out
 

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from kvfleet.router.local import LOCAL_API_KEY, free_port
+from kvfleet.router.local import LOCAL_API_KEY
+from kvfleet.testing.processes import free_port
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""``kvfleet engine``: serve one model with the paged-KV engine over the OpenAI API (DESIGN.md §3, §5).
+"""``kvfleet engine``: serve one model with the paged-KV engine over the OpenAI API (docs/architecture.md §3, §5).
 
 Where it sits: ``kvfleet.cli`` dispatches here; :func:`run` turns the flags into one
 validated ``EngineConfig`` (plus the simulator's settings), builds the runner (the real

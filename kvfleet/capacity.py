@@ -1,4 +1,4 @@
-"""Capacity maths (DESIGN.md §4): what fits on which GPU, torch-free.
+"""Capacity maths (docs/architecture.md §4): what fits on which GPU, torch-free.
 
 Shared by ``kvfleet plan`` (the table a user reads before buying GPUs), the engine's
 simulated mode (decode cost per step) and the operator (the capacity figures and the

@@ -1,4 +1,4 @@
-"""The ``kvfleet`` command line (DESIGN.md §3): one sub-command per part.
+"""The ``kvfleet`` command line (docs/architecture.md §3): one sub-command per part.
 
 Each sub-command lives in its part as a module with ``add_arguments(parser)`` and
 ``run(args) -> int``; only the chosen one is imported, so ``kvfleet router`` never

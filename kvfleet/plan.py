@@ -1,4 +1,4 @@
-"""``kvfleet plan`` (DESIGN.md §3): the capacity maths of :mod:`kvfleet.capacity` as a table or JSON.
+"""``kvfleet plan`` (docs/architecture.md §3): the capacity maths of :mod:`kvfleet.capacity` as a table or JSON.
 
 A user asks what a model needs before deploying it: the weights, the KV cache per token,
 how many tokens and sequences fit, and the decode bound, for one or several GPU types side

@@ -1,4 +1,4 @@
-"""The contracts between the parts (DESIGN.md §5-§7), as torch-free types and constants.
+"""The contracts between the parts (docs/architecture.md §5-§7), as torch-free types and constants.
 
 The engine serves :class:`EngineLoad` at ``GET /load``; the router reads it to pick
 engines and to autoscale; the operator and the router agree on the resource group and
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Kubernetes resources (DESIGN §7)
+# Kubernetes resources (docs/architecture.md §7)
 API_GROUP = "kvfleet.dev"
 API_VERSION = "v1alpha1"
 INFERENCESERVICE_PLURAL = "inferenceservices"

@@ -1,6 +1,6 @@
 """The CapacityFits verdict and ``status.capacity`` figures, from the shared capacity maths.
 
-``kvfleet.capacity`` (torch-free, DESIGN §4) does the arithmetic; this module decides
+``kvfleet.capacity`` (torch-free, docs/architecture.md §4) does the arithmetic; this module decides
 what the spec asks of it and how the answer reads in the status:
 
 - no GPUs, or no ``spec.resources.gpuType``: CapacityFits=Unknown (nothing to check against);

@@ -1,4 +1,4 @@
-"""The kopf handlers: thin glue from kopf's causes to ``reconcile`` (DESIGN.md §7).
+"""The kopf handlers: thin glue from kopf's causes to ``reconcile`` (docs/architecture.md §7).
 
 ``register`` puts them into a given registry so tests and ``kvfleet operator`` run the
 same handlers on their own registries. Handlers are sync: kopf runs them in its thread
@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import kopf
 
+from kvfleet.kubeconfig import client_configuration
 from kvfleet.protocol import (
     API_GROUP,
     API_VERSION,
@@ -32,7 +33,7 @@ from kvfleet.protocol import (
 
 from . import reconcile
 from .config import OperatorConfig
-from .kube import KubeApi, api_client, backoff_seconds, client_configuration, connection_info
+from .kube import KubeApi, api_client, backoff_seconds, connection_info
 
 log = logging.getLogger(__name__)
 

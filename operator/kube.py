@@ -2,14 +2,13 @@
 
 Every call the handlers make is a method here, as a plain REST request (the RBAC test
 in ``tests/charts`` checks the chart grants exactly what these and kopf send). Configuration is found as every client finds it: in-cluster, else
-``KUBECONFIG`` / ``~/.kube/config`` (DESIGN §7). Conflicts, throttling and server
+``KUBECONFIG`` / ``~/.kube/config`` (:mod:`kvfleet.kubeconfig`, as the router finds it). Conflicts, throttling and server
 errors become :class:`kopf.TemporaryError`, so kopf retries the handler with backoff.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import kopf
@@ -26,17 +25,6 @@ RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 def backoff_seconds(retry: int) -> float:
     """Delay before kopf's ``retry``-th retry: doubling from 1 s, capped at 60 s."""
     return float(min(60, 2 ** min(retry, 6)))
-
-
-def client_configuration() -> kubernetes.client.Configuration:
-    """In-cluster service account, else the kubeconfig ``KUBECONFIG`` names now (or ~/.kube/config)."""
-    cfg = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=cfg)
-    except kubernetes.config.ConfigException:
-        path = os.environ.get("KUBECONFIG") or None  # read now: the client reads it once at import
-        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
-    return cfg
 
 
 USER_AGENT = "kvfleet-operator/0.1.0"

@@ -1,4 +1,4 @@
-"""InferenceService status from what the operator saw (DESIGN.md §7): pure functions.
+"""InferenceService status from what the operator saw (docs/architecture.md §7): pure functions.
 
 Inputs are the spec verdicts (the spec error, the blockers found while checking it,
 the capacity verdict) and the engine Deployment as the API server reports it; the

@@ -1,4 +1,4 @@
-"""TenantQuota validation (DESIGN.md §7): the Secret and key exist, the models are served.
+"""TenantQuota validation (docs/architecture.md §7): the Secret and key exist, the models are served.
 
 Pure: the handler fetches the Secret and the InferenceServices of the namespace and
 passes them in. The router reads TenantQuotas itself; the operator only says, through

@@ -1,4 +1,4 @@
-"""One request's bookkeeping, from quota charge to settlement (DESIGN §6, §8).
+"""One request's bookkeeping, from quota charge to settlement (docs/architecture.md §6, §8).
 
 An :class:`Exchange` watches the response go by (SSE events or a JSON body), times the
 first token and the gaps between chunks as the client sees them, keeps the usage the
@@ -22,6 +22,7 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
+from kvfleet.sse import DONE, event_data
 
 if TYPE_CHECKING:
     from kvfleet.router.state import RouterState
@@ -58,8 +59,10 @@ class Exchange:
 
     def on_event(self, event: bytes) -> bytes | None:
         """Observe one SSE event; return what to send on (None: drop it)."""
-        payload = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-        if payload == b"[DONE]":
+        payload = event_data(event)
+        if payload is None:
+            return event
+        if payload == DONE:
             self.saw_done = True
             return event
         try:

@@ -1,4 +1,4 @@
-"""Admission, step three of the request path: the router's queue in front of a model (DESIGN §6).
+"""Admission, step three of the request path: the router's queue in front of a model (docs/architecture.md §6).
 
 A request whose model has an unsaturated engine goes at once. Otherwise it waits in
 the model's queue until :meth:`AdmissionQueue.pump` (called whenever a request ends

@@ -1,4 +1,4 @@
-"""The autoscaler inside the router: queue depth and KV usage → replicas (DESIGN §1, §6).
+"""The autoscaler inside the router: queue depth and KV usage → replicas (docs/architecture.md §1, §6).
 
 For each InferenceService with ``spec.autoscaling``, every ``autoscale_interval_s``
 (and at once when a request waits for a model with no ready engine):
@@ -36,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.router.discovery import AutoscalingSpec, Service
+from kvfleet.resources import AutoscalingSpec
+from kvfleet.router.discovery import Service
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +88,15 @@ class Stabilizer:
         # Invariant: a scale-up never exceeds any recommendation of the up-window, a scale-down never
         # goes below any recommendation of the down-window; the current count never leaves bounds.
         self.history.append((now, recommended))
-        horizon = max(spec.scale_up_stabilization_s, spec.scale_down_stabilization_s)
+        horizon = max(spec.scale_up_stabilization_seconds, spec.scale_down_stabilization_seconds)
         while self.history and self.history[0][0] < now - horizon:
             self.history.popleft()
         low, high = bounds(spec)
         if recommended > current:
-            up = [r for t, r in self.history if t >= now - spec.scale_up_stabilization_s]
+            up = [r for t, r in self.history if t >= now - spec.scale_up_stabilization_seconds]
             target = max(current, min(up))
         elif recommended < current:
-            down = [r for t, r in self.history if t >= now - spec.scale_down_stabilization_s]
+            down = [r for t, r in self.history if t >= now - spec.scale_down_stabilization_seconds]
             target = min(current, max(down))
         else:
             target = current

@@ -1,4 +1,4 @@
-"""`kvfleet router` (DESIGN §3): flags → one :class:`RouterConfig` → :func:`build_app` on uvicorn."""
+"""`kvfleet router` (docs/architecture.md §3): flags → one :class:`RouterConfig` → :func:`build_app` on uvicorn."""
 
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block"
     )
-    parser.add_argument("--slo-ttft-ms", type=float, help="TTFT target of models without an InferenceService")
-    parser.add_argument("--slo-tpot-ms", type=float, help="TPOT target of models without an InferenceService")
+    parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
+    parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
     _add_envoy_arguments(
         parser.add_argument_group(
-            "Envoy gateway (DESIGN §6; the other --envoy-* flags take effect with --envoy-xds-port)"
+            "Envoy gateway (docs/architecture.md §6; the other --envoy-* flags take effect with --envoy-xds-port)"
         )
     )
     parser.add_argument("--log-level", default="warning")
@@ -110,7 +110,8 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
 
 
 def config_from_args(args: argparse.Namespace) -> object:
-    from kvfleet.router.config import SLO, RouterConfig, load_tenants_file
+    from kvfleet.resources import SLOSpec
+    from kvfleet.router.config import RouterConfig, load_tenants_file
 
     tenants = load_tenants_file(args.tenants) if args.tenants else []
     return RouterConfig(
@@ -127,7 +128,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         max_engine_queue=args.max_engine_queue,
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
-        slo=SLO(ttftMs=args.slo_ttft_ms, tpotMs=args.slo_tpot_ms),
+        slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
     )
 

@@ -1,9 +1,9 @@
-"""The router's one validated configuration (DESIGN §3, §6), built once per process.
+"""The router's one validated configuration (docs/architecture.md §3, §6), built once per process.
 
 ``kvfleet router`` turns its flags and the ``--tenants`` YAML file into a
 :class:`RouterConfig`; :func:`kvfleet.router.app.build_app` takes nothing else. The
-tenant entries share the shape of the ``TenantQuota`` spec (DESIGN §7), so a tenants
-file and the Kubernetes resources are read by the same models.
+tenant entries share the shape of the ``TenantQuota`` spec (docs/architecture.md §7), so a
+tenants file and the Kubernetes resources are read by the same models (:mod:`kvfleet.resources`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvfleet.resources import SLOSpec, TenantLimits, TenantSpec
 from kvfleet.router.gateway.config import GatewayConfig
 
 
@@ -20,43 +21,17 @@ class ConfigError(ValueError):
     """A configuration value the router refuses, with the field and the reason."""
 
 
-class TenantLimits(BaseModel):
-    """``spec.limits`` of a TenantQuota; an absent limit is no limit."""
+class FileTenantLimits(TenantLimits):
+    """``limits`` of a tenants-file entry: a misspelt limit is refused, not ignored as the cluster prunes it."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    requests_per_minute: int | None = Field(default=None, alias="requestsPerMinute", ge=1)
-    tokens_per_minute: int | None = Field(default=None, alias="tokensPerMinute", ge=1)
-    max_concurrent_requests: int | None = Field(default=None, alias="maxConcurrentRequests", ge=1)
-    max_queued_requests: int | None = Field(default=None, alias="maxQueuedRequests", ge=0)
-    max_tokens_per_request: int | None = Field(default=None, alias="maxTokensPerRequest", ge=1)
-
-
-class TenantSpec(BaseModel):
-    """The TenantQuota spec fields the router enforces (``models`` empty: every model)."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    tenant: str = Field(min_length=1)
-    models: list[str] = Field(default_factory=list)
-    limits: TenantLimits = Field(default_factory=TenantLimits)
-    priority: int = 0
-    weight: float = Field(default=1.0, gt=0.0)
+    model_config = ConfigDict(extra="forbid")
 
 
 class TenantEntry(TenantSpec):
     """One entry of a tenants file: a TenantQuota spec with the key inline."""
 
     api_key: str = Field(alias="apiKey", min_length=8)
-
-
-class SLO(BaseModel):
-    """``spec.slo`` of an InferenceService: the goodput definition (None: not judged)."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    ttft_ms: float | None = Field(default=None, alias="ttftMs", gt=0)
-    tpot_ms: float | None = Field(default=None, alias="tpotMs", gt=0)
+    limits: FileTenantLimits = Field(default_factory=FileTenantLimits)
 
 
 class PickerWeights(BaseModel):
@@ -107,7 +82,7 @@ class RouterConfig(BaseModel):
         default=180.0, gt=0, description="queue deadline while scaling from zero"
     )
     max_queue_len: int = Field(default=1024, ge=0)
-    slo: SLO = Field(default_factory=SLO, description="SLO of models no InferenceService describes")
+    slo: SLOSpec = Field(default_factory=SLOSpec, description="SLO of models no InferenceService describes")
     autoscale_interval_s: float = Field(default=5.0, gt=0)
     redis_lease_s: float = Field(default=900.0, gt=0, description="a concurrency slot's expiry")
     envoy: GatewayConfig | None = Field(default=None, description="Envoy gateway mode (--envoy-xds-port)")

@@ -1,4 +1,4 @@
-"""Where the engines are: the fleet's shape, as the router's poller reads it (DESIGN §6, §7).
+"""Where the engines are: the fleet's shape, as the router's poller reads it (docs/architecture.md §6, §7).
 
 A :class:`Discovery` answers "which engine URLs exist, and which InferenceService
 each belongs to". Three implementations: :class:`StaticDiscovery` (``--engines``, or
@@ -13,24 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from kvfleet.router.config import SLO
-
-
-class AutoscalingSpec(BaseModel):
-    """``spec.autoscaling`` of an InferenceService (DESIGN §7)."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    min_replicas: int = Field(default=1, alias="minReplicas", ge=0)
-    max_replicas: int = Field(default=1, alias="maxReplicas", ge=0)
-    target_queue_depth: float = Field(default=4.0, alias="targetQueueDepth", gt=0)
-    target_kv_cache_usage: float = Field(default=0.8, alias="targetKVCacheUsage", gt=0, le=1)
-    scale_up_stabilization_s: float = Field(default=0.0, alias="scaleUpStabilizationSeconds", ge=0)
-    scale_down_stabilization_s: float = Field(default=300.0, alias="scaleDownStabilizationSeconds", ge=0)
-    tolerance: float = Field(default=0.1, ge=0)
-    scale_to_zero: bool = Field(default=False, alias="scaleToZero")
+from kvfleet.resources import AutoscalingSpec, SLOSpec
 
 
 @dataclass(frozen=True)
@@ -41,7 +24,7 @@ class Service:
     model: str
     namespace: str = "default"
     policy: str | None = None
-    slo: SLO = field(default_factory=SLO)
+    slo: SLOSpec = field(default_factory=SLOSpec)
     autoscaling: AutoscalingSpec | None = None
 
     @property

@@ -1,4 +1,4 @@
-"""Errors the router answers with, in the OpenAI error body (DESIGN §5, §6).
+"""Errors the router answers with, in the OpenAI error body (docs/architecture.md §5, §6).
 
 Every refusal is a :class:`RouterError`: its status, an OpenAI ``type``, a ``code``
 (also the ``reason`` label of ``kvfleet_router_rejections_total``), the request field

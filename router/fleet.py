@@ -1,4 +1,4 @@
-"""The router's picture of the engines: load, readiness, its own in-flight counts (DESIGN §6).
+"""The router's picture of the engines: load, readiness, its own in-flight counts (docs/architecture.md §6).
 
 Discovery gives the URLs; the poller reads each engine's ``GET /load`` every
 ``load_interval_s``. A loaded engine is not an unready one: a ``/load`` slower than

@@ -1,7 +1,7 @@
-"""``--kubernetes`` mode: the cluster as discovery, tenant source and scaler (DESIGN §6, §7).
+"""``--kubernetes`` mode: the cluster as discovery, tenant source and scaler (docs/architecture.md §6, §7).
 
-The API server is found as every client finds it (the official ``kubernetes``
-package's in-cluster config, else ``KUBECONFIG`` / ``~/.kube/config``); the calls
+The API server is found as the operator finds it (:mod:`kvfleet.kubeconfig`: in-cluster
+config, else ``KUBECONFIG`` / ``~/.kube/config``); the calls
 themselves go through ``httpx`` so they are asynchronous. A :class:`Reflector` per
 resource lists, then watches, and re-lists when the watch ends, keeping a local copy:
 
@@ -23,7 +23,6 @@ import base64
 import contextlib
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +40,9 @@ from kvfleet.protocol import (
     LABEL_INFERENCESERVICE,
     TENANTQUOTA_PLURAL,
 )
-from kvfleet.router.config import SLO, RouterConfig, TenantSpec
-from kvfleet.router.discovery import AutoscalingSpec, Endpoint, FleetView, Service
+from kvfleet.resources import AutoscalingSpec, SLOSpec, TenantSpec
+from kvfleet.router.config import RouterConfig
+from kvfleet.router.discovery import Endpoint, FleetView, Service
 from kvfleet.router.picker import POLICIES
 from kvfleet.router.tenants import TenantRegistry
 
@@ -52,14 +52,9 @@ Key = tuple[str, str]
 
 def api_client_settings() -> tuple[str, dict[str, Any]]:
     """The API server's URL and httpx settings, from in-cluster config or the kubeconfig."""
-    from kubernetes import client, config
+    from kvfleet.kubeconfig import client_configuration
 
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        # read KUBECONFIG now: the package captures it once, at import
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
+    cfg = client_configuration()
     headers: dict[str, str] = {}
     token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
     if token:
@@ -134,7 +129,7 @@ def service_of(obj: dict[str, Any]) -> Service | None:
     model = (spec.get("model") or {}).get("name") or name
     try:
         auto = AutoscalingSpec.model_validate(spec["autoscaling"]) if spec.get("autoscaling") else None
-        slo = SLO.model_validate(spec.get("slo") or {})
+        slo = SLOSpec.model_validate(spec.get("slo") or {})
     except ValidationError as exc:
         log.warning("InferenceService %s/%s ignored: %s", namespace, name, exc.errors()[0]["msg"])
         return None

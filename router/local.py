@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,18 +30,14 @@ from pathlib import Path
 
 import httpx
 
+from kvfleet.resources import AutoscalingSpec
 from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file
-from kvfleet.router.discovery import AutoscalingSpec, Endpoint, Service, StaticDiscovery
+from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
+from kvfleet.testing.processes import free_port
 
 log = logging.getLogger("kvfleet.up")
 LOCAL_TENANT = "local"
 LOCAL_API_KEY = "sk-kvfleet-local"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -206,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-replicas", type=int, help="autoscale between --min-replicas and --max-replicas"
     )
     parser.add_argument("--max-replicas", type=int)
-    parser.add_argument("--target-queue-depth", type=float, default=4.0)
+    parser.add_argument("--target-queue-depth", type=int, default=4)
     parser.add_argument("--policy", default="default", help="routing policy")
     parser.add_argument(
         "--engine-arg", action="append", default=[], metavar="ARG", help="extra `kvfleet engine` argument"
@@ -230,6 +225,8 @@ def _validate(args: argparse.Namespace) -> str | None:
     high = max(args.replicas, low) if args.max_replicas is None else args.max_replicas
     if not 0 <= low <= high:
         return f"need 0 <= --min-replicas ({low}) <= --max-replicas ({high})"
+    if high < 1:
+        return "need --max-replicas >= 1 (an InferenceService's maxReplicas): 0 engines could never serve"
     if not low <= args.replicas <= high:
         return f"--replicas {args.replicas} is outside [{low}, {high}]"
     named = args.model in ("tiny", "smollm2") or Path(args.model).expanduser().is_dir()
@@ -303,10 +300,10 @@ def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDi
     low = args.replicas if args.min_replicas is None else args.min_replicas
     high = max(args.replicas, low) if args.max_replicas is None else args.max_replicas
     autoscaling = AutoscalingSpec(
-        minReplicas=max(low, 1),
-        maxReplicas=high,
-        scaleToZero=low == 0,
-        targetQueueDepth=args.target_queue_depth,
+        min_replicas=max(low, 1),
+        max_replicas=high,
+        scale_to_zero=low == 0,
+        target_queue_depth=args.target_queue_depth,
     )
     service = Service(name=name, model=name, namespace="local", policy=args.policy, autoscaling=autoscaling)
     if args.tenants:

@@ -1,4 +1,4 @@
-"""The router's Prometheus metrics (DESIGN §8), one registry per app.
+"""The router's Prometheus metrics (docs/architecture.md §8), one registry per app.
 
 Names are the contract with the dashboards and rules; each series is labelled by
 model and tenant as the client sees the request. Goodput is

@@ -1,4 +1,4 @@
-"""Picking an engine, step four of the request path (DESIGN §6).
+"""Picking an engine, step four of the request path (docs/architecture.md §6).
 
 Candidates are the ready, non-draining engines of a model whose load is fresh. Each
 policy gives every candidate a score (higher is better); the best wins, ties going to

@@ -1,20 +1,18 @@
-"""The request path end to end: checks, quota, admission, pick, forward, account (DESIGN §1, §6).
+"""The HTTP relay: an admitted request to its engine and the engine's answer back (docs/architecture.md §6).
 
-:func:`serve` takes an authenticated tenant and a parsed request and returns the
-response: the engine's JSON, or its SSE stream passed through chunk by chunk. A
-connection that fails before the first byte is retried on another engine; an engine
-that dies mid-stream ends the stream with an error event, is taken out of the
-picker, and its request's quota is refunded. A client that disconnects closes the
-upstream stream, so the engine aborts the sequence. Each request is settled exactly
-once with the usage the engine reported (:class:`Exchange`).
+Where it sits: after :func:`kvfleet.router.pipeline.admit` has placed the request (the
+routes of :mod:`kvfleet.router.routes.completions` call both), :func:`serve` sends it to
+the engine and returns the response: the engine's JSON, or its SSE stream passed through
+chunk by chunk. A connection that fails before the first byte, or an engine's 503, is
+retried on another engine; an engine that dies mid-stream ends the stream with an error
+event, is taken out of the picker, and its request's quota is refunded. A client that
+disconnects closes the upstream stream, so the engine aborts the sequence. Each request is
+settled exactly once with the usage the engine reported (:class:`Exchange`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -24,101 +22,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.accounting import Exchange
-from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
-from kvfleet.router.fleet import Placement
-from kvfleet.router.prefix import block_hashes
-from kvfleet.router.quota import Denial, QuotaUnavailable
-from kvfleet.router.requests import ParsedRequest
+from kvfleet.router.pipeline import settled_on_error
 from kvfleet.router.state import RouterState
-from kvfleet.router.tenants import Tenant
-
-_REASON = {
-    "requestsPerMinute": "requests_per_minute",
-    "tokensPerMinute": "tokens_per_minute",
-    "maxConcurrentRequests": "max_concurrent_requests",
-}
+from kvfleet.sse import SseReader
 
 
 def _engine_header(url: str) -> dict[str, str]:
     return {HEADER_ENGINE: urlsplit(url).netloc}
-
-
-def check_request(state: RouterState, tenant: Tenant, req: ParsedRequest) -> int:
-    """Model, permission and per-request limits; returns the token estimate to charge."""
-    if not tenant.may_use(req.model):
-        raise RouterError(403, "model_not_allowed", f"tenant may not use model {req.model!r}", param="model")
-    if req.model not in state.fleet.models():
-        raise RouterError(404, "model_not_found", f"model {req.model!r} is not served here", param="model")
-    estimate = req.prompt_tokens_estimate(state.config.chars_per_token) + req.max_tokens
-    limits = tenant.spec.limits
-    if limits.max_tokens_per_request is not None and estimate > limits.max_tokens_per_request:
-        msg = (
-            f"request needs up to {estimate} tokens (prompt estimate + max_tokens), over the tenant's "
-            f"maxTokensPerRequest={limits.max_tokens_per_request}"
-        )
-        raise RouterError(400, "max_tokens_per_request", msg, param="max_tokens")
-    if limits.tokens_per_minute is not None and estimate > limits.tokens_per_minute:
-        msg = f"request needs up to {estimate} tokens, over the tenant's tokensPerMinute={limits.tokens_per_minute}"
-        raise RouterError(400, "tokens_per_minute", msg, param="max_tokens")
-    return estimate
-
-
-async def take_quota(state: RouterState, ex: Exchange, estimate: int) -> None:
-    try:
-        got = await state.quota.acquire(ex.tenant.name, ex.tenant.spec.limits, estimate)
-    except QuotaUnavailable as exc:
-        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
-    if isinstance(got, Denial):
-        raise RouterError(429, _REASON[got.limit], got.message, retry_after_s=got.retry_after_s)
-    ex.charge = got
-
-
-async def place(state: RouterState, ex: Exchange) -> Placement:
-    """An engine for the request: at once, or after waiting in the model's queue."""
-    fleet, model = state.fleet, ex.req.model
-    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
-    kv_tokens = ex.prompt_estimate + ex.req.max_tokens
-    service = fleet.service_for(model)
-    can_appear = service is not None and service.autoscaling is not None
-    cold = not fleet.ready_engines(model)
-    if cold:
-        if not can_appear:
-            raise RouterError(
-                503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
-            )
-        if state.autoscaler is not None:
-            state.autoscaler.poke()  # held in the queue while the autoscaler scales from zero
-    if not state.config.admission:
-        placed = fleet.place(
-            model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate, allow_saturated=True
-        )
-        if placed is None:
-            raise RouterError(
-                503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0
-            )
-        return placed
-    spec = ex.tenant.spec
-    ticket: Ticket[Placement] = Ticket(
-        tenant=spec.tenant,
-        priority=spec.priority,
-        weight=spec.weight,
-        tokens=ex.prompt_estimate,
-        place=lambda: fleet.place(model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate),
-        max_queued=spec.limits.max_queued_requests,
-    )
-    queue = state.queue(model)
-    enqueued = time.perf_counter()
-    try:
-        return await queue.admit(ticket, state.config.cold_start_wait_s if cold else None)
-    except Shed as shed:
-        raise RouterError(shed.status, shed.reason, shed.message, retry_after_s=shed.retry_after_s) from None
-    except QuotaUnavailable as exc:
-        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
-    finally:
-        state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
-        wait = time.perf_counter() - enqueued
-        state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
 
 
 _JSON_HEADERS = {"content-type": "application/json"}
@@ -200,39 +111,13 @@ async def _error_code(response: aiohttp.ClientResponse) -> str:
         response.release()
 
 
-@contextlib.asynccontextmanager
-async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
-    """An error inside settles the exchange (quota, in-flight, metrics) before it propagates."""
-    try:
-        yield
-    except RouterError as err:
-        await ex.finish(err.status, used=None, reason=err.code)
-        raise
-    except BaseException:  # the client left (or Envoy gave up) while queued or connecting
-        with anyio.CancelScope(shield=True):
-            await ex.finish(499, used=None, reason="client_disconnected")
-        raise
-
-
-async def admit(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Exchange:
-    """Validate, take quota, wait for admission and place: the steps the proxy and the gateway share."""
-    estimate = check_request(state, tenant, req)
-    ex = Exchange(
-        state, tenant, req, prompt_estimate=req.prompt_tokens_estimate(state.config.chars_per_token)
-    )
-    async with settled_on_error(ex):
-        await take_quota(state, ex, estimate)
-        ex.placement = await place(state, ex)
-    return ex
-
-
-async def serve(state: RouterState, tenant: Tenant, req: ParsedRequest) -> Response:
-    ex = await admit(state, tenant, req)
+async def serve(state: RouterState, ex: Exchange) -> Response:
+    """Relay an admitted request (``ex.placement`` set) and settle it once its answer is through."""
     async with settled_on_error(ex):
         upstream = await open_upstream(state, ex)
     assert ex.placement is not None  # open_upstream returns only once placed on an engine that answered
     headers = _engine_header(ex.placement.url)
-    if upstream.status != 200 or not req.stream:
+    if upstream.status != 200 or not ex.req.stream:
         return await relay_whole(ex, upstream, headers)
     return StreamingResponse(relay_stream(ex, upstream), media_type="text/event-stream", headers=headers)
 
@@ -262,26 +147,13 @@ async def relay_whole(ex: Exchange, upstream: aiohttp.ClientResponse, headers: d
     return Response(content, headers=headers, media_type="application/json")  # as the engine sent it
 
 
-@dataclass
-class _Events:
-    """Splits an SSE byte stream into whole events."""
-
-    buffer: bytes = b""
-    ready: list[bytes] = field(default_factory=list)
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        self.buffer += chunk.replace(b"\r\n", b"\n")
-        *events, self.buffer = self.buffer.split(b"\n\n")
-        return [e for e in events if e.strip()]
-
-
 async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    events = _Events()
+    events = SseReader()
     outcome, prefilling = "client_gone", True
     try:
         async for chunk in upstream.content.iter_any():
             # What one read brought goes on in one write: each event as it arrived, untouched.
-            out = b"".join(o + b"\n\n" for e in events.feed(chunk) if (o := ex.on_event(e)) is not None)
+            out = b"".join(o + b"\n\n" for e in events.events(chunk) if (o := ex.on_event(e)) is not None)
             if prefilling and ex.first_at is not None and ex.placement is not None:
                 prefilling = False  # the first content token: the prompt is computed
                 ex.state.fleet.prefilled(ex.placement)

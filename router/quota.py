@@ -1,4 +1,4 @@
-"""Per-tenant quotas, the second step of the request path (DESIGN §6).
+"""Per-tenant quotas, the second step of the request path (docs/architecture.md §6).
 
 A request is charged at admission: one request from the requests-per-minute bucket,
 its *estimated* tokens (prompt estimate + max_tokens) from the tokens-per-minute
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.router.config import TenantLimits
+from kvfleet.resources import TenantLimits
 
 Clock = Callable[[], float]
 

@@ -1,4 +1,4 @@
-"""Quotas shared by several router replicas, in one Redis (``--redis URL``, DESIGN §6).
+"""Quotas shared by several router replicas, in one Redis (``--redis URL``, docs/architecture.md §6).
 
 The same buckets as :class:`kvfleet.router.quota.MemoryQuotaStore`, kept in Redis
 hashes and changed only inside Lua scripts, so a check-and-take is atomic across
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kvfleet.router.config import TenantLimits
+from kvfleet.resources import TenantLimits
 from kvfleet.router.quota import Charge, Clock, Denial, QuotaUnavailable
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""A client's request as the router reads it, checked before anything is spent (DESIGN §6).
+"""A client's request as the router reads it, checked before anything is spent (docs/architecture.md §6).
 
 The body is parsed and validated first, by the same models the engine uses
 (:mod:`kvfleet.openai_api`; a 400 naming the field), so a malformed request never takes

@@ -1,4 +1,4 @@
-"""Authentication, the first step of the request path: ``Bearer <key>`` → tenant (DESIGN §6).
+"""Authentication, the first step of the request path: ``Bearer <key>`` → tenant (docs/architecture.md §6).
 
 The registry is filled from the tenants file at start, or replaced wholesale by the
 Kubernetes watcher whenever a TenantQuota or its Secret changes. Keys are compared
@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvfleet.router.config import TenantSpec
+from kvfleet.resources import TenantSpec
 
 
 @dataclass(frozen=True)

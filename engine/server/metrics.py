@@ -1,4 +1,4 @@
-"""The engine's Prometheus metrics (DESIGN.md §8), one registry per app.
+"""The engine's Prometheus metrics (docs/architecture.md §8), one registry per app.
 
 Where it sits: :class:`ServerMetrics` is the ``RequestObserver`` of the ``AsyncEngine``:
 as the engine core's step batches arrive, each request's first token, its tokens and its

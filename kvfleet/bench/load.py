@@ -7,7 +7,7 @@ the router's benches call :func:`run_load` with a :class:`LoadSpec`; it returns 
 against any server, vLLM's included. Completions prompts are token-id lists, so their
 length is exact on any tokenizer; chat prompts are words (about one token each).
 
-Streams go through ``aiohttp`` and the split-on-blank-line reader of ``kvfleet/bench/sse.py``:
+Streams go through ``aiohttp`` and the split-on-blank-line reader of ``kvfleet/sse.py``:
 with httpx's line iterator the client spent 279 µs of CPU per output token at concurrency
 32 (most of what the engine step it was measuring costs); with these, 64 to 77 µs
 (``bench/serving_vs_offline.py``, several runs).
@@ -31,8 +31,8 @@ import aiohttp
 from tqdm import tqdm
 
 from kvfleet.bench.dists import Distribution
-from kvfleet.bench.sse import DONE, SseReader
 from kvfleet.bench.stats import BenchSummary, RequestRecord, summarize
+from kvfleet.sse import DONE, SseReader
 
 # Token ids 33..126 are printable ASCII in byte-level vocabularies (GPT-2, Llama 3, Qwen2, tiny).
 TOKEN_RANGE = (33, 126)

@@ -1,9 +1,9 @@
 """Real fleet processes for the tests and the benches: simulated engines and router replicas.
 
 ``kvfleet engine --simulate`` (the real scheduler and KV accounting on a timing model)
-stands in for GPU engines, ``kvfleet router`` in front of them. Both the router's
-integration tests and ``bench/router_*.py`` start them from here, so there is one
-launcher. Every process binds 127.0.0.1, waits are bounded, and everything started is
+stands in for GPU engines, ``kvfleet router`` in front of them; :func:`engine_process`
+starts any ``kvfleet engine``. The tests and ``bench/*.py`` start them from here, so there is
+one launcher (and one :func:`free_port`, which ``kvfleet up`` uses too). Every process binds 127.0.0.1, waits are bounded, and everything started is
 stopped when its context ends. This module imports no torch: the engines run in their
 own processes.
 """
@@ -24,9 +24,10 @@ from typing import NamedTuple
 import httpx
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the one free-port helper of the tests, benches and ``kvfleet up``)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -60,6 +61,25 @@ def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+@contextlib.contextmanager
+def engine_process(
+    *flags: str, ready_timeout_s: float = 300.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``kvfleet engine FLAGS`` on a free port of 127.0.0.1; yields its base URL and process once
+    ``/ready`` answers; stopped (SIGTERM, then SIGKILL after 10 s) at the end."""
+    port = free_port()
+    argv = kvfleet_argv(
+        "engine", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags
+    )
+    proc = subprocess.Popen(argv)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/ready", proc, timeout_s=ready_timeout_s)
+        yield url, proc
+    finally:
+        stop([proc])
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""kvfleet.router.gateway: the control plane of the router's optional Envoy gateway (DESIGN §1, §6).
+"""kvfleet.router.gateway: the control plane of the router's optional Envoy gateway (docs/architecture.md §1, §6).
 
 ``kvfleet router --envoy-xds-port P`` serves, on one gRPC port next to the router's HTTP
 port, Envoy's listeners and clusters over ADS (:mod:`.xds`, :mod:`.ads`) and Envoy's

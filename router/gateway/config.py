@@ -1,4 +1,4 @@
-"""The Envoy gateway's settings (DESIGN §3 ``--envoy-xds-port``, §6 "Envoy gateway mode").
+"""The Envoy gateway's settings (docs/architecture.md §3 ``--envoy-xds-port``, §6 "Envoy gateway mode").
 
 One :class:`GatewayConfig` says where the router's gRPC server (ADS and ext_proc on one
 port) listens, where Envoy listens for clients, and Envoy's admin port. The xDS

@@ -17,19 +17,11 @@ messages; every decision is the router's, behind :class:`Gate`:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-}
+from kvfleet.router.errors import RouterError
 
 
 @dataclass(frozen=True)
@@ -50,23 +42,18 @@ class Reply:
         param: str | None = None,
         retry_after_s: float | None = None,
     ) -> Reply:
-        """An OpenAI error body; ``Retry-After`` in whole seconds, at least 1."""
-        body = {
-            "error": {
-                "message": message,
-                "type": _ERROR_TYPES.get(status, "server_error"),
-                "param": param,
-                "code": code,
-            }
-        }
-        headers = {"content-type": "application/json"}
-        if retry_after_s is not None:
-            headers["retry-after"] = str(max(1, math.ceil(retry_after_s)))
-        return cls(status, json.dumps(body).encode(), headers)
+        """The router's OpenAI error body (:class:`RouterError`); ``Retry-After`` in whole seconds, at least 1."""
+        return reply_for(RouterError(status, code, message, param=param, retry_after_s=retry_after_s))
 
     @classmethod
     def json(cls, status: int, doc: object) -> Reply:
         return cls(status, json.dumps(doc).encode(), {"content-type": "application/json"})
+
+
+def reply_for(err: RouterError) -> Reply:
+    """The reply Envoy sends for a refusal: the same body and ``Retry-After`` as the router's own."""
+    headers = {"content-type": "application/json", **{k.lower(): v for k, v in err.headers().items()}}
+    return Reply(err.status, json.dumps(err.body()).encode(), headers)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The router's request path behind the :class:`~kvfleet.router.gateway.gate.Gate` interface.
 
-:class:`RouterGate` runs, for a request Envoy shows it, the same steps as the router's
-own proxy (:func:`kvfleet.router.proxy.serve`), with the router's own functions:
-authenticate, parse and validate the body, check model and per-request limits, take
-quota, wait in the model's admission queue and pick an engine. Envoy then carries the
+:class:`RouterGate` runs, for a request Envoy shows it, the router's admission pipeline
+(:func:`kvfleet.router.pipeline.admit`, as the router's own HTTP routes do): authenticate,
+parse and validate the body, check model and per-request limits, take quota, wait in the
+model's admission queue and pick an engine. Envoy then carries the
 bytes; the :class:`RouterTicket` watches them go by through the router's
 :class:`~kvfleet.router.accounting.Exchange` (first token, usage) and settles the
 request exactly once, as the proxy would.
@@ -22,23 +22,18 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from kvfleet.protocol import HEADER_ENGINE
+from kvfleet.router import pipeline
 from kvfleet.router.accounting import Exchange
-from kvfleet.router.deps import authenticate
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway.config import UPSTREAM_HEADER
-from kvfleet.router.gateway.gate import Admitted, Outcome, Reply
+from kvfleet.router.gateway.gate import Admitted, Outcome, Reply, reply_for
 from kvfleet.router.gateway.xds import is_ip
-from kvfleet.router.proxy import _Events, admit
-from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
+from kvfleet.router.requests import CHAT, COMPLETIONS
 from kvfleet.router.state import RouterState
-from kvfleet.router.tenants import Tenant
+from kvfleet.sse import SseReader
 
 UPSTREAM_TIME = "x-envoy-upstream-service-time"  # present only on responses an upstream sent
-
-
-def reply_for(err: RouterError) -> Reply:
-    return Reply.error(err.status, err.code, err.message, param=err.param, retry_after_s=err.retry_after_s)
 
 
 @dataclass
@@ -50,7 +45,7 @@ class RouterTicket:
     status: int | None = None
     from_engine: bool = False
     whole: bytearray = field(default_factory=bytearray)
-    events: _Events = field(default_factory=_Events)
+    events: SseReader = field(default_factory=SseReader)
 
     @property
     def model(self) -> str:
@@ -104,11 +99,12 @@ class RouterTicket:
         # Invariant: only whole SSE events go on; a partial one waits for the rest of it.
         out = b"".join(
             kept + b"\n\n"
-            for event in self.events.feed(chunk)
+            for event in self.events.events(chunk)
             if (kept := self.ex.on_event(event)) is not None
         )
-        if end_of_stream and self.events.buffer.strip():
-            out, self.events.buffer = out + self.events.buffer, b""
+        if end_of_stream:
+            pending = self.events.take_pending()
+            out += pending if pending.strip() else b""
         return None if out == chunk else out
 
     async def finish(self, outcome: Outcome) -> None:
@@ -168,25 +164,15 @@ class RouterGate:
 
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
         method, path = headers.get(":method", ""), headers.get(":path", "").split("?", 1)[0]
+        state, authorization = self.state, headers.get("authorization")
         try:
-            tenant = authenticate(self.state, headers.get("authorization"))
             if method == "POST" and path in (COMPLETIONS, CHAT):
-                return await self._admit_completion(tenant, path, body)
+                ex = await pipeline.admit(state, authorization, path, body)
+                assert ex.placement is not None  # admit returns only once placed
+                return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))
+            tenant = pipeline.authenticate(state, authorization)  # a bad key is a 401 on every path
             if method == "GET" and path == "/v1/models":
-                names = sorted(m for m in self.state.fleet.models() if tenant.may_use(m))
-                data = [{"id": m, "object": "model", "owned_by": "kvfleet"} for m in names]
-                return Reply.json(200, {"object": "list", "data": data})
+                return Reply.json(200, pipeline.models_listing(state, tenant))
         except RouterError as err:
             return reply_for(err)
         return reply_for(RouterError(404, "not_found", f"no route for {method} {path} at the gateway"))
-
-    async def _admit_completion(self, tenant: Tenant, path: str, body: bytes) -> Admitted | Reply:
-        state = self.state
-        try:
-            req = parse_request(path, body, state.config.default_max_tokens)
-        except RouterError as err:
-            state.metrics.reject("unknown", tenant.name, err.code, err.status)
-            raise
-        ex = await admit(state, tenant, req)
-        assert ex.placement is not None  # admit returns only once placed
-        return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))

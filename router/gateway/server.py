@@ -1,4 +1,4 @@
-"""The router's gRPC port for Envoy: ADS and ext_proc on one grpclib server (DESIGN §6).
+"""The router's gRPC port for Envoy: ADS and ext_proc on one grpclib server (docs/architecture.md §6).
 
 ``kvfleet router --envoy-xds-port P`` runs :func:`serve` next to the router's HTTP app,
 in the same event loop, so ext_proc decisions use the very state the router's own

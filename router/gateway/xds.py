@@ -1,4 +1,4 @@
-"""The xDS resources the router serves to its Envoy gateway, and Envoy's bootstrap (DESIGN §6).
+"""The xDS resources the router serves to its Envoy gateway, and Envoy's bootstrap (docs/architecture.md §6).
 
 Envoy starts from a minimal bootstrap (:func:`bootstrap`): a node id, an admin port and
 one static cluster, the router's gRPC port, used for ADS. Over ADS the router then

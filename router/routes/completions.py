@@ -2,17 +2,17 @@
 
 These are the hot path, so they are plain Starlette routes (no FastAPI dependency solving
 or response-model handling per request; they are left out of the OpenAPI schema) and the
-handlers do what the other routes' dependencies do (state, authentication) inline.
+handlers do what the other routes' dependencies do (state, authentication) inline: the
+admission pipeline (:func:`kvfleet.router.pipeline.admit`), then the relay
+(:func:`kvfleet.router.proxy.serve`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from kvfleet.router.deps import authenticate
-from kvfleet.router.errors import RouterError
-from kvfleet.router.proxy import serve
-from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
+from kvfleet.router import pipeline, proxy
+from kvfleet.router.requests import CHAT, COMPLETIONS
 from kvfleet.router.state import RouterState
 
 router = APIRouter(tags=["openai"])
@@ -20,13 +20,8 @@ router = APIRouter(tags=["openai"])
 
 async def _forward(path: str, request: Request) -> Response:
     state: RouterState = request.app.state.router
-    tenant = authenticate(state, request.headers.get("authorization"))
-    try:
-        parsed = parse_request(path, await request.body(), state.config.default_max_tokens)
-    except RouterError as err:
-        state.metrics.reject("unknown", tenant.name, err.code, err.status)
-        raise
-    return await serve(state, tenant, parsed)
+    ex = await pipeline.admit(state, request.headers.get("authorization"), path, await request.body())
+    return await proxy.serve(state, ex)
 
 
 async def completions(request: Request) -> Response:

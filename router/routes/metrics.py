@@ -1,4 +1,4 @@
-"""``GET /metrics``: this router's Prometheus registry (DESIGN §8)."""
+"""``GET /metrics``: this router's Prometheus registry (docs/architecture.md §8)."""
 
 from __future__ import annotations
 

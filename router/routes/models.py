@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter
 
 from kvfleet.router.deps import AuthTenant, State
+from kvfleet.router.pipeline import models_listing
 
 router = APIRouter(tags=["openai"])
 
 
 @router.get("/v1/models")
 async def list_models(state: State, tenant: AuthTenant) -> dict[str, Any]:
-    names = sorted(m for m in state.fleet.models() if tenant.may_use(m))
-    return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "kvfleet"} for m in names]}
+    return models_listing(state, tenant)

@@ -1,5 +1,5 @@
 """The Helm chart through real Helm: lint, render, validate; CRDs equal to crds/; dashboards and
-rules only use the metric names of DESIGN §8, checked by promtool."""
+rules only use the metric names of docs/architecture.md §8, checked by promtool."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from kvfleet.operator.testing.chart import (
+from ..operator_kit.chart import (
     CHART,
     DASHBOARDS,
     RULES,
@@ -21,10 +21,10 @@ from kvfleet.operator.testing.chart import (
     lint,
     render,
 )
-from kvfleet.operator.testing.crdschema import CRD_DIR, admit, load_crds
+from ..operator_kit.crdschema import CRD_DIR, admit, load_crds
 
 K8S = "1.35"
-# DESIGN §8: every name the engine and the router export.
+# docs/architecture.md §8: every name the engine and the router export.
 DESIGN_METRICS = {
     "kvfleet_engine_time_to_first_token_seconds",
     "kvfleet_engine_time_per_output_token_seconds",

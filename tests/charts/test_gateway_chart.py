@@ -16,14 +16,15 @@ import kubernetes_validate
 import pytest
 from helm_python.errors import HelmRenderError
 
-from kvfleet.operator.testing.chart import render
 from kvfleet.router import cli
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.xds import bootstrap_json
+from kvfleet.testing.processes import free_port
 
+from ..operator_kit.chart import render
 from ..router.fakes import FakeEngine
-from ..router.gateway.stack import ALPHA, free_port, gateway, tenant
+from ..router.gateway.stack import ALPHA, gateway, tenant
 
 ON = {"gateway": {"enabled": True}}
 ROUTER_HOST = "kvf-router.kvfleet-system.svc.cluster.local"

@@ -1,6 +1,6 @@
 """Every metric the chart's dashboards and rules query exists in what the real processes export.
 
-DESIGN §8: "Dashboards and rules use only names the code exports; a test checks that."
+docs/architecture.md §8: "Dashboards and rules use only names the code exports; a test checks that."
 One ``kvfleet engine --simulate`` and one ``kvfleet router`` process (the router's test
 launchers) serve a streamed completion and a request over quota; both ``/metrics`` are
 scraped and parsed with prometheus-client's own parser. The chart's names come from
@@ -21,8 +21,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfleet.operator.testing.chart import chart_metric_names, expressions
 from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
+
+from ..operator_kit.chart import chart_metric_names, expressions
 
 KEY = "sk-metrics-0123456789"
 

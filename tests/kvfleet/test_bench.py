@@ -24,8 +24,8 @@ from kvfleet.bench.load import (
     run_load,
     stream_one,
 )
-from kvfleet.bench.sse import SseReader
 from kvfleet.bench.stats import Percentiles, RequestRecord, format_summary, percentile, summarize
+from kvfleet.sse import SseReader
 
 
 def test_distributions_parse_from_their_flag_syntax() -> None:

@@ -1,4 +1,4 @@
-"""The package layout of DESIGN.md §2: the parts import as kvfleet.<part>, beside the standard library."""
+"""The package layout of docs/architecture.md §2: the parts import as kvfleet.<part>, beside the standard library."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""kopf's real runtime with the operator's handlers against the emulated API server (DESIGN §9).
+"""kopf's real runtime with the operator's handlers against the emulated API server (docs/architecture.md §9).
 
 A user applies manifests with the official ``kubernetes`` client; the operator runs in
 its own thread as in a pod; assertions read what the API server stores.
@@ -15,9 +15,10 @@ import pytest
 from kvfleet.operator import renderers
 from kvfleet.operator.config import OperatorConfig
 from kvfleet.operator.spec import parse_inferenceservice
-from kvfleet.operator.testing.apiserver import ApiServer, serve
-from kvfleet.operator.testing.cluster import User, inferenceservice, roll_out
-from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator, settle
+
+from ..operator_kit.apiserver import ApiServer, serve
+from ..operator_kit.cluster import User, inferenceservice, roll_out
+from ..operator_kit.harness import eventually, kubeconfig_for, running_operator, settle
 
 ISVC = "kvfleet.dev/v1alpha1/inferenceservices"
 DEPLOY = "apps/v1/deployments"

@@ -1,4 +1,4 @@
-"""A tiny in-test engine for the proxy's unit tests: the engine HTTP contract (DESIGN §5), scripted.
+"""A tiny in-test engine for the proxy's unit tests: the engine HTTP contract (docs/architecture.md §5), scripted.
 
 Integration tests and benches use real ``kvfleet engine --simulate`` processes; this
 one only lets a test make an engine hang, die mid-stream or hold requests on a gate.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvfleet.resources import AutoscalingSpec
 from kvfleet.router.autoscaler import Autoscaler, ScaleInputs, Stabilizer, recommend
-from kvfleet.router.discovery import AutoscalingSpec, Service
+from kvfleet.router.discovery import Service
 
 SPEC = AutoscalingSpec(
     minReplicas=1, maxReplicas=10, targetQueueDepth=4, targetKVCacheUsage=0.8, tolerance=0.1
@@ -45,7 +46,7 @@ def test_the_recommendation(spec: AutoscalingSpec, inputs: ScaleInputs, expected
 
 
 def test_scales_down_only_after_the_stabilisation_window() -> None:
-    spec = SPEC.model_copy(update={"scale_down_stabilization_s": 60.0})
+    spec = SPEC.model_copy(update={"scale_down_stabilization_seconds": 60})
     stab = Stabilizer()
     assert stab.decide(spec, current=4, recommended=4, now=0.0) == 4
     assert stab.decide(spec, current=4, recommended=1, now=10.0) == 4, "4 was recommended 10 s ago"
@@ -56,7 +57,7 @@ def test_scales_down_only_after_the_stabilisation_window() -> None:
 
 def test_scales_up_at_once_by_default_and_after_the_window_when_one_is_set() -> None:
     assert Stabilizer().decide(SPEC, current=1, recommended=5, now=0.0) == 5
-    spec = SPEC.model_copy(update={"scale_up_stabilization_s": 30.0})
+    spec = SPEC.model_copy(update={"scale_up_stabilization_seconds": 30})
     stab = Stabilizer()
     assert stab.decide(spec, current=1, recommended=1, now=0.0) == 1
     assert stab.decide(spec, current=1, recommended=5, now=10.0) == 1, "the lowest of the last 30 s is 1"
@@ -64,7 +65,7 @@ def test_scales_up_at_once_by_default_and_after_the_window_when_one_is_set() -> 
 
 
 def test_scale_from_zero_is_never_delayed_by_a_window() -> None:
-    spec = ZERO.model_copy(update={"scale_up_stabilization_s": 300.0})
+    spec = ZERO.model_copy(update={"scale_up_stabilization_seconds": 300})
     stab = Stabilizer()
     assert stab.decide(spec, current=0, recommended=0, now=0.0) == 0
     assert stab.decide(spec, current=0, recommended=1, now=1.0) == 1

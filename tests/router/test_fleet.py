@@ -8,8 +8,9 @@ from kvfleet.protocol import EngineLoad
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Endpoint, FleetView
 from kvfleet.router.fleet import Fleet, PollMiss, fetch_load
+from kvfleet.testing.processes import free_port
 
-from .conftest import FakeClock, free_port
+from .conftest import FakeClock
 from .fakes import FakeEngine, served
 
 A, B = "http://a", "http://b"

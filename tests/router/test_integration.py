@@ -16,9 +16,8 @@ import redis.asyncio as aioredis
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
-from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
+from kvfleet.testing.processes import SimFlags, free_port, router_processes, sim_engines
 
-from .conftest import free_port
 from .fakes import FakeEngine, served
 
 KEY = "sk-alice-0123456789"

@@ -15,8 +15,8 @@ import yaml
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig
+from kvfleet.testing.processes import free_port
 
-from .conftest import free_port
 from .fakes import FakeEngine, served
 
 NS = "team"

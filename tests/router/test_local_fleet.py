@@ -28,6 +28,10 @@ def _args(*argv: str) -> argparse.Namespace:
         ),
         (["--replicas", "5", "--min-replicas", "1", "--max-replicas", "4"], "--replicas 5 is outside [1, 4]"),
         (
+            ["--replicas", "0"],
+            "need --max-replicas >= 1 (an InferenceService's maxReplicas): 0 engines could never serve",
+        ),
+        (
             ["--model", "/no/such/folder"],
             "--model '/no/such/folder' is neither 'tiny', 'smollm2', a .gguf file nor a checkpoint folder",
         ),

@@ -14,8 +14,8 @@ import pytest
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.testing.processes import free_port
 
-from .conftest import free_port
 from .fakes import FakeEngine, served
 
 KEY = "sk-alice-0123456789"

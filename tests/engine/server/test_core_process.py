@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from kvfleet.testing.processes import free_port
+
 if TYPE_CHECKING:
     from conftest import LiveServer, Procs
 
 COMPLETION = {"model": "tiny", "prompt": "x", "max_tokens": 2}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 30.0) -> None:
@@ -38,7 +33,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 30.0) 
 
 
 def test_a_killed_server_takes_its_torch_free_simulated_core_with_it(procs: Procs) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "kvfleet.cli", "engine", "--simulate", "--host", "127.0.0.1", "--port", str(port),
            "--num-kv-blocks", "16", "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd)
@@ -58,7 +53,7 @@ def test_a_killed_server_takes_its_torch_free_simulated_core_with_it(procs: Proc
 
 
 def test_only_the_core_of_a_tiny_model_server_loads_torch_never_its_api_process(procs: Procs) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "kvfleet.cli", "engine", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
            "--num-kv-blocks", "16", "--log-level", "warning"]  # fmt: skip
     proc, children = subprocess.Popen(cmd), []

@@ -1,4 +1,4 @@
-"""A client that goes away frees its blocks; the metrics of DESIGN §8 count what happened, exactly."""
+"""A client that goes away frees its blocks; the metrics of docs/architecture.md §8 count what happened, exactly."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,8 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from kvfleet.testing.processes import free_port
+
 if TYPE_CHECKING:
     from conftest import Procs
 
@@ -27,15 +28,9 @@ FLAGS = ("--simulate", "--host", "127.0.0.1", "--num-kv-blocks", "64", "--max-mo
          "--sim-base-ms", "20", "--sim-per-token-ms", "0", "--sim-per-context-token-us", "0", "--log-level", "warning")  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Engine:
     def __init__(self, drain_timeout: float) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "kvfleet.cli", "engine", *FLAGS, "--port", str(self.port)]
         self.proc = subprocess.Popen([*cmd, "--drain-timeout", str(drain_timeout)])

@@ -16,15 +16,15 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import kvfleet.router.gateway.server  # noqa: F401  (imports every generated module the gateway uses)
 
-from . import stack
+from kvfleet.testing import processes
 
 
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """A function returning a port of 127.0.0.1 that nothing listens on."""
-    return stack.free_port
+    return processes.free_port
 
 
 @pytest.fixture(scope="module")
 def free_port_module() -> Callable[[], int]:
-    return stack.free_port
+    return processes.free_port

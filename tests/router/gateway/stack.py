@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -30,13 +29,6 @@ from kvfleet.router.state import RouterState
 from ..fakes import FakeEngine, served
 
 ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-0123456789"
-
-
-def free_port() -> int:
-    """A port of 127.0.0.1 that nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tenant(name: str, key: str, **limits: Any) -> TenantEntry:

@@ -15,9 +15,8 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from kvfleet.operator.kube import KubeApi
 from kvfleet.protocol import API_GROUP, API_VERSION, INFERENCESERVICE_PLURAL, TENANTQUOTA_PLURAL
-
-from ..kube import KubeApi
 
 NAMESPACE = "default"
 

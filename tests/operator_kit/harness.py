@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 import kopf
 import kubernetes
 
-from ..config import OperatorConfig
-from ..runtime import operate, settings_for
+from kvfleet.operator.config import OperatorConfig
+from kvfleet.operator.runtime import operate, settings_for
+
 from .apiserver import ApiServer, write_kubeconfig
 
 T = TypeVar("T")

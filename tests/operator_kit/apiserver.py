@@ -1,4 +1,4 @@
-"""kmock's KubernetesEmulator, filled in where a real API server does more (DESIGN.md §9).
+"""kmock's KubernetesEmulator, filled in where a real API server does more (docs/architecture.md §9).
 
 kmock stores objects as given; a real server also stamps ``uid``, ``resourceVersion``,
 ``generation`` (bumped when the spec changes) and ``creationTimestamp``, keeps ``status``

@@ -1,0 +1,176 @@
+"""The router's admission pipeline: what happens to a request before any byte goes to an engine.
+
+Where it sits: both transports call :func:`admit`, the one entry: the HTTP routes
+(:mod:`kvfleet.router.routes.completions`, which then relay through
+:mod:`kvfleet.router.proxy`) and the Envoy gateway (:mod:`kvfleet.router.gateway.router_gate`,
+where Envoy carries the bytes). The steps, in order (docs/architecture.md §6):
+
+1. authenticate: ``Authorization: Bearer <key>`` → tenant (:mod:`kvfleet.router.tenants`);
+2. parse and validate the body (:mod:`kvfleet.router.requests`);
+3. checks: the tenant may use the model, the fleet serves it, per-request token limits;
+4. quota: requests/min, tokens/min, concurrency (:mod:`kvfleet.router.quota`);
+5. place: an engine at once, or after waiting in the model's fair queue
+   (:mod:`kvfleet.router.admission`, :mod:`kvfleet.router.fleet`, :mod:`kvfleet.router.picker`);
+6. settle on error: a refusal after the quota was taken settles the request
+   (:func:`settled_on_error`), exactly once, before the error propagates.
+
+Every refusal is a :class:`~kvfleet.router.errors.RouterError`; the transports turn it into
+their reply. ``GET /v1/models`` is answered here too (:func:`models_listing`), for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from kvfleet.router.accounting import Exchange
+from kvfleet.router.admission import Shed, Ticket
+from kvfleet.router.errors import RouterError
+from kvfleet.router.fleet import Placement
+from kvfleet.router.prefix import block_hashes
+from kvfleet.router.quota import Denial, QuotaUnavailable
+from kvfleet.router.requests import ParsedRequest, parse_request
+from kvfleet.router.state import RouterState
+from kvfleet.router.tenants import Tenant
+
+_REASON = {
+    "requestsPerMinute": "requests_per_minute",
+    "tokensPerMinute": "tokens_per_minute",
+    "maxConcurrentRequests": "max_concurrent_requests",
+}
+
+
+def authenticate(state: RouterState, authorization: str | None) -> Tenant:
+    """``Authorization: Bearer <key>`` → tenant, or 401 (the key is never echoed or logged)."""
+    scheme, _, key = (authorization or "").partition(" ")
+    tenant = state.tenants.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+    if tenant is None:
+        reason = "missing_api_key" if not authorization else "invalid_api_key"
+        state.metrics.reject("unknown", "unknown", reason, 401)
+        message = (
+            "missing API key: send 'Authorization: Bearer <key>'" if not authorization else "invalid API key"
+        )
+        raise RouterError(401, reason, message)
+    return tenant
+
+
+def models_listing(state: RouterState, tenant: Tenant) -> dict[str, Any]:
+    """``GET /v1/models``: the models this tenant may use that the fleet serves."""
+    names = sorted(m for m in state.fleet.models() if tenant.may_use(m))
+    return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "kvfleet"} for m in names]}
+
+
+def check_request(state: RouterState, tenant: Tenant, req: ParsedRequest, prompt_estimate: int) -> int:
+    """Model, permission and per-request limits; returns the token estimate to charge."""
+    if not tenant.may_use(req.model):
+        raise RouterError(403, "model_not_allowed", f"tenant may not use model {req.model!r}", param="model")
+    if req.model not in state.fleet.models():
+        raise RouterError(404, "model_not_found", f"model {req.model!r} is not served here", param="model")
+    estimate = prompt_estimate + req.max_tokens
+    limits = tenant.spec.limits
+    if limits.max_tokens_per_request is not None and estimate > limits.max_tokens_per_request:
+        msg = (
+            f"request needs up to {estimate} tokens (prompt estimate + max_tokens), over the tenant's "
+            f"maxTokensPerRequest={limits.max_tokens_per_request}"
+        )
+        raise RouterError(400, "max_tokens_per_request", msg, param="max_tokens")
+    if limits.tokens_per_minute is not None and estimate > limits.tokens_per_minute:
+        msg = f"request needs up to {estimate} tokens, over the tenant's tokensPerMinute={limits.tokens_per_minute}"
+        raise RouterError(400, "tokens_per_minute", msg, param="max_tokens")
+    return estimate
+
+
+async def take_quota(state: RouterState, ex: Exchange, estimate: int) -> None:
+    try:
+        got = await state.quota.acquire(ex.tenant.name, ex.tenant.spec.limits, estimate)
+    except QuotaUnavailable as exc:
+        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
+    if isinstance(got, Denial):
+        raise RouterError(429, _REASON[got.limit], got.message, retry_after_s=got.retry_after_s)
+    ex.charge = got
+
+
+def _no_ready_engine(model: str) -> RouterError:
+    return RouterError(503, "no_ready_engine", f"no ready engine serves model {model!r}", retry_after_s=5.0)
+
+
+async def place(state: RouterState, ex: Exchange) -> Placement:
+    """An engine for the request: at once, or after waiting in the model's queue."""
+    fleet, model = state.fleet, ex.req.model
+    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
+    kv_tokens = ex.prompt_estimate + ex.req.max_tokens
+    service = fleet.service_for(model)
+    can_appear = service is not None and service.autoscaling is not None
+    cold = not fleet.ready_engines(model)
+    if cold:
+        if not can_appear:
+            raise _no_ready_engine(model)
+        if state.autoscaler is not None:
+            state.autoscaler.poke()  # held in the queue while the autoscaler scales from zero
+    if not state.config.admission:
+        placed = fleet.place(
+            model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate, allow_saturated=True
+        )
+        if placed is None:
+            raise _no_ready_engine(model)
+        return placed
+    spec = ex.tenant.spec
+    ticket: Ticket[Placement] = Ticket(
+        tenant=spec.tenant,
+        priority=spec.priority,
+        weight=spec.weight,
+        tokens=ex.prompt_estimate,
+        place=lambda: fleet.place(model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate),
+        max_queued=spec.limits.max_queued_requests,
+    )
+    queue = state.queue(model)
+    enqueued = time.perf_counter()
+    try:
+        return await queue.admit(ticket, state.config.cold_start_wait_s if cold else None)
+    except Shed as shed:
+        raise RouterError(shed.status, shed.reason, shed.message, retry_after_s=shed.retry_after_s) from None
+    except QuotaUnavailable as exc:
+        raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
+    finally:
+        state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
+        wait = time.perf_counter() - enqueued
+        state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
+
+
+@contextlib.asynccontextmanager
+async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
+    """An error inside settles the exchange (quota, in-flight, metrics) before it propagates."""
+    try:
+        yield
+    except RouterError as err:
+        await ex.finish(err.status, used=None, reason=err.code)
+        raise
+    except BaseException:  # the client left (or Envoy gave up) while queued or connecting
+        with anyio.CancelScope(shield=True):
+            await ex.finish(499, used=None, reason="client_disconnected")
+        raise
+
+
+def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> ParsedRequest:
+    try:
+        return parse_request(path, body, state.config.default_max_tokens)
+    except RouterError as err:
+        state.metrics.reject("unknown", tenant.name, err.code, err.status)
+        raise
+
+
+async def admit(state: RouterState, authorization: str | None, path: str, body: bytes) -> Exchange:
+    """The pipeline, steps 1 to 6: an :class:`Exchange` placed on an engine, or a :class:`RouterError`."""
+    tenant = authenticate(state, authorization)
+    req = _parse(state, tenant, path, body)
+    prompt_estimate = req.prompt_tokens_estimate(state.config.chars_per_token)
+    estimate = check_request(state, tenant, req, prompt_estimate)
+    ex = Exchange(state, tenant, req, prompt_estimate=prompt_estimate)
+    async with settled_on_error(ex):
+        await take_quota(state, ex, estimate)
+        ex.placement = await place(state, ex)
+    return ex
