@@ -143,6 +143,9 @@ def test_a_core_killed_mid_stream_fails_its_streams_cleanly_and_the_fleet_replac
 @pytest.mark.slow
 def test_an_engine_whose_health_stops_answering_is_replaced(fleet: Fleet) -> None:
     victim_url, victim_pid = sorted(fleet.engines().items())[0]
+    time.sleep(
+        2.5
+    )  # kvfleet up's watcher (1 s period) has seen it healthy: only then is a failing /health held against it
     stopped_at = time.monotonic()
     os.kill(victim_pid, signal.SIGSTOP)  # alive, but answers nothing
     try:

@@ -59,7 +59,7 @@ async def _burst(url: str, prompts: list[str], max_tokens: int) -> Counter[str]:
         return "ok" if r.json()["usage"]["completion_tokens"] == max_tokens else r.text[:200]
 
     limits = httpx.Limits(max_connections=len(prompts))
-    async with httpx.AsyncClient(timeout=240, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=280, limits=limits) as http:
         results = await asyncio.gather(*(one(i, p, http) for i, p in enumerate(prompts)))
         assert (await http.get(f"{url}/health")).status_code == 200
     return Counter(results)
@@ -100,11 +100,11 @@ def test_two_hundred_six_thousand_token_prompts_at_once_are_all_answered_by_the_
 @pytest.mark.slow
 def test_a_burst_of_long_prompts_is_all_answered_by_the_tiny_model_through_its_core_process() -> None:
     rng = random.Random(11)
-    prompts = [_prompt(rng, rng.randint(1500, 1900)) for _ in range(240)]  # tiny's context is 2048
+    prompts = [_prompt(rng, rng.randint(1500, 1900)) for _ in range(160)]  # tiny's context is 2048
     assert sum(len(frame(list(p.encode()))) for p in prompts) > _socket_buffers()
     url, proc = _serve("--model", "tiny", "--num-kv-blocks", "4096", "--max-num-batched-tokens", "4096")
     try:
-        assert asyncio.run(_burst(url, prompts, max_tokens=3)) == Counter({"ok": 240})
+        assert asyncio.run(_burst(url, prompts, max_tokens=3)) == Counter({"ok": 160})
         assert proc.poll() is None
     finally:
         stop([proc])
