@@ -72,7 +72,6 @@ class ServerState:
     ready: bool = False  # true once the engine loop runs; false again while draining
     draining: bool = False
     in_flight: InFlight = field(default_factory=InFlight)
-    request_ids: set[str] = field(default_factory=set)  # engine request ids being served
 
     @property
     def stats(self) -> Any:

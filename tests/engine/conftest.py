@@ -1,6 +1,7 @@
 """Deterministic stand-ins for the model side, so the engine core is tested without torch.
 
-``ByteTokenizer``: one token per byte (0..255), EOS = 256, BOS = 257 (vocab 258).
+``ByteTokenizer``: one token per byte (0..255) and the real one's special ids (``<s>`` 256, ``</s>``
+257 = EOS, ``<pad>`` 258; vocab 259), but it adds no BOS and its chat template only joins the contents.
 ``FakeRunner``: the next token is ``next_token(last token)``; it records every plan it ran
 and checks that each sequence's block table covers the KV it is asked to compute.
 """
@@ -13,16 +14,17 @@ from typing import Any
 
 import pytest
 
+from kvfleet.engine.byte_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 from kvfleet.engine.outputs import SampleResult, TokenLogprob
 from kvfleet.engine.sched.plan import SchedulerPlan
 
-EOS = 256
-BOS = 257
+EOS = EOS_TOKEN_ID
+BOS = BOS_TOKEN_ID
 
 
 class ByteTokenizer:
     eos_token_ids = frozenset({EOS})
-    vocab_size = 258
+    vocab_size = 259
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))

@@ -124,7 +124,7 @@ def bad_requests() -> list[tuple[Any, Any, str, str]]:
             [97, 300],
             SamplingParams(),
             "prompt",
-            r"token id 300 at position 1 is outside the vocabulary \[0, 258\)",
+            r"token id 300 at position 1 is outside the vocabulary \[0, 259\)",
         ),
         ("a", {"max_tokens": 3}, "params", "must be a SamplingParams, got dict"),
     ]
