@@ -26,33 +26,12 @@ from kvfleet.engine.detokenizer import IncrementalDetokenizer
 from kvfleet.engine.interfaces import Runner, Tokenizer
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
-from kvfleet.engine.outputs import RequestOutput
-from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
+from kvfleet.engine.outputs import EngineStats, RequestOutput
+from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, SamplingParams
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sequence import Sequence
 
-
-class RequestError(ValueError):
-    """A request the engine cannot take; ``field`` names the offending field. Nothing was allocated."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # blocks referenced by a sequence / all blocks
-    num_kv_blocks: int
-    max_num_seqs: int
-    prefix_cache_queries: int  # tokens looked up in the prefix cache
-    prefix_cache_hits: int  # tokens found there
-    num_preemptions: int
-    prompt_tokens_total: int  # prompt tokens of requests that produced a first token
-    generation_tokens_total: int  # tokens sampled (recomputation after preemption not counted)
-    num_requests_finished: int
+__all__ = ["Engine", "EngineStats", "RequestError"]  # the last two live where the API process imports them
 
 
 @dataclass

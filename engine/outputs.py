@@ -2,7 +2,9 @@
 
 Where it sits: ``ModelRunner.execute(plan)`` returns one :class:`SampleResult` per
 sequence that sampled this step; ``Engine.step()`` turns them into
-:class:`RequestOutput` updates for the server and for ``LLM.generate``.
+:class:`RequestOutput` updates for the server and for ``LLM.generate``. ``Engine.stats()``
+is an :class:`EngineStats`, the snapshot that crosses to the API process with every batch
+(torch-free, like the rest of this module).
 """
 
 from __future__ import annotations
@@ -47,3 +49,18 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # blocks referenced by a sequence / all blocks
+    num_kv_blocks: int
+    max_num_seqs: int
+    prefix_cache_queries: int  # tokens looked up in the prefix cache
+    prefix_cache_hits: int  # tokens found there
+    num_preemptions: int
+    prompt_tokens_total: int  # prompt tokens of requests that produced a first token
+    generation_tokens_total: int  # tokens sampled (recomputation after preemption not counted)
+    num_requests_finished: int
