@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, ReqDelta, StepBatch, Verdict
-from kvfleet.engine.outputs import EngineStats
+from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, StepBatch, Verdict
+from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.request_stream import RequestStream
 from kvfleet.engine.sampling_params import RequestError, SamplingParams
 
@@ -150,7 +150,7 @@ class AsyncEngine:
             raise RequestError("request_id", f"{request_id!r} is already running")
         arrival = self._clock()
         num_prompt = len(prompt) if isinstance(prompt, list) else 0
-        stream = RequestStream(request_id, RequestMetrics(request_id, arrival, num_prompt), params.n, prompt)
+        stream = RequestStream(request_id, RequestMetrics(request_id, arrival, num_prompt))
         verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = _Pending(stream, verdict)
         self.core.send(AddCmd(request_id, prompt, params, priority, arrival))
@@ -196,7 +196,11 @@ class AsyncEngine:
         pending.verdict.set_result(None)
 
     def _stamp(self, m: RequestMetrics, d: ReqDelta, started: float, now: float) -> None:
-        new_tokens = sum(len(s.new_token_ids) for s in d.seqs)
+        new_tokens = 0
+        for s in d.seqs:
+            new_tokens += len(s.new_token_ids)
+            if s.choice == 0 and s.finish_reason is not None:
+                m.finish_reason = s.finish_reason  # the first choice's, as the response's first choice
         m.num_prompt_tokens = d.num_prompt_tokens
         m.num_cached_tokens = d.num_cached_tokens
         if m.scheduled_time is None:
@@ -215,7 +219,6 @@ class AsyncEngine:
                 self.observer.on_tokens(m, new_tokens, gap)
         if d.finished:
             m.finished_time = now
-            m.finish_reason = next((s.finish_reason for s in d.seqs if s.finish_reason), None)
             if self.observer is not None:
                 self.observer.on_finished(m)
 

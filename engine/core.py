@@ -3,8 +3,9 @@
 Where it sits: between the HTTP server (``engine/async_engine.py``, in the API process) and
 ``Engine.step()``. The API side sends :class:`AddCmd` / :class:`AbortCmd`; the core applies
 them between steps, steps the engine, and answers with one :class:`StepBatch` per loop
-iteration carrying the verdicts on new requests, every changed request's *new* tokens and
-text (:class:`ReqDelta`, never the cumulative output), and a snapshot of ``Engine.stats()``.
+iteration carrying the verdicts on new requests, the step's :class:`ReqDelta` values as
+``Engine.step()`` made them (new tokens, text and logprobs, never a cumulative output), and a
+snapshot of ``Engine.stats()``.
 One loop, :meth:`CoreLoop.run`, serves both transports: a thread (:class:`ThreadCore`, tests
 and ``--engine-core thread``) or its own process (``engine/core_process.py``, the default, so
 the model step and the HTTP/SSE work do not share one GIL); each transport only says how a
@@ -26,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from kvfleet.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.sampling_params import RequestError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,11 @@ class EngineLike(Protocol):
         *,
         priority: int = 0,
         arrival_time: float | None = None,
-    ) -> None: ...
+    ) -> list[int]: ...
 
-    def abort(self, request_id: str) -> RequestOutput | None: ...
+    def abort(self, request_id: str) -> ReqDelta | None: ...
 
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> list[ReqDelta]: ...
 
     def has_unfinished_requests(self) -> bool: ...
 
@@ -83,25 +84,6 @@ class Verdict(NamedTuple):
     field: str | None = None
 
 
-class SeqDelta(NamedTuple):
-    """What one sequence (``choice``) added in one step."""
-
-    choice: int  # the sequence's index among the request's n
-    new_text: str
-    new_token_ids: list[int]
-    finish_reason: str | None
-    stop_reason: str | int | None
-    new_logprobs: list[TokenLogprob] | None  # one per new token, when the request asked for logprobs
-
-
-class ReqDelta(NamedTuple):
-    request_id: str
-    finished: bool
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    seqs: list[SeqDelta]
-
-
 class StepBatch(NamedTuple):
     """One loop iteration's news. ``step_started`` is None when no step ran (verdicts, aborts only)."""
 
@@ -111,17 +93,6 @@ class StepBatch(NamedTuple):
     deltas: list[ReqDelta]
     stats: EngineStats | None  # None only in the batch that reports a core that died before greeting
     error: str | None = None  # set once: the core is dead, every stream fails with this
-
-
-def to_delta(out: RequestOutput) -> ReqDelta:
-    """Only what this update adds (the engine's outputs are cumulative; a stream rebuilds them)."""
-    seqs = []
-    for c in out.outputs:
-        lps = None
-        if c.logprobs is not None:
-            lps = c.logprobs[len(c.token_ids) - len(c.new_token_ids) :]
-        seqs.append(SeqDelta(c.index, c.new_text, c.new_token_ids, c.finish_reason, c.stop_reason, lps))
-    return ReqDelta(out.request_id, out.finished, len(out.prompt_token_ids), out.num_cached_tokens, seqs)
 
 
 Receive = Callable[[float], list[Command]]  # waits up to that many seconds; what arrived, maybe nothing
@@ -166,7 +137,7 @@ class CoreLoop:
             elif isinstance(cmd, AbortCmd):
                 final = self.engine.abort(cmd.request_id)
                 if final is not None:
-                    self._deltas.append(to_delta(final))
+                    self._deltas.append(final)
 
     def _add(self, cmd: AddCmd) -> None:
         try:
@@ -187,8 +158,7 @@ class CoreLoop:
 
     def step(self) -> None:
         self._step_started = self._clock()
-        outputs = self.engine.step()
-        self._deltas.extend(to_delta(out) for out in outputs)
+        self._deltas.extend(self.engine.step())
 
     def take_batch(self) -> StepBatch:
         batch = StepBatch(

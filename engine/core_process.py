@@ -36,14 +36,12 @@ from kvfleet.engine.core import (
     CoreLoop,
     Deliver,
     EngineLike,
-    ReqDelta,
-    SeqDelta,
     ShutdownCmd,
     StepBatch,
     Verdict,
 )
 from kvfleet.engine.core_link import AsyncLink, BlockingLink, LinkClosed
-from kvfleet.engine.outputs import EngineStats
+from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[[], EngineLike]  # picklable: a module-level function or a functools.partial of one

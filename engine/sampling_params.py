@@ -33,8 +33,8 @@ class SamplingParamsError(RequestError):
 class RequestOutputKind(enum.Enum):
     """Which steps produce a :class:`RequestOutput` for a request (as vLLM's ``RequestOutputKind``)."""
 
-    PER_STEP = "per_step"  # every step that samples a token: cumulative output + delta (streaming)
-    FINAL_ONLY = "final_only"  # only the step that finishes the request (offline ``LLM.generate``)
+    PER_STEP = "per_step"  # every step that samples a token: what it added (streaming)
+    FINAL_ONLY = "final_only"  # only the step that finishes it: the whole completion (``LLM.generate``)
 
 
 @dataclass(frozen=True)
