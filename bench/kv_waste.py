@@ -56,7 +56,7 @@ def paged(reqs: list[tuple[int, int]], kv_tokens: int) -> Peak:
         out_len[seq.seq_id] = o
         sched.add(seq)
     best, max_batch = Peak(1, 0, 0), 0
-    while sched.has_unfinished():
+    while sched.num_running or sched.num_waiting:
         plan = sched.schedule()
         sampled = sched.update(plan, {e.seq.seq_id: SampleResult(7) for e in plan.scheduled if e.sample})
         allocated = (kv.num_blocks - kv.num_free_blocks) * BLOCK_SIZE

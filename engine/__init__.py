@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
+from kvfleet.engine.outputs import EngineStats
+from kvfleet.engine.sampling_params import (
+    RequestError,
+    RequestOutputKind,
+    SamplingParams,
+    SamplingParamsError,
+)
 
 if TYPE_CHECKING:
-    from kvfleet.engine.engine import Engine, EngineStats, RequestError
+    from kvfleet.engine.engine import Engine
     from kvfleet.engine.llm import LLM
 
 __all__ = [
@@ -27,8 +33,6 @@ __all__ = [
 _LAZY = {
     "LLM": "kvfleet.engine.llm",
     "Engine": "kvfleet.engine.engine",
-    "EngineStats": "kvfleet.engine.engine",
-    "RequestError": "kvfleet.engine.engine",
 }
 
 

@@ -7,7 +7,7 @@ returned :class:`RequestStream`. The engine itself runs elsewhere, behind a
 Either way a long model step never blocks this event loop.
 
 ``generate`` and ``abort`` only send commands; ``generate`` awaits the engine's verdict
-on ``add_request`` (a ValueError naming the field, or go). Each :class:`StepBatch`
+on ``add_request`` (a ``RequestError`` naming the field, or go). Each :class:`StepBatch`
 arrives on the event loop, where this module stamps each request's timeline (arrival
 here, first token and each token at the core's clock: one ``time.monotonic`` per host)
 for the latency histograms and keeps the core's ``Engine.stats()`` snapshot that
@@ -20,25 +20,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, ReqDelta, StepBatch, Verdict
+from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, StepBatch, Verdict
+from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.request_stream import RequestStream
-from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sampling_params import RequestError, SamplingParams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "RequestMetrics", "RequestObserver", "RequestStream"]
 
 
 class EngineDeadError(RuntimeError):
     """The engine core stopped (a step raised, its process died, or the server is shutting down)."""
-
-
-class RefusedRequest(ValueError):
-    """The engine refused a request; ``field`` names the offending field (as ``RequestError`` does)."""
-
-    def __init__(self, message: str, field_name: str | None) -> None:
-        super().__init__(message)
-        self.field = field_name
 
 
 @dataclass
@@ -111,8 +104,7 @@ class AsyncEngine:
         self._started = False
         self._stopped = False
         self.error: str | None = None
-        self.stats_snapshot: Any = core.initial_stats
-        self.num_batches = 0
+        self.stats_snapshot: EngineStats = core.initial_stats
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -151,14 +143,14 @@ class AsyncEngine:
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, *, priority: int = 0
     ) -> RequestStream:
-        """Add a request; return its stream once the engine accepted it (its ValueError otherwise)."""
+        """Add a request; return its stream once the engine accepted it (its RequestError otherwise)."""
         if not self.is_running:
             raise EngineDeadError(f"the engine core is not running{f': {self.error}' if self.error else ''}")
         if request_id in self._streams or request_id in self._pending:
-            raise RefusedRequest(f"request_id: {request_id!r} is already running", "request_id")
+            raise RequestError("request_id", f"{request_id!r} is already running")
         arrival = self._clock()
         num_prompt = len(prompt) if isinstance(prompt, list) else 0
-        stream = RequestStream(request_id, RequestMetrics(request_id, arrival, num_prompt), params.n, prompt)
+        stream = RequestStream(request_id, RequestMetrics(request_id, arrival, num_prompt))
         verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = _Pending(stream, verdict)
         self.core.send(AddCmd(request_id, prompt, params, priority, arrival))
@@ -176,7 +168,6 @@ class AsyncEngine:
     # -- batches from the core (on the event loop) ------------------------------------------------------
 
     def _on_batch(self, batch: StepBatch) -> None:
-        self.num_batches += 1
         if batch.stats is not None:
             self.stats_snapshot = batch.stats
         for v in batch.verdicts:
@@ -198,14 +189,18 @@ class AsyncEngine:
         pending = self._pending.pop(v.request_id, None)
         if pending is None or pending.verdict.done():
             return  # cancelled: its abort follows the add and frees the sequence
-        if v.error is not None:
-            pending.verdict.set_exception(RefusedRequest(v.error, v.field))
+        if v.reason is not None:
+            pending.verdict.set_exception(RequestError(v.field, v.reason))
             return
         self._streams[v.request_id] = pending.stream
         pending.verdict.set_result(None)
 
     def _stamp(self, m: RequestMetrics, d: ReqDelta, started: float, now: float) -> None:
-        new_tokens = sum(len(s.new_token_ids) for s in d.seqs)
+        new_tokens = 0
+        for s in d.seqs:
+            new_tokens += len(s.new_token_ids)
+            if s.choice == 0 and s.finish_reason is not None:
+                m.finish_reason = s.finish_reason  # the first choice's, as the response's first choice
         m.num_prompt_tokens = d.num_prompt_tokens
         m.num_cached_tokens = d.num_cached_tokens
         if m.scheduled_time is None:
@@ -224,7 +219,6 @@ class AsyncEngine:
                 self.observer.on_tokens(m, new_tokens, gap)
         if d.finished:
             m.finished_time = now
-            m.finish_reason = next((s.finish_reason for s in d.seqs if s.finish_reason), None)
             if self.observer is not None:
                 self.observer.on_finished(m)
 

@@ -22,16 +22,6 @@ def _token_at(seq: Sequence, pos: int) -> int:
     return prompt[pos] if pos < len(prompt) else seq.output_token_ids[pos - len(prompt)]
 
 
-def _tokens(seq: Sequence, start: int, end: int) -> list[int]:
-    """``seq.all_token_ids[start:end]`` without concatenating the whole sequence."""
-    prompt = seq.prompt_token_ids
-    if end <= len(prompt):
-        return prompt[start:end]
-    return (prompt[start:] if start < len(prompt) else []) + seq.output_token_ids[
-        max(0, start - len(prompt)) : end - len(prompt)
-    ]
-
-
 @dataclass(frozen=True)
 class FlatBatch:
     input_ids: torch.Tensor  # (T,) int64
@@ -67,7 +57,7 @@ class _Rows:
             self.positions.append(start)
             self.slots.append(block_ids[start // block_size] * block_size + start % block_size)
         else:
-            self.input_ids.extend(_tokens(seq, start, end))
+            self.input_ids.extend(seq.tokens(start, end))
             self.positions.extend(range(start, end))
             self.slots.extend(
                 block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)

@@ -3,11 +3,13 @@
 Where it sits: between the HTTP server (``engine/async_engine.py``, in the API process) and
 ``Engine.step()``. The API side sends :class:`AddCmd` / :class:`AbortCmd`; the core applies
 them between steps, steps the engine, and answers with one :class:`StepBatch` per loop
-iteration carrying the verdicts on new requests, every changed request's *new* tokens and
-text (:class:`ReqDelta`, never the cumulative output), and a snapshot of ``Engine.stats()``.
-The same :class:`CoreLoop` runs in a thread (:class:`ThreadCore`, tests and
-``--engine-core thread``) or in its own process (``engine/core_process.py``, the default),
-so the model step and the HTTP/SSE work do not share one GIL.
+iteration carrying the verdicts on new requests, the step's :class:`ReqDelta` values as
+``Engine.step()`` made them (new tokens, text and logprobs, never a cumulative output), and a
+snapshot of ``Engine.stats()``.
+One loop, :meth:`CoreLoop.run`, serves both transports: a thread (:class:`ThreadCore`, tests
+and ``--engine-core thread``) or its own process (``engine/core_process.py``, the default, so
+the model step and the HTTP/SSE work do not share one GIL); each transport only says how a
+command is received and how a batch is sent.
 
 Detokenisation and stop strings stay in the core (inside ``Engine.step``): stop strings
 need the text, and the work is small beside the step (measured: 4 µs per token for the
@@ -23,10 +25,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
-from kvfleet.engine.outputs import RequestOutput, TokenLogprob
-from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.outputs import EngineStats, ReqDelta
+from kvfleet.engine.sampling_params import RequestError, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +44,15 @@ class EngineLike(Protocol):
         *,
         priority: int = 0,
         arrival_time: float | None = None,
-    ) -> None: ...
+    ) -> list[int]: ...
 
-    def abort(self, request_id: str) -> RequestOutput | None: ...
+    def abort(self, request_id: str) -> ReqDelta | None: ...
 
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> list[ReqDelta]: ...
 
     def has_unfinished_requests(self) -> bool: ...
 
-    def stats(self) -> Any: ...
+    def stats(self) -> EngineStats: ...
 
 
 # ---- API side → core
@@ -75,30 +77,11 @@ Command = AddCmd | AbortCmd | ShutdownCmd
 
 # ---- core → API side
 class Verdict(NamedTuple):
-    """The engine's answer to one AddCmd: accepted (error None) or its ValueError's message and field."""
+    """The engine's answer to one AddCmd: accepted (reason None) or its RequestError's reason and field."""
 
     request_id: str
-    error: str | None = None
+    reason: str | None = None
     field: str | None = None
-
-
-class SeqDelta(NamedTuple):
-    """What one sequence (``choice``) added in one step."""
-
-    choice: int  # the sequence's index among the request's n
-    new_text: str
-    new_token_ids: list[int]
-    finish_reason: str | None
-    stop_reason: str | int | None
-    new_logprobs: list[TokenLogprob] | None  # one per new token, when the request asked for logprobs
-
-
-class ReqDelta(NamedTuple):
-    request_id: str
-    finished: bool
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    seqs: list[SeqDelta]
 
 
 class StepBatch(NamedTuple):
@@ -108,48 +91,64 @@ class StepBatch(NamedTuple):
     step_started: float | None
     verdicts: list[Verdict]
     deltas: list[ReqDelta]
-    stats: Any  # EngineStats
+    stats: EngineStats | None  # None only in the batch that reports a core that died before greeting
     error: str | None = None  # set once: the core is dead, every stream fails with this
 
 
-def to_delta(out: RequestOutput) -> ReqDelta:
-    """Only what this update adds (the engine's outputs are cumulative; a stream rebuilds them)."""
-    seqs = []
-    for c in out.outputs:
-        lps = None
-        if c.logprobs is not None:
-            lps = c.logprobs[len(c.token_ids) - len(c.new_token_ids) :]
-        seqs.append(SeqDelta(c.index, c.new_text, c.new_token_ids, c.finish_reason, c.stop_reason, lps))
-    return ReqDelta(out.request_id, out.finished, len(out.prompt_token_ids), out.num_cached_tokens, seqs)
+Receive = Callable[[float], list[Command]]  # waits up to that many seconds; what arrived, maybe nothing
+Send = Callable[[StepBatch], None]
 
 
 class CoreLoop:
-    """The engine with its inbox applied between steps; :meth:`take_batch` hands out the news."""
+    """The engine with its inbox applied between steps: :meth:`run` is the loop every transport runs."""
 
-    def __init__(self, engine: EngineLike, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, engine: EngineLike, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
+    ) -> None:
         self.engine = engine
         self._clock = clock
+        self._idle_wait_s = idle_wait_s
         self._verdicts: list[Verdict] = []
         self._deltas: list[ReqDelta] = []
         self._step_started: float | None = None
-        self.num_steps = 0
 
-    def apply(self, commands: list[AddCmd | AbortCmd]) -> None:
+    # Invariant: commands are applied in the order sent, only between steps; a verdict leaves
+    # before the step that follows it; one batch per step, and one per idle turn that applied commands.
+    def run(self, receive: Receive, send: Send) -> None:
+        """Serve until a :class:`ShutdownCmd` arrives. What receive or send raise, and what the
+        engine raises, propagates: the transport decides how a failure is reported."""
+        while True:
+            commands = receive(0.0 if self.has_work else self._idle_wait_s)
+            if any(isinstance(c, ShutdownCmd) for c in commands):
+                return
+            self.apply(commands)
+            if self._verdicts and self.has_work:
+                send(self.take_batch())  # a verdict (400 or go) should not wait for a long step
+            if self.has_work:
+                self.step()
+                send(self.take_batch())
+            elif commands:
+                send(self.take_batch())  # aborts and refusals change the stats too
+
+    def apply(self, commands: list[Command]) -> None:
         for cmd in commands:
             if isinstance(cmd, AddCmd):
                 self._add(cmd)
-            else:
+            elif isinstance(cmd, AbortCmd):
                 final = self.engine.abort(cmd.request_id)
                 if final is not None:
-                    self._deltas.append(to_delta(final))
+                    self._deltas.append(final)
 
     def _add(self, cmd: AddCmd) -> None:
         try:
             self.engine.add_request(
                 cmd.request_id, cmd.prompt, cmd.params, priority=cmd.priority, arrival_time=cmd.arrival_time
             )
-        except ValueError as exc:  # RequestError / SamplingParamsError: the caller's 400
-            self._verdicts.append(Verdict(cmd.request_id, str(exc), getattr(exc, "field", None)))
+        except RequestError as exc:  # the caller's 400
+            self._verdicts.append(Verdict(cmd.request_id, exc.reason, exc.field))
+            return
+        except ValueError as exc:  # not raised as a RequestError, still about this request's input
+            self._verdicts.append(Verdict(cmd.request_id, str(exc)))
             return
         self._verdicts.append(Verdict(cmd.request_id))
 
@@ -157,15 +156,9 @@ class CoreLoop:
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
 
-    @property
-    def has_verdicts(self) -> bool:
-        return bool(self._verdicts)
-
     def step(self) -> None:
         self._step_started = self._clock()
-        outputs = self.engine.step()
-        self.num_steps += 1
-        self._deltas.extend(to_delta(out) for out in outputs)
+        self._deltas.extend(self.engine.step())
 
     def take_batch(self) -> StepBatch:
         batch = StepBatch(
@@ -175,6 +168,8 @@ class CoreLoop:
         return batch
 
     def failed(self, exc: BaseException) -> StepBatch:
+        """The last batch of a core whose engine raised: every stream fails with it."""
+        log.error("engine core failed", exc_info=exc)
         return StepBatch(self._clock(), None, [], [], self.engine.stats(), f"the engine loop failed: {exc!r}")
 
 
@@ -185,7 +180,7 @@ class CoreTransport(Protocol):
     """How the API side reaches a core: a thread here, or a process (``engine/core_process.py``)."""
 
     @property
-    def initial_stats(self) -> Any: ...
+    def initial_stats(self) -> EngineStats: ...
 
     @property
     def alive(self) -> bool: ...
@@ -203,9 +198,8 @@ class ThreadCore:
     def __init__(
         self, engine: EngineLike, *, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
     ) -> None:
-        self.core = CoreLoop(engine, clock)
+        self.core = CoreLoop(engine, clock, idle_wait_s)
         self.initial_stats = engine.stats()
-        self._idle_wait_s = idle_wait_s
         self._inbox: deque[Command] = deque()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -231,29 +225,18 @@ class ThreadCore:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    # Invariant: every command is applied between steps, in the order it was sent.
     def _run(self) -> None:
         try:
-            while (commands := self._next_commands()) is not None:
-                self.core.apply(commands)
-                if self.core.has_verdicts:
-                    self._emit(self.core.take_batch())  # a refusal is a 400 now, not after the step
-                if self.core.has_work:
-                    self.core.step()
-                self._emit(self.core.take_batch())
+            self.core.run(self._receive, self._emit)
         except BaseException as exc:  # the engine is broken: fail every stream rather than hang them
-            log.exception("engine core failed")
             self._emit(self.core.failed(exc))
 
-    def _next_commands(self) -> list[AddCmd | AbortCmd] | None:
-        """Block while idle; the pending commands, or None once told to shut down."""
+    def _receive(self, timeout: float) -> list[Command]:
         with self._wake:
-            while not self._inbox and not self.core.has_work:
-                self._wake.wait(self._idle_wait_s)
+            if not self._inbox and timeout > 0:
+                self._wake.wait(timeout)
             commands, self._inbox = list(self._inbox), deque()
-        if any(isinstance(c, ShutdownCmd) for c in commands):
-            return None
-        return [c for c in commands if not isinstance(c, ShutdownCmd)]
+        return commands
 
     def _emit(self, batch: StepBatch) -> None:
         assert self._loop is not None and self._deliver is not None

@@ -2,11 +2,11 @@
 
 Where it sits: ``kvfleet engine`` (the API process: FastAPI, tokenising, SSE) launches
 :class:`ProcessCore`, which spawns :func:`core_main`. The child builds the ``Engine`` from
-a picklable factory, says :class:`Hello`, then runs :class:`~kvfleet.engine.core.CoreLoop`:
-commands arrive over a socket pair (framed pickles, ``engine/core_link.py``) and are
-applied between steps; after each step one :class:`~kvfleet.engine.core.StepBatch` goes
-back (as plain tuples, :func:`to_wire`) with every sequence's new tokens and the stats that
-``/load`` and ``/metrics`` show. The API process drives its end from the event loop
+a picklable factory, says :class:`Hello`, then runs :meth:`~kvfleet.engine.core.CoreLoop.run`
+(the loop ``ThreadCore`` runs too): commands arrive over a socket pair (framed pickles,
+``engine/core_link.py``) and are applied between steps; after each step one
+:class:`~kvfleet.engine.core.StepBatch` goes back (as plain tuples, :func:`to_wire`) with
+every sequence's new tokens and the stats that ``/load`` and ``/metrics`` show. The API process drives its end from the event loop
 (:class:`~kvfleet.engine.core_link.AsyncLink`): reads and writes never block it, a full
 socket buffer is a wait and never an error, and the model step holds a GIL of its own.
 
@@ -32,19 +32,16 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from kvfleet.engine.core import (
-    AbortCmd,
-    AddCmd,
     Command,
     CoreLoop,
     Deliver,
     EngineLike,
-    ReqDelta,
-    SeqDelta,
     ShutdownCmd,
     StepBatch,
     Verdict,
 )
 from kvfleet.engine.core_link import AsyncLink, BlockingLink, LinkClosed
+from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[[], EngineLike]  # picklable: a module-level function or a functools.partial of one
@@ -55,7 +52,7 @@ class Hello(NamedTuple):
 
     model_name: str
     max_model_len: int
-    stats: Any  # EngineStats
+    stats: EngineStats
 
 
 class StartFailed(NamedTuple):
@@ -105,45 +102,31 @@ def core_main(sock: socket.socket, factory: EngineFactory, parent_pid: int, idle
             link.send(StartFailed(" ".join(str(exc).split())))
         return
     name = str(getattr(engine, "model_name", "model"))
-    core = CoreLoop(engine)
+    core = CoreLoop(engine, idle_wait_s=idle_wait_s)
     try:
         link.send(Hello(name, int(getattr(engine, "max_model_len", 0)), engine.stats()))
-        serve_pipe(link, core, parent_pid, idle_wait_s)
+        core.run(_receiver(link, parent_pid), lambda batch: link.send(to_wire(batch)))
     except (EOFError, ConnectionError):
         return  # the API process is gone: nobody to serve
     except BaseException as exc:  # the engine is broken: tell the API side, which fails every stream
-        log.exception("engine core failed")
         with contextlib.suppress(OSError):
             link.send(to_wire(core.failed(exc)))
 
 
-# Invariant: commands are applied in the order sent, only between steps; one batch per step.
-def serve_pipe(link: BlockingLink, core: CoreLoop, parent_pid: int, idle_wait_s: float) -> None:
-    while (commands := _receive(link, 0.0 if core.has_work else idle_wait_s)) is not None:
-        if os.getppid() != parent_pid:
-            return  # orphaned (the API process died without closing the link): exit rather than linger
-        core.apply(commands)
-        if core.has_verdicts and core.has_work:
-            link.send(to_wire(core.take_batch()))  # a verdict (400 or go) should not wait for a long step
-        if core.has_work:
-            core.step()
-            link.send(to_wire(core.take_batch()))
-        elif commands:
-            link.send(to_wire(core.take_batch()))  # aborts and refusals change the stats too
+def _receiver(link: BlockingLink, parent_pid: int) -> Callable[[float], list[Command]]:
+    """CoreLoop's receive over the link: what is waiting after up to ``timeout`` s of idling."""
 
-
-def _receive(link: BlockingLink, timeout: float) -> list[AddCmd | AbortCmd] | None:
-    """Whatever commands are waiting (after up to ``timeout`` s of idling); None on shutdown."""
-    commands: list[AddCmd | AbortCmd] = []
-    if not link.poll(timeout):
+    def receive(timeout: float) -> list[Command]:
+        commands: list[Command] = []
+        if link.poll(timeout):
+            commands.append(link.recv())
+            while link.poll(0):
+                commands.append(link.recv())
+        if os.getppid() != parent_pid:  # orphaned (the API process died without closing the link)
+            commands.append(ShutdownCmd("the API process is gone"))
         return commands
-    while True:
-        msg = link.recv()
-        if isinstance(msg, ShutdownCmd):
-            return None
-        commands.append(msg)
-        if not link.poll(0):
-            return commands
+
+    return receive
 
 
 # ---- the API process's handle
@@ -179,7 +162,7 @@ class ProcessCore:
         self.death: str | None = None  # why the core is gone, once it is
 
     @property
-    def initial_stats(self) -> Any:
+    def initial_stats(self) -> EngineStats:
         return self.launch().stats
 
     @property

@@ -3,7 +3,7 @@
 Where it sits: the server and ``LLM.generate`` call :meth:`Engine.add_request` and
 :meth:`Engine.step`; each step is ``Scheduler.schedule()`` → ``Runner.execute(plan)`` →
 ``Scheduler.update()`` → output processing (detokenise, stop checks) → one
-:class:`RequestOutput` per request that changed. Torch stays out of this module (the
+:class:`ReqDelta` per request that changed (what the step added, never the whole output). Torch stays out of this module (the
 simulated engine runs it without torch); the real runner is built lazily.
 
 Context limit: a prompt longer than ``max_model_len`` (or than the whole KV cache) is
@@ -26,33 +26,12 @@ from kvfleet.engine.interfaces import Runner, Tokenizer
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.model.sources import served_name
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
-from kvfleet.engine.outputs import RequestOutput
-from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
+from kvfleet.engine.outputs import EngineStats, ReqDelta
+from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, SamplingParams
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sequence import Sequence
 
-
-class RequestError(ValueError):
-    """A request the engine cannot take; ``field`` names the offending field. Nothing was allocated."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # blocks referenced by a sequence / all blocks
-    num_kv_blocks: int
-    max_num_seqs: int
-    prefix_cache_queries: int  # tokens looked up in the prefix cache
-    prefix_cache_hits: int  # tokens found there
-    num_preemptions: int
-    prompt_tokens_total: int  # prompt tokens of requests that produced a first token
-    generation_tokens_total: int  # tokens sampled (recomputation after preemption not counted)
-    num_requests_finished: int
+__all__ = ["Engine", "EngineStats", "RequestError"]  # the last two live where the API process imports them
 
 
 @dataclass
@@ -66,13 +45,14 @@ class _Request:
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.states)
 
-    def output(self) -> RequestOutput:
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_token_ids,
-            outputs=[s.completion() for s in self.states],
-            finished=self.finished,
-            num_cached_tokens=self.states[0].seq.num_cached_tokens,
+    def delta(self) -> ReqDelta:
+        """What the request's sequences added since its previous delta (only those with news)."""
+        return ReqDelta(
+            self.request_id,
+            self.finished,
+            len(self.prompt_token_ids),
+            self.states[0].seq.num_cached_tokens,
+            [s.delta() for s in self.states if s.has_news],
         )
 
 
@@ -127,8 +107,9 @@ class Engine:
         *,
         priority: int = 0,
         arrival_time: float | None = None,
-    ) -> None:
-        """Queue a request; raises :class:`RequestError` (naming the field) before allocating anything."""
+    ) -> list[int]:
+        """Queue a request; its prompt's token ids. :class:`RequestError` (naming the field) before
+        anything is allocated."""
         if request_id in self._requests:
             raise RequestError("request_id", f"{request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
@@ -143,6 +124,7 @@ class Engine:
         per_step = params.output_kind is RequestOutputKind.PER_STEP
         self._requests[request_id] = _Request(request_id, prompt_ids, states, per_step)
         self.scheduler.add(seqs[0], forks=seqs[1:])
+        return prompt_ids
 
     def _make_detokenizer(self, params: SamplingParams) -> Detokenizer:
         if self._detokenizer_factory is not None:
@@ -174,8 +156,8 @@ class Engine:
             )
         return ids
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Abort a request and free its blocks; its final output (finish_reason "abort"), or None if unknown."""
+    def abort(self, request_id: str) -> ReqDelta | None:
+        """Abort a request and free its blocks; its last delta (finish_reason "abort"), or None if unknown."""
         request = self._requests.pop(request_id, None)
         if request is None:
             return None
@@ -183,17 +165,17 @@ class Engine:
         for state in request.states:
             state.abort()
         self._num_finished += 1
-        return request.output()
+        return request.delta()
 
     # ---- the loop
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
-    def step(self) -> list[RequestOutput]:
-        """Schedule, execute and process one step; one output per request that changed.
+    def step(self) -> list[ReqDelta]:
+        """Schedule, execute and process one step; one delta per request that changed.
 
-        A FINAL_ONLY request appears only in the step that finishes it, so its cumulative
-        output is built once instead of every step.
+        A FINAL_ONLY request appears only in the step that finishes it: its one delta holds
+        the whole completion.
         """
         plan = self.scheduler.schedule()
         if plan.is_empty:
@@ -214,7 +196,7 @@ class Engine:
                 changed[seq.request_id] = request
             elif request.per_step:
                 changed[seq.request_id] = request
-        outputs = [r.output() for r in changed.values() if r.per_step or r.finished]
+        outputs = [r.delta() for r in changed.values() if r.per_step or r.finished]
         for out in outputs:
             if out.finished:
                 del self._requests[out.request_id]

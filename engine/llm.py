@@ -1,9 +1,11 @@
 """The offline API in the style of vLLM's ``LLM``: build an engine, run prompts to completion.
 
 Where it sits: on top of :class:`kvfleet.engine.engine.Engine`; it adds every prompt as a
-request, steps the engine until all finish, and returns the final outputs in prompt order.
-Every request runs as ``RequestOutputKind.FINAL_ONLY`` (as vLLM's ``LLM`` does): nothing here
-reads the per-step deltas, so the engine builds each request's output once, when it finishes.
+request, steps the engine until all finish, and returns the final outputs in prompt order:
+the one place besides the non-streamed server response where the engine's deltas are
+folded into a cumulative :class:`RequestOutput`. Every request runs as
+``RequestOutputKind.FINAL_ONLY`` (as vLLM's ``LLM`` does), so the engine hands each request
+one delta, when it finishes, holding the whole completion.
 """
 
 from __future__ import annotations
@@ -33,30 +35,32 @@ class LLM:
         """Run every prompt to completion; one :class:`RequestOutput` per prompt, in order."""
         batch = _as_batch(prompts)
         per_prompt = _per_prompt_params(params, len(batch))
-        ids: list[str] = []
+        outputs: dict[str, RequestOutput] = {}
         try:
             for prompt, p in zip(batch, per_prompt, strict=True):
                 request_id = f"llm-{self._counter}"
                 self._counter += 1
-                self.engine.add_request(request_id, prompt, p)
-                ids.append(request_id)
-            finals = self._run(set(ids))
+                prompt_ids = self.engine.add_request(request_id, prompt, p)
+                outputs[request_id] = RequestOutput.empty(request_id, prompt_ids, p.n)
+            self._run(outputs)
         except BaseException:
-            for request_id in ids:
+            for request_id in outputs:
                 self.engine.abort(request_id)
             raise
-        return [finals[i] for i in ids]
+        return list(outputs.values())
 
-    def _run(self, pending: set[str]) -> dict[str, RequestOutput]:
-        finals: dict[str, RequestOutput] = {}
-        while len(finals) < len(pending):
+    def _run(self, outputs: dict[str, RequestOutput]) -> None:
+        """Step until every output is finished, folding each delta into its request's output."""
+        pending = set(outputs)
+        while pending:
             if not self.engine.has_unfinished_requests():
-                missing = sorted(pending - set(finals))
-                raise RuntimeError(f"requests {missing} left the engine without a final output")
-            for out in self.engine.step():
-                if out.finished and out.request_id in pending:
-                    finals[out.request_id] = out
-        return finals
+                raise RuntimeError(f"requests {sorted(pending)} left the engine without a final output")
+            for delta in self.engine.step():
+                out = outputs.get(delta.request_id)
+                if out is not None:
+                    out.add(delta)
+                    if delta.finished:
+                        pending.discard(delta.request_id)
 
 
 def _as_batch(prompts: Prompts) -> list[str | list[int]]:

@@ -2,7 +2,7 @@
 
 Where it sits: ``Engine.step()`` → ``Scheduler.update()`` appends the sampled token →
 :meth:`SeqOutputState.on_token` detokenises it and checks the stop conditions →
-:meth:`SeqOutputState.completion` builds the streaming delta and cumulative output.
+:meth:`SeqOutputState.delta` hands out what the sequence added since its previous delta.
 
 Stop conditions, in the order checked (all but the length limits wait for
 ``min_tokens`` output tokens): EOS (unless ``ignore_eos``), a stop token id, a stop
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvfleet.engine.interfaces import Tokenizer
-from kvfleet.engine.outputs import CompletionOutput, SampleResult, TokenLogprob
+from kvfleet.engine.outputs import SampleResult, SeqDelta, TokenLogprob
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
@@ -64,15 +64,16 @@ class SeqOutputState:
     text: str = ""  # everything decoded so far (cut at the stop string once matched)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: list[TokenLogprob] | None = None
+    new_logprobs: list[TokenLogprob] | None = None  # those not yet handed out, when asked for
     _sent_chars: int = 0
     _sent_tokens: int = 0
+    _finish_sent: bool = False
     _max_stop_len: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._max_stop_len = max((len(s) for s in self.seq.params.stop), default=0)
         if self.seq.params.logprobs is not None:
-            self.logprobs = []
+            self.new_logprobs = []
 
     # Invariant: returns a finished status exactly once, on the token that ends the sequence.
     def on_token(
@@ -82,8 +83,8 @@ class SeqOutputState:
         seq = self.seq
         params = seq.params
         token_id = result.token_id
-        if self.logprobs is not None:
-            self.logprobs.append(result.logprob or TokenLogprob(token_id, float("nan")))
+        if self.new_logprobs is not None:
+            self.new_logprobs.append(result.logprob or TokenLogprob(token_id, float("nan")))
         num_output = len(seq.output_token_ids)
         may_stop = num_output >= params.min_tokens
         is_eos = not params.ignore_eos and token_id in eos_token_ids
@@ -118,24 +119,32 @@ class SeqOutputState:
         if self.finish_reason is None:
             self.finish_reason = SequenceStatus.FINISHED_ABORTED.value
 
-    def completion(self) -> CompletionOutput:
-        """The cumulative output so far and what it adds since the previous call."""
+    @property
+    def has_news(self) -> bool:
+        """True while a token or the finish has not been handed out in a delta."""
+        return self._sent_tokens < len(self.seq.output_token_ids) or (
+            self.finish_reason is not None and not self._finish_sent
+        )
+
+    def delta(self) -> SeqDelta:
+        """What the sequence added since the previous delta; text that may begin a stop string waits."""
         text, sent_chars = self.text, self._sent_chars
         emit_to = len(text)
         stops = self.seq.params.stop
         if stops and self.finish_reason is None:
             emit_to = max(emit_to - held_back(text, stops), sent_chars)
-        token_ids = self.seq.output_token_ids[:]
-        out = CompletionOutput(
-            index=self.seq.index,
-            text=text if emit_to == len(text) else text[:emit_to],
-            token_ids=token_ids,
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-            logprobs=list(self.logprobs) if self.logprobs is not None else None,
-            new_text=text[sent_chars:emit_to],
-            new_token_ids=token_ids[self._sent_tokens :],
+        token_ids = self.seq.output_token_ids
+        new_logprobs = self.new_logprobs
+        if new_logprobs is not None:
+            self.new_logprobs = []
+        out = SeqDelta(
+            self.seq.index,
+            text[sent_chars:emit_to],
+            token_ids[self._sent_tokens :],
+            self.finish_reason,
+            self.stop_reason,
+            new_logprobs,
         )
-        self._sent_chars = emit_to
-        self._sent_tokens = len(token_ids)
+        self._sent_chars, self._sent_tokens = emit_to, len(token_ids)
+        self._finish_sent = self.finish_reason is not None
         return out

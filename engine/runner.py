@@ -3,8 +3,8 @@
 Where it sits: ``Engine.step()`` calls ``ModelRunner.execute(plan)`` (the ``Runner``
 protocol of ``engine/interfaces.py``) after ``Scheduler.schedule()``. The runner owns the
 model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_size,
-kv_heads, head_dim)); it applies the plan's block copies, flattens the plan
-(:mod:`kvfleet.engine.batch`), runs the model under ``torch.inference_mode`` and samples.
+kv_heads, head_dim)); it flattens the plan (:mod:`kvfleet.engine.batch`), runs the model
+under ``torch.inference_mode`` and samples.
 
 :func:`build_runner` is the one entry point the Engine uses: it resolves the model name, loads
 the model and the tokenizer and reports a :class:`ModelInfo`.
@@ -154,8 +154,6 @@ class ModelRunner:
         return int(total * (self.config.gpu_memory_utilization - CUDA_ACTIVATION_RESERVE)) - used
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
-        if plan.block_copies:
-            self._copy_blocks(plan.block_copies)
         if plan.is_empty:
             return {}
         batch = flatten_plan(plan, self.block_size, self.device)
@@ -173,19 +171,6 @@ class ModelRunner:
         return self.model(
             batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
         )
-
-    def compute_logits(self, plan: SchedulerPlan) -> torch.Tensor:
-        """Run a plan and return the float32 logits of every row that samples (no sampling)."""
-        batch = flatten_plan(plan, self.block_size, self.device)
-        with torch.inference_mode():
-            return self._forward(batch)
-
-    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
-        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            for cache in self.kv_caches:
-                cache[:, dst] = cache[:, src]
 
 
 def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInfo]:

@@ -3,7 +3,8 @@
 Where it sits: the server (or ``LLM.generate``) builds a :class:`SamplingParams` per
 request; the scheduler reads ``max_tokens`` and the stop conditions, the sampler reads
 the rest. Invalid values raise :class:`SamplingParamsError` naming the field, the value
-and the limit, before anything is allocated.
+and the limit, before anything is allocated. :class:`RequestError` is the one exception for
+a request the engine refuses (the server's 400), whichever side of the core link refuses it.
 """
 
 from __future__ import annotations
@@ -12,19 +13,28 @@ import enum
 from dataclasses import dataclass
 
 
-class SamplingParamsError(ValueError):
-    """A sampling parameter outside its range; ``field`` names it."""
+class RequestError(ValueError):
+    """A request the engine refuses, before anything was allocated; ``field`` names the offending field.
 
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
+    ``reason`` is the message without the field; the core process sends (reason, field) in its
+    verdict and the API process raises the same error again from them.
+    """
+
+    def __init__(self, field_name: str | None, reason: str) -> None:
+        super().__init__(f"{field_name}: {reason}" if field_name else reason)
         self.field = field_name
+        self.reason = reason
+
+
+class SamplingParamsError(RequestError):
+    """A sampling parameter outside its range; ``field`` names it."""
 
 
 class RequestOutputKind(enum.Enum):
     """Which steps produce a :class:`RequestOutput` for a request (as vLLM's ``RequestOutputKind``)."""
 
-    PER_STEP = "per_step"  # every step that samples a token: cumulative output + delta (streaming)
-    FINAL_ONLY = "final_only"  # only the step that finishes the request (offline ``LLM.generate``)
+    PER_STEP = "per_step"  # every step that samples a token: what it added (streaming)
+    FINAL_ONLY = "final_only"  # only the step that finishes it: the whole completion (``LLM.generate``)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,11 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    @property
-    def last_token_id(self) -> int:
-        return self.all_token_ids[-1]
+    def tokens(self, start: int, end: int) -> list[int]:
+        """``all_token_ids[start:end]`` without concatenating the whole sequence."""
+        prompt = self.prompt_token_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        if start >= len(prompt):
+            return self.output_token_ids[start - len(prompt) : end - len(prompt)]
+        return prompt[start:] + self.output_token_ids[: end - len(prompt)]

@@ -1,4 +1,4 @@
-"""Attention backends behind one interface, registered by name (``torch``, ``triton``)."""
+"""Attention backends behind one interface, registered by name (``cpu``, ``torch``, ``triton``; ``auto`` picks one)."""
 
 from kvfleet.engine.attention.base import (
     AttentionBackend,

@@ -1,4 +1,4 @@
-"""The reference attention backend in plain torch: the CPU default and the Triton kernels' oracle.
+"""The reference attention backend in plain torch: the oracle of the Triton and native CPU kernels.
 
 It gathers each sequence's keys and values from the paged cache through its block table
 and runs causal attention with grouped-query heads. ``paged_attention_reference`` loops

@@ -25,14 +25,3 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     digest = hashlib.sha256(parent if parent is not None else _ROOT)
     digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return BlockHash(digest.digest())
-
-
-def hash_full_blocks(
-    token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None
-) -> list[BlockHash]:
-    """The hash chain of every full block of ``token_ids``."""
-    hashes: list[BlockHash] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
-        hashes.append(parent)
-    return hashes

@@ -109,12 +109,6 @@ class BlockPool:
         self._cached[block_hash] = block_id
         return True
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (the blocks stay where they are)."""
-        for block in self.blocks:
-            block.block_hash = None
-        self._cached.clear()
-
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]

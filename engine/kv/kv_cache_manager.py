@@ -40,16 +40,6 @@ class _SeqBlocks:
 NO_PREFIX = CachedPrefix()
 
 
-def _block_tokens(seq: Sequence, start: int, end: int) -> list[int]:
-    """``seq.all_token_ids[start:end]`` without concatenating the whole sequence."""
-    prompt = seq.prompt_token_ids
-    if end <= len(prompt):
-        return prompt[start:end]
-    if start >= len(prompt):
-        return seq.output_token_ids[start - len(prompt) : end - len(prompt)]
-    return prompt[start:] + seq.output_token_ids[: end - len(prompt)]
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -156,7 +146,7 @@ class KVCacheManager:
             return
         parent = state.hashes[-1] if state.hashes else None
         for i in range(len(state.hashes), num_full):
-            parent = hash_block(parent, _block_tokens(seq, i * bs, (i + 1) * bs))
+            parent = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs))
             self.pool.cache(seq.block_ids[i], parent)
             state.hashes.append(parent)
 

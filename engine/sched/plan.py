@@ -14,7 +14,7 @@ samples nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvfleet.engine.sequence import Sequence
@@ -39,16 +39,13 @@ class ScheduledSeq(NamedTuple):
 
     @property
     def token_ids(self) -> list[int]:
-        return self.seq.all_token_ids[self.num_computed_before : self.context_len]
+        return self.seq.tokens(self.num_computed_before, self.context_len)
 
 
 @dataclass(frozen=True)
 class SchedulerPlan:
     scheduled: tuple[ScheduledSeq, ...] = ()
     preempted: tuple[Sequence, ...] = ()  # sequences that lost their blocks this step
-    # Blocks whose contents must be copied before the step (copy-on-write for n > 1
-    # sampling forks that share a partly filled last block): (src block id, dst block id).
-    block_copies: tuple[tuple[int, int], ...] = field(default=())
 
     @property
     def num_batched_tokens(self) -> int:

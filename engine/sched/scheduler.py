@@ -60,9 +60,6 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting) + sum(len(c) for c in self._forks.values())
 
-    def has_unfinished(self) -> bool:
-        return bool(self._requests)
-
     def add(self, seq: Sequence, forks: list[Sequence] | None = None) -> None:
         """Queue a sequence; ``forks`` (n > 1 siblings) join once its prompt KV is computed and shared."""
         seq.status = SequenceStatus.WAITING
@@ -223,6 +220,3 @@ class Scheduler:
         for seq in seqs:
             self.finish(seq, SequenceStatus.FINISHED_ABORTED)
         return seqs
-
-    def sequences(self, request_id: str) -> list[Sequence]:
-        return list(self._requests.get(request_id, []))

@@ -2,9 +2,10 @@
 
 Where it sits: the two routers turn their request bodies into token-id prompts and a
 ``SamplingParams`` here, submit one engine request per prompt (``<response id>-<i>``),
-then read :func:`merged` outputs and shape them into their own response types. Output
-deltas are tracked per choice by :class:`ChoiceCursor`, so a stream never repeats or
-skips a token's logprobs.
+then read the engine's deltas through :func:`merged`: a stream writes each delta out as it
+comes (:class:`ChoiceCursor` counts tokens for the usage and characters for text offsets),
+a whole response folds them into one :class:`CompletionOutput` per choice
+(:func:`final_outputs`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import cast
 from fastapi import Request
 
 from kvfleet.engine.async_engine import RequestStream
-from kvfleet.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from kvfleet.engine.outputs import CompletionOutput, ReqDelta, SeqDelta
 from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvfleet.engine.server.state import ServerState
 from kvfleet.openai_api import APIError, ChatCompletionRequest, CompletionRequest
@@ -110,11 +111,14 @@ async def submit(
 
 
 async def final_outputs(sub: Submitted, n: int) -> dict[int, CompletionOutput]:
-    """Each choice's last output (choice = prompt index × n + sample index), for a non-streamed response."""
+    """Each choice's whole output (choice = prompt index × n + sample index), for a non-streamed response."""
     final: dict[int, CompletionOutput] = {}
-    async for p, out in merged(sub.streams):
-        for c in out.outputs:
-            final[p * n + c.index] = c
+    async for p, delta in merged(sub.streams):
+        for s in delta.seqs:
+            index = p * n + s.choice
+            if index not in final:
+                final[index] = CompletionOutput(s.choice)
+            final[index].add(s)
     return final
 
 
@@ -124,13 +128,13 @@ def abort_unfinished(state: ServerState, streams: Sequence[RequestStream]) -> No
             state.engine.abort(s.request_id)
 
 
-async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(prompt index, output) from every stream, in the order they arrive."""
+async def merged(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, ReqDelta]]:
+    """(prompt index, delta) from every stream, in the order they arrive."""
     if len(streams) == 1:
         async for out in streams[0]:
             yield 0, out
         return
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, ReqDelta | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, stream: RequestStream) -> None:
         try:
@@ -175,28 +179,24 @@ async def abort_on_disconnect(
 
 
 class ChoiceCursor:
-    """Per choice (prompt index × n + sample index): what was already sent, to send only what is new."""
+    """Per choice (prompt index × n + sample index) of a stream: the tokens and characters sent so far."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.sent_logprobs: dict[int, int] = {}
         self.completion_tokens: dict[int, int] = {}
-        self.finished: set[int] = set()
+        self.sent_chars: dict[int, int] = {}
 
-    def choice_index(self, prompt_index: int, out: CompletionOutput) -> int:
-        return prompt_index * self.n + out.index
+    def choice_index(self, prompt_index: int, delta: SeqDelta) -> int:
+        return prompt_index * self.n + delta.choice
 
-    def new_logprobs(self, choice: int, out: CompletionOutput) -> list[TokenLogprob]:
-        if out.logprobs is None:
-            return []
-        start = self.sent_logprobs.get(choice, 0)
-        self.sent_logprobs[choice] = len(out.logprobs)
-        return list(out.logprobs[start:])
+    def record(self, choice: int, delta: SeqDelta) -> None:
+        self.completion_tokens[choice] = self.completion_tokens.get(choice, 0) + len(delta.new_token_ids)
 
-    def record(self, choice: int, out: CompletionOutput) -> None:
-        self.completion_tokens[choice] = len(out.token_ids)
-        if out.finished:
-            self.finished.add(choice)
+    def text_offset(self, choice: int, delta: SeqDelta) -> int:
+        """Where the delta's new text starts in the choice's text (call once per delta sent)."""
+        offset = self.sent_chars.get(choice, 0)
+        self.sent_chars[choice] = offset + len(delta.new_text)
+        return offset
 
     def usage(self, prompt_tokens: int) -> Usage:
         tokens = sum(self.completion_tokens.values())
@@ -205,7 +205,7 @@ class ChoiceCursor:
         )
 
 
-def finish_reason(out: CompletionOutput) -> FinishReason | None:
+def finish_reason(out: CompletionOutput | SeqDelta) -> FinishReason | None:
     """The engine's finish reason; SequenceStatus has exactly OpenAI's three (and vLLM's "abort")."""
     return cast("FinishReason | None", out.finish_reason)
 

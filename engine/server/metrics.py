@@ -11,7 +11,6 @@ running and KV usage are exported beside ours, so a third-party picker can route
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -19,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvfleet.engine.async_engine import RequestMetrics
+from kvfleet.engine.outputs import EngineStats
 
 prometheus_client.disable_created_metrics()  # no *_created series: dashboards read rates, as vLLM's do
 PREFIX = "kvfleet_engine_"
@@ -72,7 +72,7 @@ E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0
 class ServerMetrics:
     """Histograms and counters observed per request; gauges collected from the stats snapshot."""
 
-    def __init__(self, model: str, stats: Callable[[], Any]) -> None:
+    def __init__(self, model: str, stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry()
         self.model = model
         labels = ["model_name"]
@@ -142,7 +142,7 @@ class ServerMetrics:
 class _StatsCollector(Collector):
     """Gauges and engine counters from the latest ``EngineStats`` snapshot, at scrape time."""
 
-    def __init__(self, model: str, stats: Callable[[], Any]) -> None:
+    def __init__(self, model: str, stats: Callable[[], EngineStats]) -> None:
         self._model = model
         self._stats = stats
 

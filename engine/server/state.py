@@ -11,12 +11,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 
 from kvfleet.engine.async_engine import AsyncEngine
 from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.outputs import EngineStats
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.openai_api import APIError, model_not_found
 
@@ -72,10 +73,9 @@ class ServerState:
     ready: bool = False  # true once the engine loop runs; false again while draining
     draining: bool = False
     in_flight: InFlight = field(default_factory=InFlight)
-    request_ids: set[str] = field(default_factory=set)  # engine request ids being served
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> EngineStats:
         return self.engine.stats_snapshot
 
     def check_accepting(self, model: str) -> None:

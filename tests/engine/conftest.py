@@ -1,28 +1,31 @@
 """Deterministic stand-ins for the model side, so the engine core is tested without torch.
 
-``ByteTokenizer``: one token per byte (0..255), EOS = 256, BOS = 257 (vocab 258).
+``ByteTokenizer``: one token per byte (0..255) and the real one's special ids (``<s>`` 256, ``</s>``
+257 = EOS, ``<pad>`` 258; vocab 259), but it adds no BOS and its chat template only joins the contents.
 ``FakeRunner``: the next token is ``next_token(last token)``; it records every plan it ran
 and checks that each sequence's block table covers the KV it is asked to compute.
+:func:`fold`: the engine's deltas folded into whole outputs, as ``LLM.generate`` folds them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from kvfleet.engine.outputs import SampleResult, TokenLogprob
+from kvfleet.engine.byte_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
+from kvfleet.engine.outputs import CompletionOutput, ReqDelta, RequestOutput, SampleResult, TokenLogprob
 from kvfleet.engine.sched.plan import SchedulerPlan
 
-EOS = 256
-BOS = 257
+EOS = EOS_TOKEN_ID
+BOS = BOS_TOKEN_ID
 
 
 class ByteTokenizer:
     eos_token_ids = frozenset({EOS})
-    vocab_size = 258
+    vocab_size = 259
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
@@ -37,6 +40,18 @@ class ByteTokenizer:
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
         return "".join(str(m["content"]) for m in messages)
+
+
+def fold(deltas: Iterable[ReqDelta]) -> dict[str, RequestOutput]:
+    """Each request's whole output from its deltas (prompt ids unknown here: left empty)."""
+    outs: dict[str, RequestOutput] = {}
+    for d in deltas:
+        out = outs.setdefault(d.request_id, RequestOutput(d.request_id, [], []))
+        for s in d.seqs:
+            while len(out.outputs) <= s.choice:
+                out.outputs.append(CompletionOutput(len(out.outputs)))
+        out.add(d)
+    return outs
 
 
 def next_byte(last: int) -> int:

@@ -57,9 +57,8 @@ async def test_the_event_loop_keeps_running_while_a_step_blocks() -> None:
             ticks += 1
         assert (ticks, gate.is_set(), stream.finished) == (5, False, False)
         gate.set()
-        outs = [out.outputs[0] async for out in stream]  # one or two outputs: a lagging reader coalesces
-        assert ("".join(o.new_text for o in outs), outs[-1].text, outs[-1].token_ids) == (
-            "ab",
+        outs = [d.seqs[0] async for d in stream]  # one or two deltas: a lagging reader coalesces
+        assert ("".join(o.new_text for o in outs), [t for o in outs for t in o.new_token_ids]) == (
             "ab",
             [97, 98],
         )
@@ -83,7 +82,7 @@ async def test_each_request_gets_its_own_stream_and_exact_timeline_on_a_simulate
         outs = [out async for out in a]
     finally:
         engine.stop()
-    assert "".join(o.outputs[0].new_text for o in outs) == "abcd"
+    assert "".join(o.seqs[0].new_text for o in outs) == "abcd"
     m = a.metrics
     # Four 10 ms steps from an arrival at 0: the first token after one step, then one per step.
     assert (m.ttft, m.tpot, m.e2e, m.queue_time) == pytest.approx((0.01, 0.01, 0.04, 0.0))
@@ -100,7 +99,7 @@ async def test_a_request_the_engine_refuses_raises_its_error_naming_the_field() 
             await engine.generate("a", [1, 999], SamplingParams())
         assert getattr(info.value, "field", None) == "prompt"
         ok = await engine.generate("b", [1], SamplingParams(max_tokens=1))
-        assert [o.outputs[0].text async for o in ok] == ["a"]
+        assert [o.seqs[0].new_text async for o in ok] == ["a"]
     finally:
         engine.stop()
 
@@ -112,10 +111,10 @@ async def test_abort_ends_the_stream_with_abort_and_frees_the_blocks() -> None:
     try:
         stream = await engine.generate("a", list(range(1, 40)), SamplingParams(max_tokens=400))
         first = await anext(aiter(stream))
-        assert first.outputs[0].text == "a"
+        assert first.seqs[0].new_text == "a"
         engine.abort("a")
         rest = [o async for o in stream]
-        assert rest[-1].outputs[0].finish_reason == "abort"
+        assert rest[-1].seqs[0].finish_reason == "abort"
         while engine.num_unfinished or engine.stats_snapshot.kv_cache_usage:
             await asyncio.sleep(0.01)
         assert (engine.stats_snapshot.num_running, engine.stats_snapshot.kv_cache_usage) == (0, 0.0)

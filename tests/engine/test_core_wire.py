@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pickle
 
-from kvfleet.engine.core import ReqDelta, SeqDelta, StepBatch, Verdict
+from kvfleet.engine.core import StepBatch, Verdict
 from kvfleet.engine.core_process import from_wire, to_wire
-from kvfleet.engine.engine import EngineStats
-from kvfleet.engine.outputs import TokenLogprob
+from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta, TokenLogprob
 
 
 def test_a_step_batch_survives_the_pipe_field_for_field_with_its_named_types() -> None:

@@ -6,16 +6,16 @@ from typing import Any
 import pytest
 
 from kvfleet.engine.engine import Engine, EngineStats, RequestError
-from kvfleet.engine.outputs import RequestOutput
+from kvfleet.engine.outputs import CompletionOutput, ReqDelta
 from kvfleet.engine.sampling_params import SamplingParams
 
-from .conftest import EOS
+from .conftest import EOS, fold
 
 MakeEngine = Callable[..., Engine]
 
 
-def run(engine: Engine) -> list[RequestOutput]:
-    updates: list[RequestOutput] = []
+def run(engine: Engine) -> list[ReqDelta]:
+    updates: list[ReqDelta] = []
     for _ in range(200):
         if not engine.has_unfinished_requests():
             return updates
@@ -23,14 +23,20 @@ def run(engine: Engine) -> list[RequestOutput]:
     raise AssertionError("engine did not finish within 200 steps")
 
 
+def final(engine: Engine, request_id: str = "r") -> CompletionOutput:
+    """Run to the end; the request's first sequence, folded from its deltas."""
+    return fold(run(engine))[request_id].outputs[0]
+
+
 def test_greedy_output_follows_the_runner_until_max_tokens(make_engine: MakeEngine) -> None:
     engine = make_engine()
     engine.add_request("r", "a", SamplingParams(max_tokens=5))
     updates = run(engine)
-    final = updates[-1]
-    assert [u.outputs[0].new_text for u in updates] == ["b", "c", "d", "e", "f"]
-    assert (final.outputs[0].text, final.outputs[0].token_ids) == ("bcdef", [98, 99, 100, 101, 102])
-    assert (final.outputs[0].finish_reason, final.finished, final.prompt_token_ids) == ("length", True, [97])
+    assert [u.seqs[0].new_text for u in updates] == ["b", "c", "d", "e", "f"]
+    assert [u.seqs[0].new_token_ids for u in updates] == [[98], [99], [100], [101], [102]]
+    out = fold(updates)["r"].outputs[0]
+    assert (out.text, out.token_ids) == ("bcdef", [98, 99, 100, 101, 102])
+    assert (out.finish_reason, updates[-1].finished, updates[-1].num_prompt_tokens) == ("length", True, 1)
 
 
 def test_a_stop_string_ends_the_text_before_it_and_held_back_text_is_never_retracted(
@@ -39,8 +45,8 @@ def test_a_stop_string_ends_the_text_before_it_and_held_back_text_is_never_retra
     engine = make_engine()
     engine.add_request("r", "a", SamplingParams(max_tokens=20, stop=["def", "xyz"]))
     updates = run(engine)
-    assert [u.outputs[0].new_text for u in updates] == ["b", "c", "", "", ""]
-    out = updates[-1].outputs[0]
+    assert [u.seqs[0].new_text for u in updates] == ["b", "c", "", "", ""]
+    out = fold(updates)["r"].outputs[0]
     assert (out.text, out.finish_reason, out.stop_reason) == ("bc", "stop", "def")
     assert out.token_ids == [98, 99, 100, 101, 102]
 
@@ -48,14 +54,14 @@ def test_a_stop_string_ends_the_text_before_it_and_held_back_text_is_never_retra
 def test_include_stop_str_in_output_keeps_the_stop_string(make_engine: MakeEngine) -> None:
     engine = make_engine()
     engine.add_request("r", "a", SamplingParams(max_tokens=20, stop=["de"], include_stop_str_in_output=True))
-    out = run(engine)[-1].outputs[0]
+    out = final(engine)
     assert (out.text, out.stop_reason) == ("bcde", "de")
 
 
 def test_a_stop_token_id_ends_the_sequence_and_stays_in_the_token_ids(make_engine: MakeEngine) -> None:
     engine = make_engine()
     engine.add_request("r", "a", SamplingParams(max_tokens=20, stop_token_ids=[ord("d")]))
-    out = run(engine)[-1].outputs[0]
+    out = final(engine)
     assert (out.text, out.token_ids, out.finish_reason, out.stop_reason) == ("bc", [98, 99, 100], "stop", 100)
 
 
@@ -68,7 +74,7 @@ def test_eos_stops_unless_ignored_and_min_tokens_defers_it(make_engine: MakeEngi
     engine.add_request("eos", "a", SamplingParams(max_tokens=6))
     engine.add_request("ign", "a", SamplingParams(max_tokens=6, ignore_eos=True))
     engine.add_request("min", "a", SamplingParams(max_tokens=6, min_tokens=4, stop=["b"]))
-    finals = {u.request_id: u.outputs[0] for u in run(engine) if u.finished}
+    finals = {rid: out.outputs[0] for rid, out in fold(run(engine)).items()}
     assert (finals["eos"].token_ids, finals["eos"].text, finals["eos"].finish_reason) == (
         [98, 99, EOS],
         "bc",
@@ -84,14 +90,14 @@ def test_eos_stops_unless_ignored_and_min_tokens_defers_it(make_engine: MakeEngi
 def test_a_sequence_reaching_max_model_len_finishes_with_length(make_engine: MakeEngine) -> None:
     engine = make_engine(max_model_len=8)
     engine.add_request("r", "aaaaa", SamplingParams(max_tokens=100))
-    out = run(engine)[-1].outputs[0]
+    out = final(engine)
     assert (out.text, out.finish_reason) == ("bcd", "length")  # 5 + 3 = 8 tokens
 
 
 def test_logprobs_are_collected_per_token_when_asked(make_engine: MakeEngine) -> None:
     engine = make_engine()
     engine.add_request("r", "a", SamplingParams(max_tokens=2, logprobs=1))
-    out = run(engine)[-1].outputs[0]
+    out = final(engine)
     assert out.logprobs is not None
     assert [(lp.token_id, lp.logprob, lp.top) for lp in out.logprobs] == [
         (98, -0.25, ((98, -0.25),)),
@@ -102,9 +108,9 @@ def test_logprobs_are_collected_per_token_when_asked(make_engine: MakeEngine) ->
 def test_n_samples_share_the_prompt_blocks_and_compute_the_prompt_once(make_engine: MakeEngine) -> None:
     engine = make_engine(enable_prefix_caching=False)
     engine.add_request("r", "abcdefghij", SamplingParams(n=3, max_tokens=2))
-    final = run(engine)[-1]
-    assert [o.index for o in final.outputs] == [0, 1, 2]
-    assert [o.text for o in final.outputs] == ["kl", "kl", "kl"]
+    done = fold(run(engine))["r"]
+    assert [o.index for o in done.outputs] == [0, 1, 2]
+    assert [o.text for o in done.outputs] == ["kl", "kl", "kl"]
     steps = engine.runner.steps  # type: ignore[attr-defined]
     assert [(e.index, e.start, e.num_new, e.block_ids) for e in steps[0]] == [(0, 0, 10, (0, 1, 2))]
     assert [(e.index, e.start, e.num_new, e.block_ids) for e in steps[1]] == [
@@ -124,7 +130,7 @@ def bad_requests() -> list[tuple[Any, Any, str, str]]:
             [97, 300],
             SamplingParams(),
             "prompt",
-            r"token id 300 at position 1 is outside the vocabulary \[0, 258\)",
+            r"token id 300 at position 1 is outside the vocabulary \[0, 259\)",
         ),
         ("a", {"max_tokens": 3}, "params", "must be a SamplingParams, got dict"),
     ]
@@ -136,12 +142,12 @@ def test_bad_input_names_the_field_and_leaves_the_engine_usable(
 ) -> None:
     engine = make_engine()
     engine.add_request("ok-before", "a", SamplingParams(max_tokens=3))
-    engine.step()
+    first = engine.step()
     with pytest.raises(RequestError, match=message) as err:
         engine.add_request("bad", prompt, params)
     assert err.value.field == field
     engine.add_request("ok-after", "x", SamplingParams(max_tokens=2))
-    finals = {u.request_id: u.outputs[0].text for u in run(engine) if u.finished}
+    finals = {rid: out.outputs[0].text for rid, out in fold(first + run(engine)).items()}
     assert finals == {"ok-before": "bcd", "ok-after": "yz"}
     assert engine.stats().kv_cache_usage == 0.0 and engine.stats().num_waiting == 0
 
@@ -163,7 +169,7 @@ def test_a_duplicate_request_id_is_rejected_and_the_first_request_keeps_running(
     with pytest.raises(RequestError, match="'r' is already in use") as err:
         engine.add_request("r", "x", SamplingParams())
     assert err.value.field == "request_id"
-    assert run(engine)[-1].outputs[0].text == "bc"
+    assert final(engine).text == "bc"
 
 
 def test_abort_frees_the_blocks_and_reports_abort(make_engine: MakeEngine) -> None:
@@ -172,9 +178,9 @@ def test_abort_frees_the_blocks_and_reports_abort(make_engine: MakeEngine) -> No
     engine.step()
     engine.step()
     assert engine.stats().kv_cache_usage > 0
-    final = engine.abort("r")
-    assert final is not None and final.finished
-    assert [o.finish_reason for o in final.outputs] == ["abort", "abort"]
+    last = engine.abort("r")
+    assert last is not None and last.finished
+    assert [(s.choice, s.finish_reason) for s in last.seqs] == [(0, "abort"), (1, "abort")]
     assert engine.abort("r") is None
     assert (engine.stats().kv_cache_usage, engine.has_unfinished_requests()) == (0.0, False)
     assert engine.step() == []
@@ -205,8 +211,8 @@ def test_streamed_text_never_splits_a_utf8_character(make_engine: MakeEngine) ->
     engine = make_engine(next_token=lambda last: script.get(last, 98))
     engine.add_request("r", "a", SamplingParams(max_tokens=6))
     updates = run(engine)
-    assert [u.outputs[0].new_text for u in updates] == ["", "é", "", "", "€", "b"]
-    assert updates[-1].outputs[0].text == "é€b"
+    assert [u.seqs[0].new_text for u in updates] == ["", "é", "", "", "€", "b"]
+    assert fold(updates)["r"].outputs[0].text == "é€b"
 
 
 def test_an_engine_given_a_runner_without_a_tokenizer_is_refused(make_engine: MakeEngine) -> None:

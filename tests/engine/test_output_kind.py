@@ -7,9 +7,9 @@ import pytest
 
 from kvfleet.engine import LLM, RequestOutputKind, SamplingParams, SamplingParamsError
 from kvfleet.engine.engine import Engine
-from kvfleet.engine.outputs import RequestOutput
+from kvfleet.engine.outputs import ReqDelta
 
-from .conftest import EOS
+from .conftest import EOS, fold
 
 MakeEngine = Callable[..., Engine]
 
@@ -27,25 +27,23 @@ def eos_after_f(last: int) -> int:
     return EOS if last == ord("f") else (ord("a") if last >= ord("z") else last + 1)
 
 
-def run_steps(engine: Engine, kind: RequestOutputKind) -> list[list[RequestOutput]]:
+def run_steps(engine: Engine, kind: RequestOutputKind) -> list[list[ReqDelta]]:
     for i, (prompt, params) in enumerate(REQUESTS):
         engine.add_request(f"r{i}", prompt, dataclasses.replace(params, output_kind=kind))
-    steps: list[list[RequestOutput]] = []
+    steps: list[list[ReqDelta]] = []
     while engine.has_unfinished_requests():
         assert len(steps) < 100, "engine did not finish within 100 steps"
         steps.append(engine.step())
     return steps
 
 
-def finals(steps: list[list[RequestOutput]]) -> dict[str, tuple[object, ...]]:
+def finals(steps: list[list[ReqDelta]]) -> dict[str, tuple[object, ...]]:
     return {
-        out.request_id: (
-            out.prompt_token_ids,
+        rid: (
+            out.finished,
             [(c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.logprobs) for c in out.outputs],
         )
-        for step in steps
-        for out in step
-        if out.finished
+        for rid, out in fold(d for step in steps for d in step).items()
     }
 
 
@@ -79,14 +77,13 @@ def test_final_only_gives_the_per_step_final_outputs_and_nothing_before_them(mak
     ]
 
 
-def test_a_final_only_output_carries_the_whole_completion_as_its_delta(make_engine: MakeEngine) -> None:
+def test_a_final_only_request_gets_one_delta_holding_the_whole_completion(make_engine: MakeEngine) -> None:
     engine = make_engine()
     engine.add_request("r", "a", SamplingParams(max_tokens=4, output_kind=RequestOutputKind.FINAL_ONLY))
     steps = [engine.step() for _ in range(4)]
     assert [len(s) for s in steps] == [0, 0, 0, 1]
-    out = steps[-1][0].outputs[0]
-    assert (out.text, out.new_text) == ("bcde", "bcde")
-    assert out.token_ids == out.new_token_ids == [98, 99, 100, 101]
+    out = steps[-1][0].seqs[0]
+    assert (out.new_text, out.new_token_ids, out.finish_reason) == ("bcde", [98, 99, 100, 101], "length")
     assert not engine.has_unfinished_requests() and engine.stats().kv_cache_usage == 0.0
 
 
@@ -96,7 +93,7 @@ def test_per_step_and_final_only_requests_share_a_step_each_with_its_own_kind(
     engine = make_engine()
     engine.add_request("stream", "a", SamplingParams(max_tokens=3))
     engine.add_request("final", "a", SamplingParams(max_tokens=3, output_kind=RequestOutputKind.FINAL_ONLY))
-    steps = [[(o.request_id, o.outputs[0].new_text) for o in engine.step()] for _ in range(3)]
+    steps = [[(o.request_id, o.seqs[0].new_text) for o in engine.step()] for _ in range(3)]
     assert steps == [[("stream", "b")], [("stream", "c")], [("stream", "d"), ("final", "bcd")]]
 
 
@@ -106,7 +103,7 @@ def test_an_aborted_final_only_request_still_returns_its_final_output(make_engin
     assert engine.step() == [] and engine.step() == []
     out = engine.abort("r")
     assert out is not None
-    assert (out.finished, out.outputs[0].text, out.outputs[0].finish_reason) == (True, "bc", "abort")
+    assert (out.finished, out.seqs[0].new_text, out.seqs[0].finish_reason) == (True, "bc", "abort")
 
 
 def test_generate_runs_every_request_final_only_without_changing_the_callers_params(
@@ -116,7 +113,7 @@ def test_generate_runs_every_request_final_only_without_changing_the_callers_par
     seen: list[tuple[str, bool]] = []
     step = llm.engine.step
 
-    def recording_step() -> list[RequestOutput]:
+    def recording_step() -> list[ReqDelta]:
         outs = step()
         seen.extend((o.request_id, o.finished) for o in outs)
         return outs

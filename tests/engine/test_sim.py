@@ -84,14 +84,13 @@ def _engine(num_kv_blocks: int, **config: object) -> Engine:
 def test_the_real_engine_over_the_simulator_accounts_blocks_and_never_emits_eos() -> None:
     engine = _engine(8)
     engine.add_request("r", list(range(40)), SamplingParams(max_tokens=30))
-    engine.step()  # the 40-token prompt and the first output token: 3 blocks of 16
+    (first,) = engine.step()  # the 40-token prompt and the first output token: 3 blocks of 16
     assert (engine.stats().num_running, engine.stats().kv_cache_usage) == (1, 3 / 8)
-    final = None
+    text, finish = first.seqs[0].new_text, None
     while engine.has_unfinished_requests():
         for out in engine.step():
-            final = out
-    assert final is not None
-    assert (final.outputs[0].text, final.outputs[0].finish_reason) == (
+            text, finish = text + out.seqs[0].new_text, out.seqs[0].finish_reason
+    assert (text, finish) == (
         "abcdefghijklmnopqrstuvwxyzabcd",
         "length",
     )
@@ -102,9 +101,10 @@ def test_two_requests_that_outgrow_the_cache_preempt_one() -> None:
     engine = _engine(6, enable_prefix_caching=False)
     for rid in ("a", "b"):
         engine.add_request(rid, list(range(30)), SamplingParams(max_tokens=40))
-    finished = {}
+    finished: dict[str, str] = {"a": "", "b": ""}
     while engine.has_unfinished_requests():
-        finished.update({o.request_id: o.outputs[0].text for o in engine.step() if o.finished})
+        for o in engine.step():
+            finished[o.request_id] += o.seqs[0].new_text
     assert engine.stats().num_preemptions >= 1
     assert finished == {
         "a": ("abcdefghijklmnopqrstuvwxyz" * 2)[:40],

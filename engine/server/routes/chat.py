@@ -116,25 +116,23 @@ async def _stream(
     yield chunk(
         [ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")) for i in range(body.n)]
     )
-    async for _, out in gen.merged(sub.streams):
-        for c in out.outputs:
-            new_lp = cursor.new_logprobs(c.index, c)
-            cursor.record(c.index, c)
-            if not c.new_text and not c.finished and not new_lp:
+    async for _, delta in gen.merged(sub.streams):
+        for s in delta.seqs:
+            cursor.record(s.choice, s)
+            if not s.new_text and s.finish_reason is None and not s.new_logprobs:
                 continue
             if not body.logprobs:  # the hot path: prebuilt JSON
-                yield template.render(c.index, c.new_text or None, gen.finish_reason(c), c.stop_reason)
+                yield template.render(s.choice, s.new_text or None, gen.finish_reason(s), s.stop_reason)
                 continue
-            lp = _logprobs(state, new_lp, body.top_logprobs or 0)
-            delta = ChatDelta(content=c.new_text or None)
+            lp = _logprobs(state, s.new_logprobs or [], body.top_logprobs or 0)
             yield chunk(
                 [
                     ChatChunkChoice(
-                        index=c.index,
-                        delta=delta,
+                        index=s.choice,
+                        delta=ChatDelta(content=s.new_text or None),
                         logprobs=lp,
-                        finish_reason=gen.finish_reason(c),
-                        stop_reason=c.stop_reason,
+                        finish_reason=gen.finish_reason(s),
+                        stop_reason=s.stop_reason,
                     )
                 ]
             )

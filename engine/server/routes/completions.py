@@ -111,25 +111,24 @@ async def _stream(
             )
         )
 
-    async for p, out in gen.merged(sub.streams):
-        for c in out.outputs:
-            index = cursor.choice_index(p, c)
-            new_lp = cursor.new_logprobs(index, c)
-            cursor.record(index, c)
-            if not c.new_text and not c.finished and not new_lp:
+    async for p, delta in gen.merged(sub.streams):
+        for s in delta.seqs:
+            index = cursor.choice_index(p, s)
+            cursor.record(index, s)
+            if not s.new_text and s.finish_reason is None and not s.new_logprobs:
                 continue
             if body.logprobs is None:  # the hot path: prebuilt JSON
-                yield template.render(index, c.new_text, gen.finish_reason(c), c.stop_reason)
+                yield template.render(index, s.new_text, gen.finish_reason(s), s.stop_reason)
                 continue
-            lp = _logprobs(state, new_lp, len(c.text) - len(c.new_text), body.logprobs)
+            lp = _logprobs(state, s.new_logprobs or [], cursor.text_offset(index, s), body.logprobs)
             yield chunk(
                 [
                     CompletionChoice(
                         index=index,
-                        text=c.new_text,
+                        text=s.new_text,
                         logprobs=lp,
-                        finish_reason=gen.finish_reason(c),
-                        stop_reason=c.stop_reason,
+                        finish_reason=gen.finish_reason(s),
+                        stop_reason=s.stop_reason,
                     )
                 ]
             )

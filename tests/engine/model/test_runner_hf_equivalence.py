@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvfleet.engine.batch import flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.runner import ModelRunner
 from kvfleet.engine.sampling_params import SamplingParams
@@ -118,27 +119,14 @@ def test_a_second_sequence_reading_the_first_ones_full_blocks_as_a_prefix_matche
     assert first.output_token_ids == hf_greedy(folder, PROMPTS[2], NEW_TOKENS + 1)
 
 
-def test_a_fork_that_copies_the_partly_filled_last_block_continues_exactly_like_its_parent(
-    tiny_dir: Path, hf_greedy: Any
-) -> None:
-    runner, sched = make_runner(tiny_dir), HandScheduler()
-    parent = new_seq(PROMPTS[0])  # 6 tokens: block 2 is half full
-    run_step(runner, sched.decode_all([parent]))
-    child = new_seq(PROMPTS[0])
-    child.output_token_ids = list(parent.output_token_ids)
-    child.num_computed_tokens = parent.num_computed_tokens
-    child.block_ids = [parent.block_ids[0], 50]
-    plan = SchedulerPlan((sched.entry(child, 1),), block_copies=((parent.block_ids[1], 50),))
-    run_step(runner, plan)
-    for _ in range(NEW_TOKENS - 2):
-        run_step(runner, sched.decode_all([child]))
-    assert child.output_token_ids == hf_greedy(tiny_dir, PROMPTS[0], NEW_TOKENS)
-
-
 def test_prefill_logits_are_within_1e_4_of_transformers(checkpoint: Path, hf_model: Any) -> None:
     runner, sched = make_runner(checkpoint), HandScheduler()
     seqs = [new_seq(p) for p in PROMPTS]
-    ours = runner.compute_logits(sched.decode_all(seqs))
+    batch = flatten_plan(sched.decode_all(seqs), runner.block_size, runner.device)
+    with torch.inference_mode():  # the logits of every row that samples, before the sampler
+        ours = runner.model(
+            batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, batch.sample_rows
+        )
     model = hf_model(checkpoint)
     with torch.no_grad():
         theirs = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in PROMPTS])

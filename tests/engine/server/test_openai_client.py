@@ -43,6 +43,22 @@ def test_a_streamed_completion_sends_the_tokens_in_order_then_the_usage(client: 
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (3, 4)
 
 
+def test_a_streamed_n_2_completion_sends_each_choices_text_once_and_its_finish_once(
+    slow_server: LiveServer,
+) -> None:
+    # 20 ms steps: the reader keeps up, so every step is its own chunk (nothing coalesces).
+    with openai.OpenAI(base_url=slow_server.url + "/v1", api_key="unused", max_retries=0) as client:
+        chunks = list(client.completions.create(model="tiny", prompt="x", max_tokens=3, n=2, stream=True))
+    texts = {0: "", 1: ""}
+    finishes = []
+    for c in chunks:
+        texts[c.choices[0].index] += c.choices[0].text
+        if c.choices[0].finish_reason is not None:
+            finishes.append((c.choices[0].index, c.choices[0].finish_reason))
+    # The first sample finishes a step before its fork; it is not repeated in the fork's last chunk.
+    assert (texts, sorted(finishes)) == ({0: "abc", 1: "abc"}, [(0, "length"), (1, "length")])
+
+
 def test_several_prompts_and_n_number_the_choices_prompt_major(client: openai.OpenAI) -> None:
     done = client.completions.create(model="tiny", prompt=["x", "yy"], max_tokens=2, n=2, seed=3)
     assert [(c.index, c.text) for c in done.choices] == [(0, "ab"), (1, "ab"), (2, "ab"), (3, "ab")]
