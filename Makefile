@@ -59,9 +59,13 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # Container images (images/, README "Images"): build/images/kvfleet.oci.tar and
-# build/images/kvfleet-engine-cpu.oci.tar, tagged with the package version. IMAGE_TOOL=docker|podman
-# builds from BASE (default python:3.11-slim-bookworm); buildah (the default) starts where no registry
-# is reachable from a Debian rootfs made here with debootstrap (BASE=local), unless BASE says otherwise.
+# build/images/kvfleet-engine-cpu.oci.tar, tagged with the package version. A plain `make images`
+# is CI's build: buildah from a Debian rootfs made here with debootstrap (BASE=local), as no
+# registry is reachable; naming the tool (IMAGE_TOOL=docker|podman|buildah) builds from the public
+# base (python:3.11-slim-bookworm, a CUDA runtime for -cuda) unless BASE says otherwise.
+ifeq ($(origin IMAGE_TOOL),undefined)
+BASE ?= local
+endif
 IMAGE_TOOL ?= buildah
 MODELS ?= tiny
 IMAGES_ENV = IMAGE_TOOL='$(IMAGE_TOOL)' BASE='$(BASE)' MODELS='$(MODELS)'
@@ -70,9 +74,10 @@ IMAGES_ENV = IMAGE_TOOL='$(IMAGE_TOOL)' BASE='$(BASE)' MODELS='$(MODELS)'
 images: image-deps
 	$(IMAGES_ENV) bash images/build.sh kvfleet kvfleet-engine-cpu
 
-# The -cuda engine: CUDA torch wheels on a CUDA runtime base; several GB, so not in CI.
+# The -cuda engine: CUDA torch wheels on a CUDA runtime base (images.json; BASE=... to choose,
+# BASE=local for the Debian rootfs: the wheels carry CUDA's libraries); several GB, so not in CI.
 images-cuda: image-deps
-	$(IMAGES_ENV) bash images/build.sh kvfleet-engine-cuda
+	$(IMAGES_ENV) BASE='$(if $(filter command line environment,$(origin BASE)),$(BASE))' bash images/build.sh kvfleet-engine-cuda
 
 # Debian packages the buildah path needs (buildah; debootstrap for BASE=local; skopeo to copy archives).
 image-deps:

@@ -6,9 +6,9 @@
 # Environment (the Makefile sets it):
 #   IMAGE_TOOL    buildah (default), podman or docker
 #   BASE          an image to start from, or `local`: a Debian bookworm rootfs made here with
-#                 debootstrap and imported with buildah, for a machine that reaches no registry.
-#                 Default: local with buildah, else images.json's default_base (python:3.11-slim)
-#                 or the image's own base (the CUDA runtime for -cuda).
+#                 debootstrap and imported with buildah, for a machine that reaches no registry
+#                 (a plain `make images`). Default: the image's base in images.json (the CUDA
+#                 runtime for -cuda), else its default_base (python:3.11-slim-bookworm).
 #   MODELS        models baked into the engine images (tiny, smollm2); default tiny
 #   OUT           where the archives go (build/images)
 #   IMAGES_CACHE  buildah's storage and the debootstrap rootfs (/var/cache/kvfleet-images), kept
@@ -40,7 +40,6 @@ case "$IMAGE_TOOL" in
   docker) TOOL=(docker); BUILD=(build) ;;
   *) echo "IMAGE_TOOL is buildah, podman or docker" >&2; exit 2 ;;
 esac
-if [ -z "${BASE:-}" ] && [ "$IMAGE_TOOL" = buildah ]; then BASE=local; fi
 
 # pip on this machine may sit behind a TLS proxy (its CA) and keep wheels on disk (find-links):
 # the build mounts both and passes their paths; docker's build has no mounts, it goes without.
