@@ -97,7 +97,7 @@ written_outside() {
 # check_config IMAGE TARGET: user, entrypoint, ports, labels of the built image = the Containerfile's.
 check_config() {
   "${B[@]}" inspect --type image "$1" >"$WORK/inspect.json"
-  python3 - "$WORK/inspect.json" "$2" "$VERSION" <<'EOF' || fail "$1: its config is not the Containerfile's"
+  python3 - "$WORK/inspect.json" "$2" "$VERSION" "$(git rev-parse HEAD)" <<'EOF' || fail "$1: its config is not the Containerfile's"
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "images")
@@ -115,7 +115,7 @@ print(f"   config: {got}")
 print(f"   labels: { {k.rsplit('.', 1)[1]: v for k, v in labels.items() if k.startswith('org.opencontainers')} }")
 assert got == expected, (got, expected)
 assert labels["org.opencontainers.image.version"] == sys.argv[3], labels
-assert labels["org.opencontainers.image.revision"] not in ("", "unknown"), labels
+assert labels["org.opencontainers.image.revision"].split("-")[0] == sys.argv[4], (labels, sys.argv[4])
 assert labels["org.opencontainers.image.source"].startswith("https://"), labels
 EOF
 }
@@ -123,6 +123,19 @@ EOF
 ENGINE=localhost/kvfleet-engine-cpu:$VERSION
 CONTROL=localhost/kvfleet:$VERSION
 start=$SECONDS
+
+say "the OCI archives: readable by skopeo, convertible to the docker archive kind loads"
+for name in kvfleet kvfleet-engine-cpu; do
+  skopeo inspect "oci-archive:build/images/$name.oci.tar" >"$WORK/$name.json" || fail "skopeo inspect $name.oci.tar"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["Labels"]["org.opencontainers.image.version"] == sys.argv[2], d["Labels"]; print("   " + sys.argv[3] + ": " + str(len(d["Layers"])) + " layers")' \
+    "$WORK/$name.json" "$VERSION" "$name.oci.tar" || fail "$name.oci.tar labels"
+done
+skopeo copy -q oci-archive:build/images/kvfleet.oci.tar "docker-archive:$WORK/kvfleet.docker.tar:kvfleet:$VERSION" \
+  || fail "skopeo copy to a docker archive"
+tar -xOf "$WORK/kvfleet.docker.tar" manifest.json | grep -q "\"docker.io/library/kvfleet:$VERSION\"\|\"kvfleet:$VERSION\"" \
+  || fail "the docker archive does not name kvfleet:$VERSION"
+echo "   docker-archive: kvfleet:$VERSION"
+rm -f "$WORK/kvfleet.docker.tar"
 
 say "$ENGINE: config"
 check_config "$ENGINE" engine
@@ -148,6 +161,11 @@ say "$CONTROL: config"
 check_config "$CONTROL" kvfleet
 VOLUMES=()
 control=$(new_container "$CONTROL")
+say "$CONTROL: runs as the image's user when none is given"
+uid=$(timeout 120 "${B[@]}" run --isolation chroot "$control" -- python3 -c 'import os; print(os.getuid(), os.getgid())') \
+  || fail "python3 as the image's user"
+[ "$uid" = "65532 65532" ] || fail "the image runs as $uid, not 65532 65532"
+echo "   uid gid: $uid"
 say "$CONTROL: no torch"
 if run_in "$control" python3 -c 'import torch' >"$WORK/torch.log" 2>&1; then fail "torch imports in $CONTROL"; fi
 grep -q "No module named 'torch'" "$WORK/torch.log" || fail "import torch failed otherwise: $(cat "$WORK/torch.log")"
