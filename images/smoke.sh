@@ -51,11 +51,11 @@ wait_http() {
   fail "$1 did not answer within $2 s"
 }
 
-# new_container IMAGE: a working container of the image, with a marker for the write check.
+# new_container IMAGE: a working container of the image, with a marker for the write check
+# (called in $(...): the caller adds it to CONTAINERS for the cleanup).
 new_container() {
   local c m
   c=$("${B[@]}" from --pull-never "$1")
-  CONTAINERS+=("$c")
   m=$("${B[@]}" mount "$c")
   [ -z "$(ls -A "$m$CACHE_DIR")" ] || fail "$1: $CACHE_DIR is not empty in the image: $(ls -A "$m$CACHE_DIR")"
   touch "$WORK/marker-$c"
@@ -142,6 +142,7 @@ check_config "$ENGINE" engine
 say "$ENGINE: kvfleet engine on the baked tiny model, --attention cpu (the kernel built by the image's gcc)"
 VOLUMES=()
 engine=$(new_container "$ENGINE")
+CONTAINERS+=("$engine")
 EPORT=$(free_port)
 start_in engine "$engine" kvfleet engine --model /opt/kvfleet/models/tiny --served-model-name tiny \
   --host 127.0.0.1 --port "$EPORT" --attention cpu
@@ -161,6 +162,7 @@ say "$CONTROL: config"
 check_config "$CONTROL" kvfleet
 VOLUMES=()
 control=$(new_container "$CONTROL")
+CONTAINERS+=("$control")
 say "$CONTROL: runs as the image's user when none is given"
 uid=$(timeout 120 "${B[@]}" run --isolation chroot "$control" -- python3 -c 'import os; print(os.getuid(), os.getgid())') \
   || fail "python3 as the image's user"
