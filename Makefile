@@ -58,3 +58,36 @@ test: lint typecheck contracts pytest
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Container images (images/, README "Images"): build/images/kvfleet.oci.tar and
+# build/images/kvfleet-engine-cpu.oci.tar, tagged with the package version. A plain `make images`
+# is CI's build: buildah from a Debian rootfs made here with debootstrap (BASE=local), as no
+# registry is reachable; naming the tool (IMAGE_TOOL=docker|podman|buildah) builds from the public
+# base (python:3.11-slim-bookworm, a CUDA runtime for -cuda) unless BASE says otherwise.
+ifeq ($(origin IMAGE_TOOL),undefined)
+BASE ?= local
+endif
+IMAGE_TOOL ?= buildah
+MODELS ?= tiny
+IMAGES_ENV = IMAGE_TOOL='$(IMAGE_TOOL)' BASE='$(BASE)' MODELS='$(MODELS)'
+.PHONY: images images-cuda images-smoke image-deps
+
+images: image-deps
+	$(IMAGES_ENV) bash images/build.sh kvfleet kvfleet-engine-cpu
+
+# The -cuda engine: CUDA torch wheels on a CUDA runtime base (images.json; BASE=... to choose,
+# BASE=local for the Debian rootfs: the wheels carry CUDA's libraries); several GB, so not in CI.
+images-cuda: image-deps
+	$(IMAGES_ENV) BASE='$(if $(filter command line environment,$(origin BASE)),$(BASE))' bash images/build.sh kvfleet-engine-cuda
+
+# Debian packages the buildah path needs (buildah; debootstrap for BASE=local; skopeo to copy archives).
+image-deps:
+	@if [ "$(IMAGE_TOOL)" = buildah ] && ! { command -v buildah && command -v debootstrap && command -v skopeo; } >/dev/null; then \
+	  if command -v apt-get >/dev/null; then \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah debootstrap skopeo >/dev/null; \
+	  else echo "install buildah, debootstrap and skopeo yourself"; fi; \
+	fi
+
+# Runs the built images as the chart runs them, inside buildah (CI, after `make images`).
+images-smoke:
+	bash images/smoke.sh

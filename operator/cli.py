@@ -8,7 +8,7 @@ import sys
 
 from pydantic import ValidationError
 
-from .config import DEFAULT_ENGINE_IMAGE, DEFAULT_PEERING_NAME, OperatorConfig
+from .config import DEFAULT_PEERING_NAME, ENGINE_IMAGE_ENV, OperatorConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,8 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
     parser.add_argument(
-        "--engine-image", default=DEFAULT_ENGINE_IMAGE, help="image when spec.engine.image is unset"
+        "--engine-image", default=None, help="one image for every service without spec.engine.image"
     )
+    for variant, env in ENGINE_IMAGE_ENV.items():
+        parser.add_argument(
+            f"--engine-image-{variant}",
+            default=None,
+            help=f"image when spec.engine.image is unset and spec.resources.gpus "
+            f"{'> 0' if variant == 'cuda' else '= 0'} (default: ${env}, else kvfleet-engine-{variant}:VERSION)",
+        )
     parser.add_argument(
         "--standalone", action="store_true", help="no peering: act even if other replicas run"
     )
@@ -37,13 +44,17 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     fields = {
         "namespaces": tuple(args.namespace),
         "all_namespaces": args.all_namespaces,
-        "engine_image": args.engine_image,
         "standalone": args.standalone,
         "peering_name": args.peering_name,
         "liveness_endpoint": args.liveness,
     }
-    if args.priority is not None:
-        fields["priority"] = args.priority
+    optional = {
+        "engine_image": args.engine_image,
+        "engine_image_cpu": args.engine_image_cpu,
+        "engine_image_cuda": args.engine_image_cuda,
+        "priority": args.priority,
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
     return OperatorConfig.model_validate(fields)
 
 

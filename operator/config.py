@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DEFAULT_ENGINE_IMAGE = "ghcr.io/kvfleet/kvfleet:0.1.0"
+from kvfleet import __version__
+
 DEFAULT_PEERING_NAME = "kvfleet-operator"
+# The engine images when neither spec.engine.image nor a flag names one: the environment (the chart
+# sets it), else the bare names `make images` builds, tagged with this package's version. No registry
+# is written here: the chart (image.registry) says where the images live.
+ENGINE_IMAGE_ENV = {"cpu": "KVFLEET_ENGINE_IMAGE_CPU", "cuda": "KVFLEET_ENGINE_IMAGE_CUDA"}
+
+
+def default_engine_image(variant: str) -> str:
+    return os.environ.get(ENGINE_IMAGE_ENV[variant]) or f"kvfleet-engine-{variant}:{__version__}"
 
 
 def random_priority() -> int:
@@ -23,12 +33,21 @@ class OperatorConfig(BaseModel):
 
     namespaces: tuple[str, ...] = ()
     all_namespaces: bool = False
-    engine_image: str = Field(default=DEFAULT_ENGINE_IMAGE, min_length=1)
+    # One image for every InferenceService (--engine-image), else -cuda for those with GPUs, -cpu for the rest.
+    engine_image: str | None = Field(default=None, min_length=1)
+    engine_image_cpu: str = Field(default_factory=lambda: default_engine_image("cpu"), min_length=1)
+    engine_image_cuda: str = Field(default_factory=lambda: default_engine_image("cuda"), min_length=1)
     standalone: bool = False
     peering_name: str = Field(default=DEFAULT_PEERING_NAME, min_length=1)
     priority: int = Field(default_factory=random_priority, ge=0)
     tenantquota_recheck_seconds: float = Field(default=60.0, gt=0)
     liveness_endpoint: str | None = None
+
+    def engine_image_for(self, gpus: int) -> str:
+        """The engine image of an InferenceService that does not name its own."""
+        if self.engine_image is not None:
+            return self.engine_image
+        return self.engine_image_cuda if gpus > 0 else self.engine_image_cpu
 
     @model_validator(mode="after")
     def _one_scope(self) -> OperatorConfig:

@@ -125,7 +125,7 @@ def sync_inferenceservice(
     wrote = False
     deployment: Obj | None = None
     if verdict.spec is not None and not blockers and apply_children:
-        image = verdict.spec.engine.image or config.engine_image
+        image = verdict.spec.engine.image or config.engine_image_for(verdict.spec.resources.gpus)
         try:
             deployment, wrote = _apply_children(api, owner, verdict.spec, image)
         except children.NotOwnedError as err:

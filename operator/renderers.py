@@ -26,6 +26,16 @@ from kvfleet.protocol import (
 from .spec import InferenceServiceSpec
 
 MODEL_MOUNT = "/models"
+# What the kvfleet-engine images expect (images/Containerfile): a numeric non-root user, and the only
+# writable paths under a read-only root: the cache ($KVFLEET_CACHE, $HOME: the tiny model, the native
+# kernel's build), /tmp (the compiler's scratch files) and /dev/shm (torch's shared memory).
+ENGINE_USER = 65532
+CACHE_MOUNT = "/var/cache/kvfleet"
+SCRATCH_VOLUMES: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("cache", CACHE_MOUNT, {}),
+    ("tmp", "/tmp", {}),
+    ("dshm", "/dev/shm", {"medium": "Memory"}),
+)
 PRESTOP_SLEEP_SECONDS = 5
 ANNOTATION_SERVED_MODEL = "kvfleet.dev/served-model-name"
 ENGINE_CONTAINER = "engine"
@@ -157,6 +167,18 @@ def _probe(path: str, period: int, failures: int) -> Obj:
     }
 
 
+def _container_security() -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _scratch_mounts() -> list[Obj]:
+    return [{"name": name, "mountPath": path} for name, path, _ in SCRATCH_VOLUMES]
+
+
 def _engine_container(spec: InferenceServiceSpec, image: str, source: ModelSource) -> Obj:
     container: Obj = {
         "name": ENGINE_CONTAINER,
@@ -168,13 +190,15 @@ def _engine_container(spec: InferenceServiceSpec, image: str, source: ModelSourc
         "livenessProbe": _probe("/health", 10, 3),
         "readinessProbe": _probe("/ready", 5, 2),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": _container_security(),
+        "volumeMounts": _scratch_mounts(),
     }
     if spec.engine.image_pull_policy is not None:
         container["imagePullPolicy"] = spec.engine.image_pull_policy
     if resources := _container_resources(spec):
         container["resources"] = resources
     if source.volume is not None:
-        container["volumeMounts"] = [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}]
+        container["volumeMounts"].append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     return container
 
 
@@ -192,7 +216,8 @@ def _fetch_container(spec: InferenceServiceSpec, image: str, source: ModelSource
         "command": ["python", "-c", code],
         "args": [source.fetch_repo or "", source.fetch_revision or "", local_dir]
         + ([source.fetch_file] if source.fetch_file else []),
-        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}],
+        "securityContext": _container_security(),
+        "volumeMounts": [*_scratch_mounts(), {"name": "model", "mountPath": MODEL_MOUNT}],
     }
     cred = spec.model.credentials_secret_ref
     if cred is not None:
@@ -206,12 +231,20 @@ def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
     pod: Obj = {
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + PRESTOP_SLEEP_SECONDS,
         "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": ENGINE_USER,
+            "runAsGroup": ENGINE_USER,
+            "fsGroup": ENGINE_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [_engine_container(spec, image, source)],
+        "volumes": [{"name": name, "emptyDir": dict(empty)} for name, _, empty in SCRATCH_VOLUMES],
     }
     if source.fetch_repo is not None:
         pod["initContainers"] = [_fetch_container(spec, image, source)]
     if source.volume is not None:
-        pod["volumes"] = [source.volume]
+        pod["volumes"].append(source.volume)
     place = spec.placement
     if place.node_selector:
         pod["nodeSelector"] = dict(place.node_selector)

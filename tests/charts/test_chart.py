@@ -101,7 +101,16 @@ def test_the_operator_watches_all_namespaces_or_exactly_the_listed_ones() -> Non
 
     assert args({})[0] == "--all-namespaces"
     assert args(NAMESPACED)[:2] == ["--namespace=team-a", "--namespace=team-b"]
-    assert "--engine-image=ghcr.io/kvfleet/kvfleet:0.1.0" in args({})
+    assert [a for a in args({}) if a.startswith("--engine-image")] == [
+        "--engine-image-cpu=kvfleet-engine-cpu:0.1.0",
+        "--engine-image-cuda=kvfleet-engine-cuda:0.1.0",
+    ]
+    mine = {"image": {"registry": "reg.example/team/"}, "operator": {"engineImage": "one:2"}}
+    assert [a for a in args(mine) if a.startswith("--engine-image")] == [
+        "--engine-image=one:2",
+        "--engine-image-cpu=reg.example/team/kvfleet-engine-cpu:0.1.0",
+        "--engine-image-cuda=reg.example/team/kvfleet-engine-cuda:0.1.0",
+    ]
     peerings = [
         (d["kind"], d["metadata"].get("namespace")) for d in render(NAMESPACED) if "Peering" in d["kind"]
     ]

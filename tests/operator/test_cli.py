@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvfleet import __version__
 from kvfleet.cli import build_parser, main
 from kvfleet.operator.cli import config_from_args
 from kvfleet.operator.config import OperatorConfig
@@ -49,3 +50,26 @@ def test_bad_flags_exit_2_naming_the_flag(
         code = int(exit.code or 0)
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_engine_images_come_from_flags_or_the_environment_never_a_registry_in_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KVFLEET_ENGINE_IMAGE_CPU", raising=False)
+    monkeypatch.delenv("KVFLEET_ENGINE_IMAGE_CUDA", raising=False)
+    bare = parse("-A")
+    assert (bare.engine_image_for(0), bare.engine_image_for(1)) == (
+        f"kvfleet-engine-cpu:{__version__}",
+        f"kvfleet-engine-cuda:{__version__}",
+    )
+    monkeypatch.setenv("KVFLEET_ENGINE_IMAGE_CPU", "reg.example/kvfleet-engine-cpu:9")
+    monkeypatch.setenv("KVFLEET_ENGINE_IMAGE_CUDA", "reg.example/kvfleet-engine-cuda:9")
+    env = parse("-A")
+    assert (env.engine_image_for(0), env.engine_image_for(2)) == (
+        "reg.example/kvfleet-engine-cpu:9",
+        "reg.example/kvfleet-engine-cuda:9",
+    )
+    flags = parse("-A", "--engine-image-cpu", "c:1", "--engine-image-cuda", "g:1")
+    assert (flags.engine_image_for(0), flags.engine_image_for(8)) == ("c:1", "g:1")
+    one = parse("-A", "--engine-image", "one:1", "--engine-image-cuda", "g:1")
+    assert (one.engine_image_for(0), one.engine_image_for(8)) == ("one:1", "one:1")

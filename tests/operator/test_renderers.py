@@ -28,6 +28,14 @@ def container(**fields: Any) -> dict[str, Any]:
     return dict(pod(**fields)["containers"][0])
 
 
+def model_volumes(p: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v for v in p["volumes"] if v["name"] == "model"]
+
+
+def model_mounts(c: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in c["volumeMounts"] if m["name"] == "model"]
+
+
 def test_default_spec_renders_the_engine_flags_of_the_design_in_order() -> None:
     assert container()["command"] == ["kvfleet", "engine"]
     assert container()["args"] == [
@@ -95,10 +103,10 @@ def test_probes_hit_health_and_ready_and_prestop_sleeps_before_the_drain() -> No
 
 def test_a_pvc_uri_mounts_the_claim_read_only_and_points_the_engine_inside_it() -> None:
     p = pod(model={"name": "m", "uri": "pvc://weights/llama/8b"})
-    assert p["volumes"] == [
+    assert model_volumes(p) == [
         {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}
     ]
-    assert p["containers"][0]["volumeMounts"] == [{"name": "model", "mountPath": "/models", "readOnly": True}]
+    assert model_mounts(p["containers"][0]) == [{"name": "model", "mountPath": "/models", "readOnly": True}]
     assert p["containers"][0]["args"][:2] == ["--model", "/models/llama/8b"]
     assert renderers.model_source("pvc://weights").path == "/models"
 
@@ -110,7 +118,7 @@ def test_an_hf_uri_downloads_into_an_empty_dir_first_with_the_token_secret() -> 
         "credentialsSecretRef": {"name": "hf"},
     }
     p = pod(model=model)
-    assert p["volumes"] == [{"name": "model", "emptyDir": {}}]
+    assert model_volumes(p) == [{"name": "model", "emptyDir": {}}]
     fetch = p["initContainers"][0]
     assert fetch["args"] == ["meta-llama/Meta-Llama-3-8B", "main", "/models/meta-llama/Meta-Llama-3-8B"]
     assert fetch["env"] == [
@@ -130,6 +138,30 @@ def test_a_pvc_gguf_uri_points_the_engine_at_the_file_in_the_claim() -> None:
     p = pod(model={"name": "m", "uri": "pvc://weights/smol/SmolLM2-135M-Instruct.Q4_1.gguf"})
     assert p["containers"][0]["args"][:2] == ["--model", "/models/smol/SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert "initContainers" not in p
+
+
+def test_engine_pods_run_hardened_with_writable_scratch_only_in_empty_dirs() -> None:
+    p = pod(model={"name": "m", "uri": "hf://org/name"})
+    assert p["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    scratch = {"cache": "/var/cache/kvfleet", "tmp": "/tmp", "dshm": "/dev/shm"}
+    assert {v["name"]: v["emptyDir"] for v in p["volumes"] if v["name"] in scratch} == {
+        "cache": {},
+        "tmp": {},
+        "dshm": {"medium": "Memory"},
+    }
+    for c in (p["containers"][0], p["initContainers"][0]):
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert {m["name"]: m["mountPath"] for m in c["volumeMounts"] if m["name"] in scratch} == scratch
 
 
 def test_placement_fields_reach_the_pod() -> None:

@@ -1,5 +1,26 @@
+{{- define "kvfleet.registryPrefix" -}}
+{{- with .Values.image.registry }}{{ trimSuffix "/" . }}/{{ end -}}
+{{- end -}}
+
 {{- define "kvfleet.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ include "kvfleet.registryPrefix" . }}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "kvfleet.engineImage.cpu" -}}
+{{ include "kvfleet.registryPrefix" . }}{{ .Values.engineImage.cpu.repository }}:{{ .Values.engineImage.cpu.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "kvfleet.engineImage.cuda" -}}
+{{ include "kvfleet.registryPrefix" . }}{{ .Values.engineImage.cuda.repository }}:{{ .Values.engineImage.cuda.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- /* The pod-level security every kvfleet pod runs with (the images' numeric user, images/Containerfile). */ -}}
+{{- define "kvfleet.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
 {{- end -}}
 
 {{- define "kvfleet.labels" -}}
