@@ -1,4 +1,4 @@
-"""`kvfleet operator`: the kopf operator for InferenceService and TenantQuota (DESIGN.md §3, §7)."""
+"""`kvfleet operator`: the kopf operator for InferenceService and TenantQuota (docs/architecture.md §3, §7)."""
 
 from __future__ import annotations
 

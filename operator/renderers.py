@@ -1,11 +1,11 @@
-"""Pure renderers: an InferenceService's spec → the objects it should own (DESIGN.md §7).
+"""Pure renderers: an InferenceService's spec → the objects it should own (docs/architecture.md §7).
 
 The kopf handlers (``handlers.py``) parse the spec, call these functions and hand the
 result to ``children.apply``; nothing here talks to the API server, so every field's
 effect is unit-tested on plain dicts (``tests/operator/test_renderers.py``).
 
 Owned objects, all named after the InferenceService, all with an owner reference:
-an engine ``Deployment`` (container args are the ``kvfleet engine`` flags of DESIGN §3),
+an engine ``Deployment`` (container args are the ``kvfleet engine`` flags of docs/architecture.md §3),
 a ``Service`` on the engine port, a ``PodDisruptionBudget``.
 """
 
@@ -74,7 +74,7 @@ class ModelSource:
 
 
 def selector_labels(name: str) -> dict[str, str]:
-    """The labels the router selects engine pods by (DESIGN §7); also the immutable Deployment selector."""
+    """The labels the router selects engine pods by (docs/architecture.md §7); also the immutable Deployment selector."""
     return {LABEL_APP: LABEL_APP_ENGINE, LABEL_INFERENCESERVICE: name}
 
 
@@ -120,7 +120,7 @@ def model_source(uri: str) -> ModelSource:
 
 
 def engine_args(spec: InferenceServiceSpec) -> list[str]:
-    """The ``kvfleet engine`` flags (DESIGN §3), in a fixed order; optional ones only when set."""
+    """The ``kvfleet engine`` flags (docs/architecture.md §3), in a fixed order; optional ones only when set."""
     eng, model = spec.engine, spec.model
     args = [
         "--model", model_source(model.uri).path,
