@@ -28,10 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from engine_process import engine_process
 from peers import resolve_model
 
-from kvfleet.testing.processes import free_port, kvfleet_argv, stop, wait_http
+from kvfleet.testing.processes import engine_process, free_port, kvfleet_argv, stop, wait_http
 
 BENCH = Path(__file__).resolve().parent
 LOCAL_API_KEY = "sk-kvfleet-local"  # kvfleet up's one local tenant (kvfleet.router.local)
@@ -115,7 +114,7 @@ def kvfleet_up(model: str, replicas: int, timeout_s: float) -> Iterator[str]:
 def target(name: str, model: str, args: argparse.Namespace) -> Iterator[tuple[str, str | None]]:
     """(base URL, API key) of a started target."""
     if name == "engine":
-        with engine_process("--model", model, ready_timeout_s=args.start_timeout) as url:
+        with engine_process("--model", model, ready_timeout_s=args.start_timeout) as (url, _):
             yield url, None
     elif name == "up":
         with kvfleet_up(model, args.replicas, args.start_timeout) as url:

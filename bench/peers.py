@@ -47,11 +47,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine_process import engine_process_handle
-
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.load import plan_requests
 from kvfleet.bench.stats import RequestRecord, summarize
+from kvfleet.testing.processes import engine_process as engine_process_handle
 from kvfleet.testing.processes import free_port, stop, wait_http
 
 BENCH = Path(__file__).resolve().parent

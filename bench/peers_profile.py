@@ -25,11 +25,11 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from engine_process import engine_process_handle  # noqa: E402
 from peers import resolve_model  # noqa: E402
 from serving_vs_offline import core_pid  # noqa: E402
 
 from kvfleet.bench import LoadSpec, parse_distribution, run_load  # noqa: E402
+from kvfleet.testing.processes import engine_process as engine_process_handle  # noqa: E402
 
 
 def bucket(frames: list[str]) -> str:
