@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import subprocess
 from collections import Counter
 
 import httpx
 import pytest
 
 from kvfleet.engine.core_link import frame
-from kvfleet.testing.processes import free_port, kvfleet_argv, stop, wait_http
+from kvfleet.testing.processes import engine_process
 
 WORDS = ["alpha", "beta", "gamma", "delta", "kv", "fleet", "token", "cache", "über", "naïve"]
 
@@ -65,35 +64,17 @@ async def _burst(url: str, prompts: list[str], max_tokens: int) -> Counter[str]:
     return Counter(results)
 
 
-def _serve(*flags: str) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
-    argv = kvfleet_argv(
-        "engine", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags
-    )
-    proc = subprocess.Popen(argv)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/ready", proc, timeout_s=120)
-    except BaseException:
-        stop([proc])
-        raise
-    return url, proc
-
-
 @pytest.mark.slow
 def test_two_hundred_six_thousand_token_prompts_at_once_are_all_answered_by_the_simulated_engine() -> None:
     rng = random.Random(7)
     prompts = [_prompt(rng, rng.randint(5000, 6000)) for _ in range(200)]  # byte tokens: 1 per char or more
     assert sum(len(frame(list(p.encode()))) for p in prompts) > 4 * _socket_buffers()
-    url, proc = _serve(
+    with engine_process(
         "--simulate", "--model", "tiny", "--max-model-len", "8192", "--num-kv-blocks", "4096",
-        "--sim-base-ms", "1", "--sim-per-token-ms", "0.0005",
-    )  # fmt: skip
-    try:
+        "--sim-base-ms", "1", "--sim-per-token-ms", "0.0005", ready_timeout_s=120,
+    ) as (url, proc):  # fmt: skip
         assert asyncio.run(_burst(url, prompts, max_tokens=8)) == Counter({"ok": 200})
         assert proc.poll() is None
-    finally:
-        stop([proc])
     assert proc.returncode == 0, "drained and exited cleanly"
 
 
@@ -102,10 +83,8 @@ def test_a_burst_of_long_prompts_is_all_answered_by_the_tiny_model_through_its_c
     rng = random.Random(11)
     prompts = [_prompt(rng, rng.randint(1500, 1900)) for _ in range(160)]  # tiny's context is 2048
     assert sum(len(frame(list(p.encode()))) for p in prompts) > _socket_buffers()
-    url, proc = _serve("--model", "tiny", "--num-kv-blocks", "4096", "--max-num-batched-tokens", "4096")
-    try:
+    flags = ("--model", "tiny", "--num-kv-blocks", "4096", "--max-num-batched-tokens", "4096")
+    with engine_process(*flags, ready_timeout_s=120) as (url, proc):
         assert asyncio.run(_burst(url, prompts, max_tokens=3)) == Counter({"ok": 160})
         assert proc.poll() is None
-    finally:
-        stop([proc])
-    assert proc.returncode == 0
+    assert proc.returncode == 0, "drained and exited cleanly"
