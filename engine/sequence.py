@@ -53,6 +53,8 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last allocation
     block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # Seeds the prefix-cache hash chain (kv.block_hash.cache_namespace): b"" is shared by all.
+    cache_namespace: bytes = b""
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -7,6 +7,9 @@ Invariant: ``hash_block(parent, tokens)`` depends on the parent block's hash and
 block's token ids only, so two sequences get equal hashes for block ``i`` exactly when
 their first ``(i + 1) * block_size`` tokens are equal (up to SHA-256 collisions). The
 hash is stable across processes (no ``PYTHONHASHSEED`` dependence).
+
+A sequence's ``cache_namespace`` seeds the root of its chain: sequences in different
+namespaces (another tenant's cache salt, another LoRA adapter) never share a block.
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ BlockHash = NewType("BlockHash", bytes)
 _ROOT = b"kvfleet-kv-v1"
 
 
-def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    digest = hashlib.sha256(parent if parent is not None else _ROOT)
+def cache_namespace(cache_salt: str | None = None, adapter: str | None = None) -> bytes:
+    """The root seed of a sequence's hash chain; ``b""`` (the shared namespace) when both are None."""
+    if cache_salt is None and adapter is None:
+        return b""
+    parts = (cache_salt or "", adapter or "")
+    return b"".join(struct.pack("<I", len(p.encode())) + p.encode() for p in parts)
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], namespace: bytes = b"") -> BlockHash:
+    """The hash of a block after ``parent``; ``namespace`` counts only at the root (``parent`` None)."""
+    digest = hashlib.sha256(parent if parent is not None else _ROOT + namespace)
     digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return BlockHash(digest.digest())

@@ -79,7 +79,7 @@ class KVCacheManager:
         hashes: list[BlockHash] = []
         parent: BlockHash | None = None
         for i in range((len(tokens) - 1) // bs):
-            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs])
+            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs], seq.cache_namespace)
             block_id = self.pool.lookup(parent)
             if block_id is None:
                 break
@@ -146,7 +146,7 @@ class KVCacheManager:
             return
         parent = state.hashes[-1] if state.hashes else None
         for i in range(len(state.hashes), num_full):
-            parent = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs))
+            parent = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.cache_namespace)
             self.pool.cache(seq.block_ids[i], parent)
             state.hashes.append(parent)
 

@@ -1,5 +1,6 @@
 """KVCacheManager: slots per chunk, prefix-cache hits over full blocks, forks, frees (block size 4)."""
 
+from kvfleet.engine.kv.block_hash import cache_namespace
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sequence import Sequence
@@ -127,3 +128,25 @@ def test_a_fork_of_a_block_aligned_prompt_recomputes_the_whole_last_block() -> N
     child = Sequence("r", parent.prompt_token_ids, parent.params, index=1)
     assert kv.fork(parent, child) == 4
     assert child.block_ids == [0]
+
+
+def test_a_prefix_is_shared_only_within_its_cache_namespace() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    a = seq(list(range(10)), "a")
+    a.cache_namespace = cache_namespace(cache_salt="tenant-a")
+    assert kv.allocate_slots(a, 10) == [0, 1, 2]
+    computed(kv, a, 10)
+    other = seq(list(range(10)), "b")
+    other.cache_namespace = cache_namespace(cache_salt="tenant-b")
+    shared = seq(list(range(10)), "c")
+    same = seq(list(range(10)), "d")
+    same.cache_namespace = cache_namespace(cache_salt="tenant-a")
+    assert kv.find_cached_prefix(other).block_ids == ()
+    assert kv.find_cached_prefix(shared).block_ids == ()
+    assert kv.find_cached_prefix(same).block_ids == (0, 1)
+
+
+def test_a_salt_and_an_adapter_of_the_same_name_are_different_namespaces() -> None:
+    assert cache_namespace() == b""
+    assert cache_namespace(cache_salt="x") != cache_namespace(adapter="x")
+    assert cache_namespace(cache_salt="x", adapter="y") != cache_namespace(cache_salt="xy")
