@@ -29,6 +29,15 @@ DEFAULT_ENGINE_PORT = 8000
 DEFAULT_ROUTER_PORT = 8080
 
 
+class LoraLoad(BaseModel):
+    """The LoRA part of ``GET /load``: which adapters are resident and which are asked for."""
+
+    max_loras: int = Field(ge=1, description="adapters the engine holds on its device at once")
+    resident: list[str] = Field(default_factory=list, description="adapters loaded on the device now")
+    running: list[str] = Field(default_factory=list, description="adapters of running requests")
+    waiting: list[str] = Field(default_factory=list, description="adapters of waiting requests")
+
+
 class EngineLoad(BaseModel):
     """``GET /load`` on an engine: what the router needs to pick and to autoscale."""
 
@@ -46,3 +55,4 @@ class EngineLoad(BaseModel):
     block_size: int = Field(default=DEFAULT_BLOCK_SIZE, ge=1)
     num_kv_blocks: int = Field(default=0, ge=0)
     prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    lora: LoraLoad | None = Field(default=None, description="None when the engine serves no adapters")
