@@ -33,12 +33,13 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return str(prompt)
 
 
-def block_hashes(text: str, chunk_chars: int) -> list[int]:
+def block_hashes(text: str, chunk_chars: int, namespace: str = "") -> list[int]:
     # Invariant: hashes[i] = H(hashes[i-1], text[i*c:(i+1)*c]) over full chunks only, so
-    # hashes[i] identifies the whole prefix text[: (i+1)*c].
+    # hashes[i] identifies the whole prefix text[: (i+1)*c] within its namespace (the
+    # engine's cache namespace: a tenant's cache salt, a LoRA adapter; "" is shared).
     data = text.encode()
     hashes: list[int] = []
-    parent = b""
+    parent = hashlib.blake2b(namespace.encode(), digest_size=8).digest() if namespace else b""
     for start in range(0, len(data) - chunk_chars + 1, chunk_chars):
         digest = hashlib.blake2b(parent + data[start : start + chunk_chars], digest_size=8).digest()
         hashes.append(int.from_bytes(digest, "big"))

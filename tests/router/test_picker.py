@@ -232,3 +232,11 @@ def test_kv_aware_counts_tokens_sent_since_the_last_load_so_requests_do_not_herd
     b = Candidate("http://b", warm, in_flight=2, pending_tokens=160)  # 160 / 1600 = +0.10
     assert b.kv_usage == pytest.approx(0.15)
     assert choose([a, b], policy("kv-aware"), CTX, 0) == Choice("http://a", pytest.approx(0.9))
+
+
+def test_the_same_prompt_in_two_namespaces_shares_no_prefix_block() -> None:
+    text = "a shared system prompt " * 20
+    plain, tenant_a, tenant_b = (block_hashes(text, 32, ns) for ns in ("", "tenant-a", "tenant-b"))
+    assert len(plain) == len(tenant_a) == len(tenant_b) > 0
+    assert not set(plain) & set(tenant_a) and not set(tenant_a) & set(tenant_b)
+    assert block_hashes(text, 32, "tenant-a") == tenant_a
