@@ -125,7 +125,7 @@ class SLOSpec(CamelModel):
 
 
 class RoutingSpec(CamelModel):
-    policy: Literal["round-robin", "least-request", "kv-aware", "prefix-aware"] | None = None
+    policy: Literal["round-robin", "least-request", "kv-aware", "prefix-aware", "adapter-aware"] | None = None
 
 
 class Toleration(CamelModel):

@@ -21,9 +21,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
+from kvfleet.testing.processes import SimFlags, lora_flags, router_processes, sim_engines
 
-from ..operator_kit.chart import METRIC_NAME, chart_metric_names, expressions
+from ..operator_kit.chart import LORA_METRICS, METRIC_NAME, chart_metric_names, expressions
 
 KEY = "sk-metrics-0123456789"
 ADAPTERS = ("sql", "chat")
@@ -82,8 +82,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
     tenants.write_text(
         yaml.safe_dump({"tenants": [{"tenant": "alice", "apiKey": KEY, "limits": {"requestsPerMinute": 3}}]})
     )
-    lora = ["--lora-modules", *(f"{a}=/loras/{a}" for a in ADAPTERS), "--max-loras", "1"]
-    with sim_engines(1, SimFlags(), lora) as engines:
+    with sim_engines(1, SimFlags(), lora_flags(ADAPTERS, max_loras=1)) as engines:
         engine_url = engines[0].url
         with router_processes(1, [engine_url], tenants, ["--slo-ttft-ms", "10000"]) as (router_url,):
             drive(router_url)
@@ -145,14 +144,7 @@ def test_each_part_exports_the_chart_names_of_its_own_prefix(scraped: dict[str, 
         assert wanted - set(scraped[part]) == set(), part
         assert len(wanted) >= 10, part
     lora = {n for n in chart_metric_names() if n.startswith(("kvfleet:lora_", "vllm:lora_"))}
-    assert lora == {
-        "kvfleet:lora_requests_total",
-        "kvfleet:lora_tokens_total",
-        "kvfleet:lora_loads_total",
-        "kvfleet:lora_evictions_total",
-        "kvfleet:lora_resident",
-        "vllm:lora_requests_info",
-    }
+    assert lora == LORA_METRICS
     assert lora - set(scraped["engine"]) == set()
 
 

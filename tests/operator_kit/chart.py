@@ -27,6 +27,15 @@ _SUFFIXES = ("_bucket", "_sum", "_count")
 # other kvfleet:* names are the rules' recorded series.
 METRIC_NAME = r"(?:kvfleet_|kvfleet:lora_|vllm:)[a-z0-9_]+"
 _NAME = re.compile(rf"\b{METRIC_NAME}")
+# The engines' LoRA metrics (the real engine and the simulator export the same), as vLLM and kvfleet name them.
+LORA_METRICS = frozenset({
+    "vllm:lora_requests_info",
+    "kvfleet:lora_requests_total",
+    "kvfleet:lora_tokens_total",
+    "kvfleet:lora_loads_total",
+    "kvfleet:lora_evictions_total",
+    "kvfleet:lora_resident",
+})  # fmt: skip
 
 
 def render(values: dict[str, Any] | None = None, namespace: str = "kvfleet-system") -> list[dict[str, Any]]:

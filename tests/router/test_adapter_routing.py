@@ -15,20 +15,12 @@ import pytest
 from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
-from kvfleet.testing.processes import SimFlags, free_port, sim_engines
+from kvfleet.testing.processes import SimFlags, free_port, lora_flags, sim_engines
 
 from .fakes import served
 
 SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=2.0, max_model_len=2048)
-LORA = [
-    "--lora-modules",
-    "sql=/loras/sql",
-    "chat=/loras/chat",
-    "--max-loras",
-    "1",
-    "--sim-lora-load-ms",
-    "50",
-]
+LORA = lora_flags(["sql", "chat"], max_loras=1)
 ACME, GLOBEX, EVERYONE = "sk-acme-0123456789", "sk-globex-0123456789", "sk-all-0123456789"
 
 
