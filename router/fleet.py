@@ -287,8 +287,11 @@ class Fleet:
         if engine is not None:
             engine.in_flight = max(0, engine.in_flight - 1)
             engine.prefilling.pop(placement.ticket, None)
-        if self.on_change is not None:
-            self.on_change(placement.model)
+        if self.on_change is not None:  # the room it freed may serve its base model or any of its adapters
+            served = {placement.model} if engine is None else {placement.model, *engine.adapters}
+            base = self.model_of(engine) if engine is not None else None
+            for model in sorted(served | ({base} if base else set())):
+                self.on_change(model)
 
 
 async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | PollMiss:

@@ -113,3 +113,15 @@ def test_an_engine_reporting_an_unknown_resident_adapter_has_its_list_read_again
     clock.advance(11.0)
     fleet.observe(C, lora_load())
     assert engine.adapters_stale(clock(), 10.0)
+
+
+def test_a_released_adapter_request_wakes_the_queues_of_every_model_its_engine_serves(
+    clock: FakeClock,
+) -> None:
+    fleet = fleet_with_adapters(clock)
+    woken: list[str] = []
+    fleet.on_change = woken.append
+    placed = fleet.place("sql", ())
+    assert placed is not None
+    fleet.release(placed)
+    assert woken == ["base", "chat", "sql"]
