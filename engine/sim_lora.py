@@ -125,7 +125,11 @@ class SimAdapters:
             self.waiting[name] -= 1
         self.metrics.requests.labels(name).inc()
         self.metrics.resident.set(len(self.resident))
-        await self.loaded[name].wait()
+        try:
+            await self.loaded[name].wait()
+        except BaseException:  # the client left during the load: the adapter is not held
+            self.release(name)
+            raise
 
     def release(self, name: str) -> None:
         """The request is done with ``name`` (safe in a ``finally`` of a cancelled task: nothing awaits)."""

@@ -102,3 +102,16 @@ async def test_the_simulated_engine_serves_adapters_as_the_real_one_does() -> No
             in metrics
         )
         assert "kvfleet:lora_resident 1.0" in metrics
+
+
+async def test_a_request_cancelled_during_its_adapter_s_load_does_not_hold_the_adapter() -> None:
+    lora = adapters(max_loras=1, load_s=0.5)
+    loading = asyncio.create_task(lora.acquire("a"))
+    await asyncio.sleep(0.01)
+    loading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loading
+    await asyncio.sleep(0)  # the release's wake-up runs
+    assert lora.snapshot().running == []
+    await asyncio.wait_for(lora.acquire("b"), 5)  # a is idle, so b may take its slot
+    assert lora.snapshot().resident == ["b"]
