@@ -23,7 +23,7 @@ from .kube import KubeApi
 from .renderers import Obj, Owner
 from .spec import InferenceServiceSpec, SpecError, parse_inferenceservice, parse_tenantquota
 from .status import Blocker, CapacityVerdict, Observed, compute_status, conditions_as_dicts, status_patch
-from .tenantquota import validate_tenantquota
+from .tenantquota import served_names, validate_tenantquota
 
 CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
 
@@ -60,19 +60,18 @@ def owner_of(body: Any) -> Owner:
 
 
 def _pvc_blockers(api: KubeApi, namespace: str, spec: InferenceServiceSpec) -> list[Blocker]:
-    uri = spec.model.uri
-    if not uri.startswith("pvc://"):
-        return []
-    claim = renderers.model_source(uri).volume or {}
-    name = claim.get("persistentVolumeClaim", {}).get("claimName", "")
-    if api.pvc_exists(namespace, name):
-        return []
-    return [
-        Blocker(
-            "PVCNotFound",
-            f"spec.model.uri {uri!r}: PersistentVolumeClaim {name!r} not found in {namespace!r}",
-        )
-    ]
+    """A blocker for each PersistentVolumeClaim the model or an adapter names that is not there."""
+    uris = [("spec.model.uri", spec.model.uri)]
+    uris += [(f"spec.adapters[{i}].uri", a.uri) for i, a in enumerate(spec.adapters)]
+    blockers: list[Blocker] = []
+    for field, uri in uris:
+        if not uri.startswith("pvc://"):
+            continue
+        name = uri[len("pvc://") :].split("/")[0]
+        if not api.pvc_exists(namespace, name):
+            message = f"{field} {uri!r}: PersistentVolumeClaim {name!r} not found in {namespace!r}"
+            blockers.append(Blocker("PVCNotFound", message))
+    return blockers
 
 
 def _apply_children(api: KubeApi, owner: Owner, spec: InferenceServiceSpec, image: str) -> tuple[Obj, bool]:
@@ -140,6 +139,7 @@ def sync_inferenceservice(
         capacity=verdict.capacity,
         blockers=blockers,
         deployment=deployment,
+        adapters=[a.name for a in verdict.spec.adapters] if verdict.spec is not None else [],
     )
     new_status = compute_status(observed, old_status, utcnow())
     patch = status_patch(new_status, old_status)
@@ -173,8 +173,7 @@ def sync_tenantquota(api: KubeApi, body: Any) -> Outcome:
     else:
         secret = api.get_secret(namespace, spec.api_key_secret_ref.name)
         isvcs = api.list_custom(INFERENCESERVICE_PLURAL, namespace) if spec.models else []
-        served = {str((i.get("spec") or {}).get("model", {}).get("name", "")) for i in isvcs}
-        verdict = validate_tenantquota(spec, secret, served)
+        verdict = validate_tenantquota(spec, secret, served_names(isvcs))
     generation = meta.get("generation")
     new_status: Obj = {
         "conditions": conditions_as_dicts(

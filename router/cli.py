@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--redis", dest="redis_url", help="redis://host:port/db shared by router replicas")
     parser.add_argument(
-        "--policy", default="default", help="round-robin|least-request|kv-aware|prefix-aware|default"
+        "--policy",
+        default="default",
+        help="round-robin|least-request|kv-aware|prefix-aware|adapter-aware|default",
     )
     parser.add_argument("--no-admission", action="store_true", help="never queue: send every request at once")
     parser.add_argument(

@@ -68,6 +68,9 @@ class RouterConfig(BaseModel):
     )
     default_max_tokens: int = Field(default=256, ge=1)
     load_interval_s: float = Field(default=0.2, gt=0)
+    adapters_interval_s: float = Field(
+        default=10.0, gt=0, description="how often an engine's adapters are re-read"
+    )
     load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")
     load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
     engine_silent_s: float = Field(default=10.0, gt=0, description="no answer for this long: unready")

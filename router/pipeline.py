@@ -31,7 +31,7 @@ from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
-from kvfleet.router.prefix import block_hashes
+from kvfleet.router.prefix import block_hashes, cache_namespace
 from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
 from kvfleet.router.state import RouterState
@@ -60,13 +60,20 @@ def authenticate(state: RouterState, authorization: str | None) -> Tenant:
 
 def models_listing(state: RouterState, tenant: Tenant) -> dict[str, Any]:
     """``GET /v1/models``: the models this tenant may use that the fleet serves."""
-    names = sorted(m for m in state.fleet.models() if tenant.may_use(m))
+    names = sorted(m for m in state.fleet.models() if may_use(state, tenant, m))
     return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "kvfleet"} for m in names]}
+
+
+def may_use(state: RouterState, tenant: Tenant, model: str) -> bool:
+    """The tenant's models allow it, and an adapter another tenant names is that tenant's alone."""
+    if not tenant.may_use(model):
+        return False
+    return not (state.fleet.is_adapter(model) and state.tenants.claimed_by_another(tenant, model))
 
 
 def check_request(state: RouterState, tenant: Tenant, req: ParsedRequest, prompt_estimate: int) -> int:
     """Model, permission and per-request limits; returns the token estimate to charge."""
-    if not tenant.may_use(req.model):
+    if not may_use(state, tenant, req.model):
         raise RouterError(403, "model_not_allowed", f"tenant may not use model {req.model!r}", param="model")
     if req.model not in state.fleet.models():
         raise RouterError(404, "model_not_found", f"model {req.model!r} is not served here", param="model")
@@ -101,7 +108,8 @@ def _no_ready_engine(model: str) -> RouterError:
 async def place(state: RouterState, ex: Exchange) -> Placement:
     """An engine for the request: at once, or after waiting in the model's queue."""
     fleet, model = state.fleet, ex.req.model
-    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
+    adapter = model if fleet.is_adapter(model) else None
+    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, cache_namespace(adapter=adapter))
     kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
     can_appear = service is not None and service.autoscaling is not None

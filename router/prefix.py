@@ -33,6 +33,14 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return str(prompt)
 
 
+def cache_namespace(cache_salt: str | None = None, adapter: str | None = None) -> str:
+    """The prefix index's namespace of a request, as the engine keys its cache: by the tenant's
+    cache salt and the LoRA adapter (``""``, the shared namespace, when neither is set)."""
+    if cache_salt is None and adapter is None:
+        return ""
+    return "".join(f"{len(part)}:{part}" for part in (cache_salt or "", adapter or ""))
+
+
 def block_hashes(text: str, chunk_chars: int, namespace: str = "") -> list[int]:
     # Invariant: hashes[i] = H(hashes[i-1], text[i*c:(i+1)*c]) over full chunks only, so
     # hashes[i] identifies the whole prefix text[: (i+1)*c] within its namespace (the

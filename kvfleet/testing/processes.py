@@ -95,6 +95,12 @@ class SimFlags:
         ]  # fmt: skip
 
 
+def lora_flags(adapters: Sequence[str], max_loras: int, load_ms: float = 50.0) -> list[str]:
+    """A simulated engine's adapter flags: each adapter at ``/adapters/<name>``, ``max_loras`` slots."""
+    modules = [f"{a}=/adapters/{a}" for a in adapters]
+    return ["--lora-modules", *modules, "--max-loras", str(max_loras), "--sim-lora-load-ms", f"{load_ms:g}"]
+
+
 class SimEngine(NamedTuple):
     url: str
     process: subprocess.Popen[bytes]
