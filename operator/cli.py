@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvfleet operator: {where + ': ' if where else ''}{err['msg']}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     from .runtime import run as run_operator  # kopf loads only when the operator really runs
 
