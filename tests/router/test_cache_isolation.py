@@ -93,3 +93,14 @@ async def test_with_sharing_on_tenants_reuse_a_public_system_prompt(engine: str)
     async with router(engine, shared_prefix_cache=True) as url:
         assert await cached_tokens(engine, url, "alice", prompt) == 0
         assert await cached_tokens(engine, url, "bob", prompt) == full_blocks(prompt)
+
+
+async def test_an_empty_salt_is_refused_naming_the_field_by_the_router_and_by_the_engine(engine: str) -> None:
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1, "cache_salt": ""}
+    async with router(engine) as url, httpx.AsyncClient() as http:
+        headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+        via_router = await http.post(f"{url}/v1/completions", json=body, headers=headers)
+        direct = await http.post(f"{engine}/v1/completions", json=body)
+    for answer in (via_router, direct):
+        assert answer.status_code == 400
+        assert answer.json()["error"]["param"] == "cache_salt"

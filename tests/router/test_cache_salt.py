@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from kvfleet.protocol import EngineLoad
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Endpoint, FleetView, Service
+from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Fleet
 from kvfleet.router.kube import service_of
 from kvfleet.router.prefix import block_hashes, engine_cache_salt, shares_prefix_cache, tenant_cache_salt
@@ -54,6 +57,16 @@ def test_the_salt_is_set_on_the_body_sent_and_an_unchanged_body_is_sent_as_it_ca
     salt = tenant_cache_salt("alice", "mine")
     sent = json.loads(dataclasses.replace(req, cache_salt=salt).upstream_content())
     assert sent == {"model": "tiny", "prompt": "hi", "cache_salt": salt}
+
+
+@pytest.mark.parametrize(("salt", "problem"), [("", "at least 1 character"), (7, "valid string")])
+def test_a_bad_client_salt_is_a_400_naming_the_field_before_any_quota_is_spent(
+    salt: object, problem: str
+) -> None:
+    raw = json.dumps({"model": "tiny", "prompt": "hi", "cache_salt": salt}).encode()
+    with pytest.raises(RouterError) as info:
+        parse_request(COMPLETIONS, raw, 256)
+    assert (info.value.status, info.value.param) == (400, "cache_salt") and problem in info.value.message
 
 
 def fleet_of(clock: FakeClock) -> Fleet:
