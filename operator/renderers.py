@@ -233,6 +233,7 @@ def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
     pod: Obj = {
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + PRESTOP_SLEEP_SECONDS,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # an engine never calls the API server
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": ENGINE_USER,
