@@ -53,12 +53,13 @@ def test_every_sample_of_an_n_request_caches_its_blocks_under_the_request_salt(
     make_engine: MakeEngine,
 ) -> None:
     engine = make_engine()
-    engine.add_request("f", "abcdefg", SamplingParams(n=3, max_tokens=6, ignore_eos=True, cache_salt="t"))
-    run(engine)  # each sample is "abcdefg" + "hijklm": three full blocks, computed in the salt "t"
-    whole = "abcdefghijklm"
+    # A prompt shorter than a block: no sample forks from a cached block, each hashes its own chain.
+    engine.add_request("f", "abc", SamplingParams(n=3, max_tokens=6, ignore_eos=True, cache_salt="t"))
+    run(engine)  # each sample is "abc" + "defghi": two full blocks, computed in the salt "t"
+    whole = "abcdefghij"
     assert first_step(engine, "other", None, whole).start == 0
     assert first_step(engine, "other-salt", "u", whole).start == 0
-    assert first_step(engine, "same", "t", whole).start == 12
+    assert first_step(engine, "same", "t", whole).start == 8
 
 
 @pytest.mark.parametrize("salt", ["", 7])
