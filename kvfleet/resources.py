@@ -126,6 +126,8 @@ class SLOSpec(CamelModel):
 
 class RoutingSpec(CamelModel):
     policy: Literal["round-robin", "least-request", "kv-aware", "prefix-aware", "adapter-aware"] | None = None
+    # Tenants reuse each other's prefix-cache blocks; None: the router's --shared-prefix-cache.
+    shared_prefix_cache: bool | None = None
 
 
 class Toleration(CamelModel):

@@ -25,7 +25,7 @@ from .spec import InferenceServiceSpec, SpecError, parse_inferenceservice, parse
 from .status import Blocker, CapacityVerdict, Observed, compute_status, conditions_as_dicts, status_patch
 from .tenantquota import served_names, validate_tenantquota
 
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy")
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,13 @@ def _pvc_blockers(api: KubeApi, namespace: str, spec: InferenceServiceSpec) -> l
     return blockers
 
 
-def _apply_children(api: KubeApi, owner: Owner, spec: InferenceServiceSpec, image: str) -> tuple[Obj, bool]:
+def _apply_children(
+    api: KubeApi, owner: Owner, spec: InferenceServiceSpec, image: str, config: OperatorConfig
+) -> tuple[Obj, bool]:
     """Create/patch every child; returns the Deployment as stored and whether anything was written."""
     wrote = False
     deployment: Obj = {}
-    for desired in renderers.render_children(owner, spec, image):
+    for desired in renderers.render_children(owner, spec, image, config.ingress_sources()):
         meta = desired["metadata"]
         existing = api.get(desired["kind"], meta["namespace"], meta["name"])
         if existing is not None and not children.owned_by(existing, owner.uid):
@@ -126,7 +128,7 @@ def sync_inferenceservice(
     if verdict.spec is not None and not blockers and apply_children:
         image = verdict.spec.engine.image or config.engine_image_for(verdict.spec.resources.gpus)
         try:
-            deployment, wrote = _apply_children(api, owner, verdict.spec, image)
+            deployment, wrote = _apply_children(api, owner, verdict.spec, image, config)
         except children.NotOwnedError as err:
             blockers, retry = [Blocker("NameConflict", str(err))], str(err)
     if deployment is None:

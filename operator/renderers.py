@@ -6,7 +6,8 @@ effect is unit-tested on plain dicts (``tests/operator/test_renderers.py``).
 
 Owned objects, all named after the InferenceService, all with an owner reference:
 an engine ``Deployment`` (container args are the ``kvfleet engine`` flags of docs/architecture.md §3),
-a ``Service`` on the engine port, a ``PodDisruptionBudget``.
+a ``Service`` on the engine port, a ``PodDisruptionBudget``, and a ``NetworkPolicy`` letting only the
+router and the gateway in (:mod:`kvfleet.operator.network_policy`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kvfleet.protocol import (
     LABEL_INFERENCESERVICE,
 )
 
+from .network_policy import IngressSources, render_network_policy
 from .spec import InferenceServiceSpec
 
 MODEL_MOUNT = "/models"
@@ -297,6 +299,7 @@ def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
     pod: Obj = {
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + PRESTOP_SLEEP_SECONDS,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # an engine never calls the API server
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": ENGINE_USER,
@@ -381,6 +384,19 @@ def render_pdb(owner: Owner, spec: InferenceServiceSpec) -> Obj:
     }
 
 
-def render_children(owner: Owner, spec: InferenceServiceSpec, image: str) -> list[Obj]:
-    """Everything the InferenceService owns, in the order it is applied."""
-    return [render_deployment(owner, spec, image), render_service(owner, spec), render_pdb(owner, spec)]
+def render_children(
+    owner: Owner, spec: InferenceServiceSpec, image: str, sources: IngressSources | None = None
+) -> list[Obj]:
+    """Everything the InferenceService owns, in the order it is applied (the NetworkPolicy first, so
+    that no engine pod ever runs unguarded; none when ``sources`` is None)."""
+    guard = (
+        []
+        if sources is None
+        else [render_network_policy(_metadata(owner, spec), labels(owner.name), sources)]
+    )
+    return [
+        *guard,
+        render_deployment(owner, spec, image),
+        render_service(owner, spec),
+        render_pdb(owner, spec),
+    ]

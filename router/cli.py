@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block"
     )
+    parser.add_argument(
+        "--shared-prefix-cache",
+        action="store_true",
+        help="let tenants share prefix-cache blocks (public system prompts) on models without an "
+        "InferenceService; otherwise each tenant's requests carry its own cache_salt",
+    )
     parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
     _add_envoy_arguments(
@@ -130,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         max_engine_queue=args.max_engine_queue,
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
+        shared_prefix_cache=args.shared_prefix_cache,
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
     )

@@ -62,6 +62,11 @@ class RouterConfig(BaseModel):
     picker_weights: PickerWeights = Field(default_factory=PickerWeights)
     prefix_chunk_chars: int = Field(default=64, ge=1, description="characters per prefix-index block")
     prefix_index_blocks: int = Field(default=200_000, ge=1)
+    shared_prefix_cache: bool = Field(
+        default=False,
+        description="tenants share prefix-cache blocks on models no InferenceService describes "
+        "(else each tenant's requests carry its own cache_salt)",
+    )
     chars_per_token: float = Field(default=4.0, gt=0, description="prompt token estimate at admission")
     prefill_rate_prior: float = Field(
         default=100.0, gt=0, description="prompt tokens/s an engine prefills, until a first byte says"

@@ -21,6 +21,7 @@ their reply. ``GET /v1/models`` is answered here too (:func:`models_listing`), f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,7 +32,7 @@ from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
-from kvfleet.router.prefix import block_hashes, cache_namespace
+from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
 from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
 from kvfleet.router.state import RouterState
@@ -109,7 +110,8 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     """An engine for the request: at once, or after waiting in the model's queue."""
     fleet, model = state.fleet, ex.req.model
     adapter = model if fleet.is_adapter(model) else None
-    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, cache_namespace(adapter=adapter))
+    namespace = cache_namespace(cache_salt=ex.req.cache_salt, adapter=adapter)
+    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, namespace)
     kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
     can_appear = service is not None and service.autoscaling is not None
@@ -163,6 +165,12 @@ async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
         raise
 
 
+def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequest:
+    """The request with the ``cache_salt`` its engine gets (:func:`~kvfleet.router.prefix.engine_cache_salt`)."""
+    shared = shares_prefix_cache(state.fleet.service_for(req.model), state.config.shared_prefix_cache)
+    return dataclasses.replace(req, cache_salt=engine_cache_salt(tenant.name, req.cache_salt, shared))
+
+
 def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> ParsedRequest:
     try:
         return parse_request(path, body, state.config.default_max_tokens)
@@ -174,7 +182,7 @@ def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> Parsed
 async def admit(state: RouterState, authorization: str | None, path: str, body: bytes) -> Exchange:
     """The pipeline, steps 1 to 6: an :class:`Exchange` placed on an engine, or a :class:`RouterError`."""
     tenant = authenticate(state, authorization)
-    req = _parse(state, tenant, path, body)
+    req = salted(state, tenant, _parse(state, tenant, path, body))
     prompt_estimate = req.prompt_tokens_estimate(state.config.chars_per_token)
     estimate = check_request(state, tenant, req, prompt_estimate)
     ex = Exchange(state, tenant, req, prompt_estimate=prompt_estimate)

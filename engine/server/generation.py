@@ -78,6 +78,7 @@ def sampling_params(
             stop=tuple(req.stop_list),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            cache_salt=req.cache_salt,
         )
     except SamplingParamsError as exc:
         raise APIError(400, str(exc), param=exc.field) from None

@@ -133,6 +133,21 @@ def test_the_router_runs_in_kubernetes_mode_on_its_port_on_every_address_of_its_
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_router_shares_the_prefix_cache_across_tenants_only_when_the_value_says(shared: bool) -> None:
+    from kvfleet.cli import build_parser
+    from kvfleet.router.cli import config_from_args
+
+    (dep,) = [
+        d
+        for d in by_kind(render({"router": {"sharedPrefixCache": shared}}), "Deployment")
+        if "router" in d["metadata"]["name"]
+    ]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = config_from_args(build_parser(only="router").parse_args(["router", *args]))
+    assert config.shared_prefix_cache is shared  # type: ignore[attr-defined]
+
+
 def test_dashboards_and_rules_use_only_the_metric_names_of_the_design() -> None:
     used = chart_metric_names()
     assert used - DESIGN_METRICS == set()

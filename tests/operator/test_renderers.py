@@ -320,3 +320,7 @@ def test_the_engine_command_line_accepts_every_rendered_argument() -> None:
         16,
         0.9,
     )
+
+
+def test_engine_pods_carry_no_service_account_token() -> None:
+    assert pod()["automountServiceAccountToken"] is False
