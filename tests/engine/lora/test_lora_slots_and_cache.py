@@ -52,9 +52,9 @@ def test_more_adapters_than_slots_all_complete_with_the_outputs_of_enough_slots(
     assert max(len(r) for r in resident) == 1
     per_step = [{s.seq.lora_name for s in p.scheduled} - {None} for p in plans]
     assert max(len(a) for a in per_step) == 1
-    assert any(None in {s.seq.lora_name for s in p.scheduled} and a for p, a in zip(plans, per_step)), (
-        "base-model requests share steps with the one resident adapter"
-    )
+    assert any(
+        None in {s.seq.lora_name for s in p.scheduled} and a for p, a in zip(plans, per_step, strict=True)
+    ), "base-model requests share steps with the one resident adapter"
     stats = tight.engine.stats().lora
     assert stats is not None and sum(stats.evictions.values()) >= 2 and sum(stats.loads.values()) >= 3
     assert stats.requests == {name: loras.count(name) for name in adapters} == dict.fromkeys(adapters, 3)
