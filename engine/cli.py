@@ -49,6 +49,7 @@ def byte_size(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _server_arguments(parser)
     _engine_arguments(parser)
+    _lora_arguments(parser)
     _sim_arguments(parser)
 
 
@@ -102,6 +103,25 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
 
 
+def _lora_arguments(parser: argparse.ArgumentParser) -> None:
+    lora = parser.add_argument_group("LoRA adapters (PEFT folders; a request names one as its model)")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters loaded at start (implies --enable-lora)",
+    )
+    lora.add_argument(
+        "--enable-lora", action="store_true", help="serve adapters (POST /v1/load_lora_adapter at run time)"
+    )
+    lora.add_argument("--max-loras", type=int, default=1, help="adapters resident on the device at once")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+    lora.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters kept in CPU memory (default: --max-loras)"
+    )
+
+
 def _sim_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("simulated mode (no model, no torch: a timing model on the real scheduler)")
     s.add_argument("--simulate", action="store_true", help="replace the model with a timing model")
@@ -133,6 +153,7 @@ def _sim_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The one validated config of this process (pydantic names the bad flag's field)."""
     from kvfleet.engine.config import EngineConfig
+    from kvfleet.engine.lora.config import parse_lora_modules
 
     return EngineConfig(
         model=args.model,
@@ -150,6 +171,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         scheduling_policy=args.scheduling_policy,
         attention_backend=args.attention,
+        enable_lora=args.enable_lora,
+        lora_modules=parse_lora_modules(args.lora_modules),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )
 
 

@@ -26,6 +26,16 @@ from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
 from ..operator_kit.chart import chart_metric_names, expressions
 
 KEY = "sk-metrics-0123456789"
+# The multi-LoRA names (issue #15), agreed between the engine and the simulator: name → labels.
+# The real engine's export of them is checked in tests/engine/lora/test_lora_server.py.
+LORA_METRICS: dict[str, set[str]] = {
+    "vllm:lora_requests_info": {"running_lora_adapters", "waiting_lora_adapters", "max_lora"},
+    "kvfleet:lora_requests_total": {"adapter"},
+    "kvfleet:lora_tokens_total": {"adapter", "kind"},
+    "kvfleet:lora_loads_total": {"adapter"},
+    "kvfleet:lora_evictions_total": {"adapter"},
+    "kvfleet:lora_resident": set(),
+}
 
 
 _SELECTOR = re.compile(r"\b(kvfleet_[a-z0-9_]+?)(?:_bucket|_sum|_count)?\{([^}]*)\}")
