@@ -105,12 +105,22 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _lora_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("LoRA adapters (a request names its adapter as the OpenAI model)")
-    g.add_argument(
-        "--lora-modules", nargs="+", default=[], metavar="NAME=PATH", help="adapters served under NAME"
+    lora = parser.add_argument_group("LoRA adapters (PEFT folders; a request names one as its model)")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters loaded at start (implies --enable-lora)",
     )
-    g.add_argument("--max-loras", type=int, default=4, help="adapters resident at once (LRU among idle)")
-    g.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+    lora.add_argument(
+        "--enable-lora", action="store_true", help="serve adapters (POST /v1/load_lora_adapter at run time)"
+    )
+    lora.add_argument("--max-loras", type=int, default=1, help="adapters resident on the device at once")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+    lora.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters kept in CPU memory (default: --max-loras)"
+    )
 
 
 def _sim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,6 +160,7 @@ def _sim_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The one validated config of this process (pydantic names the bad flag's field)."""
     from kvfleet.engine.config import EngineConfig
+    from kvfleet.engine.lora.config import parse_lora_modules
 
     return EngineConfig(
         model=args.model,
@@ -167,6 +178,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         scheduling_policy=args.scheduling_policy,
         attention_backend=args.attention,
+        enable_lora=args.enable_lora,
+        lora_modules=parse_lora_modules(args.lora_modules),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )
 
 
@@ -225,7 +241,8 @@ def sim_adapters(args: argparse.Namespace) -> SimAdapters | None:
     """The simulated engine's adapters (``--simulate --lora-modules ...``), or None."""
     if not (args.simulate and args.lora_modules):
         return None
-    from kvfleet.engine.sim_lora import SimAdapters, parse_lora_modules
+    from kvfleet.engine.lora.config import parse_lora_modules
+    from kvfleet.engine.sim_lora import SimAdapters
 
     load_s = args.sim_lora_load_ms / 1e3 / args.sim_speedup if args.sim_speedup > 0 else 0.0
     return SimAdapters(parse_lora_modules(args.lora_modules), args.max_loras, load_s)

@@ -22,7 +22,7 @@ from kvfleet.engine.core import CoreTransport
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
-from kvfleet.engine.server.routes import chat, completions, models, ops
+from kvfleet.engine.server.routes import chat, completions, lora, models, ops
 from kvfleet.engine.server.state import ServedModel, ServerState
 
 
@@ -57,7 +57,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvfleet engine", version=__version__, lifespan=lifespan)
     app.state.kvfleet = state
     install_error_handlers(app)
-    for module in (completions, chat, models, ops):
+    for module in (completions, chat, models, ops, lora):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

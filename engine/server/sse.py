@@ -118,10 +118,11 @@ async def start_stream(
     params: Sequence[gen.SamplingParams],
     priority: int,
     body: Callable[[gen.Submitted], AsyncIterator[str]],
+    lora: str | None = None,
 ) -> GenerationStream:
     state.in_flight.enter()
     try:
-        sub = await gen.submit(state, response_id, prompts, params, priority)
+        sub = await gen.submit(state, response_id, prompts, params, priority, lora)
     except BaseException:
         state.in_flight.exit()
         raise
@@ -147,6 +148,7 @@ async def generation_response(
     priority: int,
     stream_body: Callable[[gen.Submitted], AsyncIterator[str]],
     collect: Callable[[gen.Submitted], Awaitable[R]],
+    lora: str | None = None,
 ) -> R | GenerationStream:
     """What both generation routes do with their validated prompts: submit, then stream or collect.
 
@@ -155,8 +157,8 @@ async def generation_response(
     goes away aborts the sequences; either way the request counts as in flight for the drain.
     """
     if stream:
-        return await start_stream(state, response_id, prompts, params, priority, stream_body)
+        return await start_stream(state, response_id, prompts, params, priority, stream_body, lora)
     async with state.in_flight.track():
-        sub = await gen.submit(state, response_id, prompts, params, priority)
+        sub = await gen.submit(state, response_id, prompts, params, priority, lora)
         async with gen.abort_on_disconnect(request, state, sub.streams):
             return await collect(sub)

@@ -78,8 +78,15 @@ class ServerState:
     def stats(self) -> EngineStats:
         return self.engine.stats_snapshot
 
-    def check_accepting(self, model: str) -> None:
-        """Raise the APIError a new generation request gets now (503 draining, 404 unknown model)."""
+    @property
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters the core knows (name → path), as of its latest stats."""
+        lora = self.stats.lora
+        return {} if lora is None else lora.known
+
+    def check_accepting(self, model: str) -> str | None:
+        """Raise the APIError a new generation request gets now (503 draining, 404 unknown model);
+        else the LoRA adapter the request names (None: the base model)."""
         if self.draining:
             raise APIError(
                 503,
@@ -96,8 +103,11 @@ class ServerState:
                 code="engine_dead",
                 headers={"Retry-After": "5"},
             )
-        if model != self.model.name:
-            raise model_not_found(model, self.model.name)
+        if model == self.model.name:
+            return None
+        if model in self.adapters:
+            return model
+        raise model_not_found(model, self.model.name)
 
 
 def get_state(request: Request) -> ServerState:

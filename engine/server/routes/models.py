@@ -21,7 +21,12 @@ router = APIRouter(tags=["models"])
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(state: State) -> ModelList:
     m = state.model
-    return ModelList(data=[ModelCard(id=m.name, created=m.created, max_model_len=m.max_model_len)])
+    base = ModelCard(id=m.name, created=m.created, max_model_len=m.max_model_len, root=m.name)
+    adapters = [
+        ModelCard(id=name, created=m.created, max_model_len=m.max_model_len, root=path, parent=m.name)
+        for name, path in state.adapters.items()
+    ]
+    return ModelList(data=[base, *adapters])
 
 
 @router.post(
@@ -30,7 +35,7 @@ async def list_models(state: State) -> ModelList:
     responses={k: v for k, v in GENERATION_RESPONSES.items() if k in (400, 404)},
 )
 async def tokenize(body: TokenizeRequest, state: State) -> TokenizeResponse:
-    if body.model is not None and body.model != state.model.name:
+    if body.model is not None and body.model != state.model.name and body.model not in state.adapters:
         raise model_not_found(body.model, state.model.name)
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
