@@ -193,7 +193,7 @@ def build_simulated(args: argparse.Namespace) -> Engine:
     )
     max_model_len = args.max_model_len or shape.max_position_embeddings
     # Adapters of a simulated engine live in its API process (engine/sim_lora.py), not in the core.
-    update = {
+    update: dict[str, object] = {
         "num_kv_blocks": blocks,
         "max_model_len": max_model_len,
         "lora_modules": {},
