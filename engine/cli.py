@@ -68,6 +68,19 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
+    g.add_argument(
+        "--stream-stall-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a stream's client may read nothing before the stream is aborted (default 30)",
+    )
+    g.add_argument(
+        "--stream-send-buffer",
+        type=int,
+        default=256,
+        metavar="KIB",
+        help="each connection's kernel send buffer in KiB: what a client that reads nothing can hold (default 256)",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--engine-core",
@@ -208,11 +221,16 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.stream_stall_timeout <= 0 or args.stream_send_buffer < 4:
+        print("kvfleet engine: need --stream-stall-timeout > 0 and --stream-send-buffer >= 4 (KiB), got "
+              f"{args.stream_stall_timeout} and {args.stream_send_buffer}", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         state = build_server_state(args)
     except (ValueError, OSError) as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
+    state.stream_stall_timeout_s = args.stream_stall_timeout
     from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 
@@ -223,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
+        send_buffer_kib=args.stream_send_buffer,
     )
 
 

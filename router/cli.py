@@ -44,6 +44,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block"
     )
+    parser.add_argument(
+        "--engine-read-timeout",
+        type=float,
+        default=60.0,
+        help="seconds an engine may send nothing (before its first byte, or mid-stream) before the "
+        "request fails with a clean error and the engine is taken out (default 60)",
+    )
+    parser.add_argument(
+        "--stream-stall-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may read nothing of its stream before the stream is aborted (default 30)",
+    )
+    parser.add_argument(
+        "--stream-send-buffer",
+        type=int,
+        default=256,
+        metavar="KIB",
+        help="each client connection's kernel send buffer in KiB: what a client that reads nothing can hold",
+    )
     parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
     _add_envoy_arguments(
@@ -128,6 +148,9 @@ def config_from_args(args: argparse.Namespace) -> object:
         max_engine_queue=args.max_engine_queue,
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
+        engine_read_timeout_s=args.engine_read_timeout,
+        stream_stall_timeout_s=args.stream_stall_timeout,
+        stream_send_buffer_kib=args.stream_send_buffer,
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
     )
@@ -139,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from kvfleet.router.app import build_app
     from kvfleet.router.config import ConfigError, RouterConfig
     from kvfleet.router.picker import policy
+    from kvfleet.streaming import listen_socket
 
     try:
         config = config_from_args(args)
@@ -164,8 +188,13 @@ def run(args: argparse.Namespace) -> int:
         if args.envoy_bootstrap is not None:
             write_bootstrap(config.envoy, args.envoy_bootstrap)
         app = attach(app, config.envoy)
-    with _profiled(os.environ.get(PROFILE_ENV)):
-        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    try:
+        sock = listen_socket(config.host, config.port, config.stream_send_buffer_kib)
+    except OSError as exc:
+        print(f"kvfleet router: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    with sock, _profiled(os.environ.get(PROFILE_ENV)):
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
     return 0
 
 

@@ -72,7 +72,15 @@ class RouterConfig(BaseModel):
     load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
     engine_silent_s: float = Field(default=10.0, gt=0, description="no answer for this long: unready")
     engine_connect_timeout_s: float = Field(default=2.0, gt=0)
-    engine_read_timeout_s: float = Field(default=60.0, gt=0)
+    engine_read_timeout_s: float = Field(
+        default=60.0, gt=0, description="first byte and idle stream: the engine sent nothing for this long"
+    )
+    stream_stall_timeout_s: float = Field(
+        default=30.0, gt=0, description="a client that reads nothing of its stream for this long: aborted"
+    )
+    stream_send_buffer_kib: int = Field(
+        default=256, ge=4, description="each client connection's kernel send buffer (KiB)"
+    )
     max_retries: int = Field(default=2, ge=0)
     saturation_kv_usage: float = Field(default=0.95, gt=0, le=1)
     max_engine_queue: int = Field(default=4, ge=0, description="requests past max_num_seqs per engine")
