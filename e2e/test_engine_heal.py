@@ -13,29 +13,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kvfleet.router.local import LOCAL_API_KEY
-from kvfleet.testing.faults import argv_of, children, engine_pids
+from kvfleet.testing.faults import LocalUp, argv_of, children
 from kvfleet.testing.processes import free_port
 
 HEADERS = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
 
 
-@dataclass
-class Fleet:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def engines(self) -> dict[str, int]:
-        """Engine URL (host:port) → its API process's pid, from /proc."""
-        return engine_pids(self.process.pid)
-
+class Fleet(LocalUp):
     def serving(self, limit_s: float = 120.0, avoid: str = "") -> set[str]:
         """Until two engines (neither ``avoid``) have answered a completion; their host:ports."""
         seen: set[str] = set()

@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.streaming import add_stream_arguments
+
     g = parser.add_argument_group("model and server")
     g.add_argument(
         "--model",
@@ -68,19 +70,7 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
-    g.add_argument(
-        "--stream-stall-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a stream's client may read nothing before the stream is aborted (default 30)",
-    )
-    g.add_argument(
-        "--stream-send-buffer",
-        type=int,
-        default=256,
-        metavar="KIB",
-        help="each connection's kernel send buffer in KiB: what a client that reads nothing can hold (default 256)",
-    )
+    add_stream_arguments(g)
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--engine-core",

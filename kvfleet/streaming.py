@@ -17,6 +17,7 @@ the quota) and uvicorn drops the connection.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import socket
 from collections.abc import AsyncIterable, Mapping
@@ -29,6 +30,24 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STALL_TIMEOUT_S = 30.0
 DEFAULT_SEND_BUFFER_KIB = 256
+
+
+def add_stream_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--stream-stall-timeout`` and ``--stream-send-buffer``, the same for the engine, the router and ``kvfleet up``."""
+    parser.add_argument(
+        "--stream-stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT_S,
+        help="seconds a client may read nothing of its stream before the stream is aborted (default 30)",
+    )
+    parser.add_argument(
+        "--stream-send-buffer",
+        type=int,
+        default=DEFAULT_SEND_BUFFER_KIB,
+        metavar="KIB",
+        help="each client connection's kernel send buffer in KiB: what a client that reads nothing can hold "
+        "(default 256)",
+    )
 
 
 def listen_socket(host: str, port: int, send_buffer_kib: int = DEFAULT_SEND_BUFFER_KIB) -> socket.socket:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.streaming import add_stream_arguments
+
     parser.add_argument("--engines", default="", help="comma-separated engine base URLs (static discovery)")
     parser.add_argument(
         "--tenants", type=Path, help="tenants YAML file (a 'tenants:' list of TenantQuota specs)"
@@ -51,19 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds an engine may send nothing (before its first byte, or mid-stream) before the "
         "request fails with a clean error and the engine is taken out (default 60)",
     )
-    parser.add_argument(
-        "--stream-stall-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a client may read nothing of its stream before the stream is aborted (default 30)",
-    )
-    parser.add_argument(
-        "--stream-send-buffer",
-        type=int,
-        default=256,
-        metavar="KIB",
-        help="each client connection's kernel send buffer in KiB: what a client that reads nothing can hold",
-    )
+    add_stream_arguments(parser)
     parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
     _add_envoy_arguments(
@@ -131,7 +121,7 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
 
 def config_from_args(args: argparse.Namespace) -> object:
     from kvfleet.resources import SLOSpec
-    from kvfleet.router.config import RouterConfig, load_tenants_file
+    from kvfleet.router.config import RouterConfig, load_tenants_file, stream_bounds
 
     tenants = load_tenants_file(args.tenants) if args.tenants else []
     return RouterConfig(
@@ -148,9 +138,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         max_engine_queue=args.max_engine_queue,
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
-        engine_read_timeout_s=args.engine_read_timeout,
-        stream_stall_timeout_s=args.stream_stall_timeout,
-        stream_send_buffer_kib=args.stream_send_buffer,
+        **stream_bounds(args),
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
     )

@@ -9,6 +9,7 @@ tenants file and the Kubernetes resources are read by the same models (:mod:`kvf
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -102,6 +103,15 @@ class RouterConfig(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"engine URL {url!r} must start with http:// or https://")
         return [u.rstrip("/") for u in urls]
+
+
+def stream_bounds(args: Any) -> dict[str, Any]:
+    """The RouterConfig fields of the flags ``kvfleet router`` and ``kvfleet up`` share for slow and silent peers."""
+    return {
+        "engine_read_timeout_s": args.engine_read_timeout,
+        "stream_stall_timeout_s": args.stream_stall_timeout,
+        "stream_send_buffer_kib": args.stream_send_buffer,
+    }
 
 
 def load_tenants_file(path: Path) -> list[TenantEntry]:

@@ -34,9 +34,9 @@ from typing import Any
 import httpx
 
 from kvfleet.resources import AutoscalingSpec
-from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file
+from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file, stream_bounds
 from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
-from kvfleet.streaming import listen_socket
+from kvfleet.streaming import add_stream_arguments, listen_socket
 from kvfleet.testing.processes import free_port
 
 log = logging.getLogger("kvfleet.up")
@@ -261,15 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-read-timeout", type=float, default=60.0, help="the router's --engine-read-timeout (seconds)"
     )
-    parser.add_argument(
-        "--stream-stall-timeout",
-        type=float,
-        default=30.0,
-        help="the router's --stream-stall-timeout (seconds)",
-    )
-    parser.add_argument(
-        "--stream-send-buffer", type=int, default=256, metavar="KIB", help="the router's --stream-send-buffer"
-    )
+    add_stream_arguments(parser)  # the router's; the engines take theirs with --engine-arg
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -400,9 +392,7 @@ def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDi
         host=args.host,
         port=args.port,
         policy=args.policy,
-        engine_read_timeout_s=args.engine_read_timeout,
-        stream_stall_timeout_s=args.stream_stall_timeout,
-        stream_send_buffer_kib=args.stream_send_buffer,
+        **stream_bounds(args),
     )
     discovery = StaticDiscovery([], services=(service,))
     engine_command = ["--model", args.model, "--served-model-name", name, "--log-level", args.log_level]
