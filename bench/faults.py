@@ -2,7 +2,8 @@
 
 The scenarios of ``e2e/test_faults.py`` (:mod:`kvfleet.testing.fault_scenarios`), run once each
 and printed as one table: ``kvfleet up --simulate`` (two engines, its router in-process) for an
-engine SIGKILLed mid-stream, a client that never reads its stream, and a rolling restart; two
+engine SIGKILLed mid-stream, a client that never reads its stream, a rolling restart, and
+``kvfleet up`` itself restarted (SIGTERM: its router drains, then its engines; memory quotas); two
 simulated engines behind two ``kvfleet router`` replicas on one ``redis-server`` for a hung
 engine (SIGSTOP, SIGCONT after 5 s), a router replica restarted, and Redis stopped for 2 s.
 Three tenants, six clients (closed loop), 40-token streams. Counts: accepted (the server
@@ -31,6 +32,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         with local_up(Path(tmp)) as up:
             runs += [scenarios.engine_sigkill(up), scenarios.slow_client(up), scenarios.rolling_restart(up)]
+            runs.append(scenarios.local_restart(up))
         with static_fleet(Path(tmp)) as fleet:
             runs += [
                 scenarios.engine_sigstop(fleet),

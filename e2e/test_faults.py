@@ -61,6 +61,14 @@ def test_a_rolling_restart_of_every_engine_fails_no_request(up: LocalUp) -> None
     assert run.facts["replaced"] == 2
 
 
+def test_the_local_fleet_restarted_under_load_finishes_its_streams_and_serves_again(up: LocalUp) -> None:
+    run = scenarios.local_restart(up)
+    _nothing_lost(run)
+    assert run.tally.count("completed") == run.tally.accepted, (
+        "in-flight requests finish as the router drains"
+    )
+
+
 def test_a_hung_engine_times_out_cleanly_is_taken_out_and_comes_back(fleet: StaticFleet) -> None:
     run = scenarios.engine_sigstop(fleet)
     _nothing_lost(run, {"engine_timeout", "engine_failed"})

@@ -105,6 +105,18 @@ def rolling_restart(up: LocalUp) -> FaultRun:
     return FaultRun("rolling restart, every engine", tally, heal, settled([up.url]), {"replaced": replaced})
 
 
+def local_restart(up: LocalUp) -> FaultRun:
+    """``kvfleet up`` (its router in-process, memory quotas) SIGTERMed under load and started again."""
+    load = _load([up.url], requests=60)
+    load.wait_for(8)
+    up.stop()
+    start = time.monotonic()
+    up.start()
+    heal = time.monotonic() - start
+    tally = load.result()
+    return FaultRun("kvfleet up restarted (its router)", tally, heal, settled([up.url]))
+
+
 def router_restart(fleet: StaticFleet) -> FaultRun:
     """One of two router replicas (on one Redis) SIGTERMed under load and started again on its port."""
     load = _load(fleet.router_urls, requests=60)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -137,17 +138,40 @@ def engine_pids(parent: int) -> dict[str, int]:
 
 @dataclass
 class LocalUp:
-    """A running ``kvfleet up``: its router URL, its process, its log file."""
+    """A running ``kvfleet up``: its router URL, its process, its log file (and its command, to restart it)."""
 
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)
+    replicas: int = 2
 
     def engines(self) -> dict[str, int]:
         return engine_pids(self.process.pid)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def start(self) -> None:
+        """Start ``argv`` (appending to the log); returns once every engine serves through the router."""
+        with self.log.open("ab") as sink:
+            self.process = subprocess.Popen(self.argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=sink,
+                                            stderr=sink, start_new_session=True)  # fmt: skip
+        proc = self.process
+        until(
+            lambda: proc.poll() is None and ready_engines(self.url) >= self.replicas,
+            120,
+            "kvfleet up serving",
+        )
+
+    def stop(self) -> None:
+        """SIGTERM: the router finishes its streams, the engines drain; SIGKILL after 60 s."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
 
 ENGINE_BOUNDS = [f"--stream-stall-timeout={STALL_S}", f"--stream-send-buffer={SEND_BUFFER_KIB}"]
@@ -162,25 +186,20 @@ def sim_engine_args(flags: SimFlags) -> list[str]:
 @contextlib.contextmanager
 def local_up(workdir: Path, replicas: int = 2, flags: SimFlags = SIM) -> Iterator[LocalUp]:
     """``kvfleet up --simulate`` with the fault tenants, short stall and read bounds; yields once every engine serves."""
-    port, log = free_port(), workdir / "up.log"
+    port = free_port()
     argv = kvfleet_argv(
         "up", "--simulate", "--replicas", str(replicas), "--model", "tiny", "--port", str(port),
         "--tenants", str(write_tenants(workdir / "tenants.yaml")), *ROUTER_BOUNDS, *sim_engine_args(flags),
     )  # fmt: skip
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=sink, stderr=sink,
-                                start_new_session=True)  # fmt: skip
-    up = LocalUp(f"http://127.0.0.1:{port}", proc, log)
+    up = LocalUp(
+        f"http://127.0.0.1:{port}", cast("subprocess.Popen[bytes]", None), workdir / "up.log", argv, replicas
+    )
     try:
-        until(lambda: proc.poll() is None and ready_engines(up.url) >= replicas, 120, "kvfleet up serving")
+        up.start()
         yield up
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if up.process is not None:
+            up.stop()
 
 
 @dataclass
