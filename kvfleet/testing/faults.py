@@ -88,7 +88,7 @@ def quota_held(router_url: str) -> tuple[float, float]:
     held = {"kvfleet_router_quota_in_flight": 0.0, "kvfleet_router_quota_reserved_tokens": 0.0}
     for family in text_string_to_metric_families(text):
         if family.name in held:
-            held[family.name] = sum(s.value for s in family.samples)
+            held[family.name] = sum((s.value for s in family.samples), 0.0)
     return held["kvfleet_router_quota_in_flight"], held["kvfleet_router_quota_reserved_tokens"]
 
 
