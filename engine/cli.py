@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.streaming import add_stream_arguments
+
     g = parser.add_argument_group("model and server")
     g.add_argument(
         "--model",
@@ -70,6 +72,7 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
+    add_stream_arguments(g)
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--engine-core",
@@ -252,14 +255,18 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from kvfleet.engine.server.app import create_app
-
+    if args.stream_stall_timeout <= 0 or args.stream_send_buffer < 4:
+        print("kvfleet engine: need --stream-stall-timeout > 0 and --stream-send-buffer >= 4 (KiB), got "
+              f"{args.stream_stall_timeout} and {args.stream_send_buffer}", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         adapters = sim_adapters(args)
         state = build_server_state(args)
     except (ValueError, OSError) as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
+    state.stream_stall_timeout_s = args.stream_stall_timeout
+    from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 
     app = create_app(state)
@@ -274,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
+        send_buffer_kib=args.stream_send_buffer,
     )
 
 

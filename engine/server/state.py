@@ -20,6 +20,7 @@ from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.outputs import EngineStats
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.openai_api import APIError, model_not_found
+from kvfleet.streaming import DEFAULT_STALL_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class ServerState:
     ready: bool = False  # true once the engine loop runs; false again while draining
     draining: bool = False
     in_flight: InFlight = field(default_factory=InFlight)
+    stream_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S  # a client reading nothing this long: aborted
 
     @property
     def stats(self) -> EngineStats:
