@@ -27,6 +27,9 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 RESPONSES[404] = {**RESPONSES[404], "description": "unknown adapter"}
 RESPONSES[409] = {**RESPONSES[400], "description": "the adapter is in use by a request"}
+# Success is vLLM's plain-text line; errors stay JSON (a route-wide PlainTextResponse class would
+# document the error bodies as text/plain too).
+RESPONSES[200] = {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "vLLM's line"}
 
 
 class LoadLoraAdapterRequest(BaseModel):
@@ -43,13 +46,13 @@ class UnloadLoraAdapterRequest(BaseModel):
     lora_int_id: int | None = None  # vLLM's, accepted and unused: adapters are known by name
 
 
-@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=RESPONSES)
+@router.post("/v1/load_lora_adapter", responses=RESPONSES)
 async def load_lora_adapter(body: LoadLoraAdapterRequest, state: State) -> PlainTextResponse:
     await _run(state, body.lora_name, body.lora_path)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=RESPONSES)
+@router.post("/v1/unload_lora_adapter", responses=RESPONSES)
 async def unload_lora_adapter(body: UnloadLoraAdapterRequest, state: State) -> PlainTextResponse:
     await _run(state, body.lora_name, None)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
