@@ -1,12 +1,12 @@
 """Fused element-wise ops of the decoder (``csrc/fused_ops.c``), with their torch reference as fallback.
 
 Where it sits: the model (``engine/model/llama.py``) calls :func:`add_rms_norm` for each
-RMSNorm (with the residual add in front of it) and :func:`silu_mul` between the packed
-gate/up matmul and the down projection. On float32 CPU tensors they run the native ops,
-compiled into the decode kernel's library (``cpu_decode.build_library``: one build, one
-cache); otherwise, or where no C compiler builds it, they run :func:`add_rms_norm_reference`
-and :func:`silu_mul_reference`, transformers' arithmetic in torch, which are also the
-oracle of the native ops in the tests.
+RMSNorm (with the residual add in front of it), :func:`apply_rope` on the q and k heads of
+the packed q/k/v output, and :func:`silu_mul` between the packed gate/up matmul and the down
+projection. On float32 CPU tensors they run the native ops, compiled into the decode kernel's
+library (``cpu_decode.build_library``: one build, one cache); otherwise, or where no C
+compiler builds it, they run the ``*_reference`` functions, transformers' arithmetic in
+torch, which are also the oracle of the native ops in the tests.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class NativeFused:
         self._silu = lib.silu_mul_f32
         self._silu.argtypes = [p, p, i64, i64, i32]
         self._silu.restype = None
+        self._rope = lib.rope_f32
+        self._rope.argtypes = [p, p, p, i64, i64, i32, i32, i32]
+        self._rope.restype = None
 
     def add_rms_norm(
         self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
@@ -48,6 +51,21 @@ class NativeFused:
         out = gate_up.new_empty(rows, m)
         self._silu(gate_up.data_ptr(), out.data_ptr(), rows, m, torch.get_num_threads())
         return out
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` (T, heads, D; heads and D packed, rows at any stride) in place."""
+        rows, heads, dim = x.shape
+        self._rope(
+            x.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            rows,
+            x.stride(0),
+            heads,
+            dim,
+            torch.get_num_threads(),
+        )
+        return x
 
 
 @functools.cache
@@ -73,6 +91,16 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, heads, head_dim); cos/sin: (T, head_dim). transformers' rotate-half RoPE."""
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
 def _native_ok(*tensors: torch.Tensor | None) -> bool:
     return all(
         t is None
@@ -93,6 +121,22 @@ def add_rms_norm(
     if kernel is None or residual.dim() != 2 or not _native_ok(x, residual, weight):
         return add_rms_norm_reference(x, residual, weight, eps)
     return kernel.add_rms_norm(x, residual, weight, eps), residual
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x rotated by RoPE; natively in place (x: a view of heads packed in rows, e.g. the q/k heads
+    of the packed q/k/v output, which the caller owns), else a new tensor."""
+    kernel = load_fused()
+    packed = x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.shape[2] % 2 == 0
+    if (
+        kernel is None
+        or not packed
+        or not _native_ok(cos, sin)
+        or x.dtype != torch.float32
+        or x.device != cos.device
+    ):
+        return apply_rope_reference(x, cos, sin)
+    return kernel.rope_(x, cos, sin)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
-from kvfleet.engine.kernels.cpu_fused import add_rms_norm, add_rms_norm_reference, silu_mul
+from kvfleet.engine.kernels.cpu_fused import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 
@@ -84,16 +84,6 @@ class RotaryEmbedding(nn.Module):
         ]
         query_lens = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).long()
         return torch.stack(per_seq).repeat_interleave(query_lens, dim=0)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, heads, head_dim); cos/sin: (T, head_dim)."""
-    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
 
 class Packed(NamedTuple):

@@ -79,3 +79,26 @@ void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t m, int
         for (int64_t i = 0; i < m; i++) o[i] = g[i] / (1.0f + exp_clamped(-g[i])) * u[i];
     }
 }
+
+/* Rotary embedding in place on the first `heads` heads of each row (q and k heads side by side in the
+ * packed q/k/v output): x[i] = x[i] cos[i] - x[i + D/2] sin[i] and x[i + D/2] = x[i + D/2] cos[i + D/2]
+ * + x[i] sin[i + D/2] for i < D/2, transformers' rotate-half layout. cos and sin are (rows, D); row r of
+ * x starts at x + r * row_stride. */
+void rope_f32(float *x, const float *cos_, const float *sin_, int64_t rows, int64_t row_stride, int heads, int D,
+              int num_threads) {
+    const int half = D / 2;
+    const int parallel = num_threads > 1 && rows > 1 && rows * heads * D >= PARALLEL_MIN_FLOATS;
+#pragma omp parallel for num_threads(num_threads) if (parallel) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos_ + r * D, *s = sin_ + r * D;
+        for (int h = 0; h < heads; h++) {
+            float *a = x + r * row_stride + (int64_t)h * D, *b = a + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float lo = a[i], hi = b[i];
+                a[i] = lo * c[i] - hi * s[i];
+                b[i] = hi * c[half + i] + lo * s[half + i];
+            }
+        }
+    }
+}

@@ -114,3 +114,40 @@ def test_without_the_library_every_op_runs_the_reference(monkeypatch: pytest.Mon
     torch.testing.assert_close(
         norm, cpu_fused.add_rms_norm_reference(x, kept, weight, 1e-5)[0], rtol=0, atol=0
     )
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("rows", "heads", "kv_heads", "head_dim"), [(1, 9, 3, 64), (300, 9, 3, 64), (5, 4, 1, 32)]
+)
+def test_the_native_rope_rotates_the_q_and_k_heads_of_the_packed_rows_in_place_and_leaves_v(
+    native: cpu_fused.NativeFused, threads: int, rows: int, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    g = torch.Generator().manual_seed(rows + heads)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=g)
+    angles = torch.rand(rows, head_dim // 2, generator=g) * 1000
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    kept = qkv.clone()
+    qk = qkv[:, : (heads + kv_heads) * head_dim].unflatten(1, (heads + kv_heads, head_dim))
+    want = cpu_fused.apply_rope_reference(qk.clone(), cos, sin)
+    got = cpu_fused.apply_rope(qk, cos, sin)
+    assert got.data_ptr() == qkv.data_ptr(), "rotated in place"
+    torch.testing.assert_close(got, want, **TOL)
+    v_cols = slice((heads + kv_heads) * head_dim, None)
+    torch.testing.assert_close(qkv[:, v_cols], kept[:, v_cols], rtol=0, atol=0)
+
+
+def test_rope_on_rows_the_native_op_cannot_read_takes_the_torch_path() -> None:
+    """An odd head size, a transposed view, bfloat16: a new tensor from the reference, x untouched."""
+    g = torch.Generator().manual_seed(5)
+    for x, dim in (
+        (torch.randn(3, 2, 5, generator=g), 5),
+        (torch.randn(2, 3, 8, generator=g).transpose(0, 1), 8),
+        (torch.randn(3, 2, 8, generator=g).bfloat16(), 8),
+    ):
+        cos, sin = torch.randn(3, dim, generator=g).to(x.dtype), torch.randn(3, dim, generator=g).to(x.dtype)
+        kept = x.clone()
+        got = cpu_fused.apply_rope(x, cos, sin)
+        torch.testing.assert_close(got, cpu_fused.apply_rope_reference(kept, cos, sin), rtol=0, atol=0)
+        torch.testing.assert_close(x, kept, rtol=0, atol=0)
