@@ -33,6 +33,7 @@ from kvfleet.engine.model.tiny import cache_root
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 # Compiled into the same library: the fused element-wise ops that ``cpu_fused.py`` calls.
 SOURCES = (SOURCE, SOURCE.with_name("fused_ops.c"))
+HEADERS = (SOURCE.with_name("fast_exp.h"),)  # included by the sources: part of the build key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 
@@ -139,7 +140,7 @@ def _cache_dir() -> Path:
 
 def _build_key(compiler: str, flags: tuple[str, ...]) -> str:
     """Source, flags, compiler and host CPU: -march=native code is only valid on the CPU it was built for."""
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS)))
     digest.update(" ".join((compiler, *flags, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]
 

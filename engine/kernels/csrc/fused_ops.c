@@ -19,27 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fast_exp.h"
+
 /* Below this many floats a call runs on the calling thread: waking the team costs more. */
 #define PARALLEL_MIN_FLOATS 32768
-
-/* e^x within 2 ulp for any float x (Cephes' expf, clamped to [-87, 88]: e^-87 ~ 1e-38, e^88 ~ 1.6e38),
- * written without a libm call or a branch so that a loop over a row vectorises. */
-static inline float exp_clamped(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    /* n in [-126, 127]: 2^n is a normal float, built from its exponent bits */
-    union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
-}
 
 /* residual[r] += x[r] (when x is not NULL), then out[r] = weight * residual[r] * rsqrt(mean(residual[r]^2) + eps). */
 void add_rms_norm_f32(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t n,
