@@ -1,6 +1,7 @@
 """Per-forward cost of the model on its own: prefill waves and decode batches, wall and CPU time.
 
     python bench/forward_ab.py [--model smollm2] [--threads 2] [--reps 15] [--cases prefill2048,decode8]
+    python bench/forward_ab.py --generate 8 [--threads 2]   # LLM.generate end to end instead
 
 Where it sits: below the engine (no scheduler, no sampler): it loads the model with the
 runner, fills a paged KV cache with synthetic block tables, and times
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from typing import NamedTuple
@@ -84,6 +86,28 @@ def time_case(runner: ModelRunner, case: Case, reps: int) -> tuple[float, float]
     return statistics.median(walls) * 1e3, statistics.median(cpus) * 1e3
 
 
+def generate(model: str, num_prompts: int, label: str, threads: int) -> None:
+    """Output tokens/s of one ``LLM.generate`` over ``num_prompts`` fixed random prompts."""
+    from kvfleet.engine import LLM, SamplingParams
+
+    rng = random.Random(0)
+    llm = LLM(model=str(resolve_model(model)))
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(64, 512))] for _ in range(num_prompts)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(32, 128), ignore_eos=True) for _ in prompts
+    ]
+    w0, c0 = time.perf_counter(), time.process_time()
+    outputs = llm.generate(prompts, params)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"{label:10} generate{num_prompts:<4} threads={threads} wall {wall:7.2f} s  cpu {cpu:7.2f} s  "
+        f"{tokens / wall:6.1f} out tok/s (wall)  {tokens / cpu:6.1f} out tok/cpu-s  load {load}",
+        flush=True,
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
@@ -91,8 +115,12 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--label", default="")
+    p.add_argument("--generate", type=int, default=0, help="time LLM.generate over N prompts instead")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.generate:
+        generate(args.model, args.generate, args.label, args.threads)
+        return
     cases = [CASES[name] for name in args.cases.split(",")]
     blocks = max(c.num_seqs * -(-(c.new + c.cached) // BLOCK) for c in cases)
     config = EngineConfig(model=str(resolve_model(args.model)), num_kv_blocks=blocks, block_size=BLOCK)
