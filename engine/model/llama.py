@@ -86,6 +86,19 @@ class RotaryEmbedding(nn.Module):
         return torch.stack(per_seq).repeat_interleave(query_lens, dim=0)
 
 
+def column_major(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) stored as its contiguous transpose, seen as (out, in) again.
+
+    ``F.linear`` then multiplies by a contiguous (in, out) matrix: on the CPU, MKL's GEMM at the
+    few rows of a decode step runs about twice as fast from that layout (1.5x for the LM head).
+    """
+    return weight.t().contiguous().t()
+
+
+def store_column_major(linear: nn.Linear) -> None:
+    linear.weight = nn.Parameter(column_major(linear.weight.detach()), requires_grad=False)
+
+
 class Packed(NamedTuple):
     """Several linears of the same input run as one matmul: ``F.linear(x, weight, bias)``.
 
@@ -105,7 +118,7 @@ def pack_linears(owner: nn.Module, names: tuple[str, ...]) -> Packed:
     and ``state_dict`` keeps the checkpoint's names.
     """
     linears = [getattr(owner, name) for name in names]
-    weight = torch.cat([lin.weight.detach() for lin in linears])
+    weight = column_major(torch.cat([lin.weight.detach() for lin in linears]))
     biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
     if biases and len(biases) != len(linears):
         raise ValueError("packed linears must all have a bias or none")
@@ -236,12 +249,17 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def pack(self) -> None:
-        """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once)."""
+        """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
+        store every matmul's weight column-major (:func:`column_major`). A tied LM head gets a copy
+        of its own: the embedding looks rows up, which wants them contiguous."""
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
                 layer.self_attn.pack()
                 layer.mlp.pack()
+                store_column_major(layer.self_attn.o_proj)
+                store_column_major(layer.mlp.down_proj)
+            store_column_major(self.lm_head)
 
     def forward(
         self,
