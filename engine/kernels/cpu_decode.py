@@ -31,6 +31,9 @@ import torch
 from kvfleet.engine.model.tiny import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+# Compiled into the same library: the fused element-wise ops that ``cpu_fused.py`` calls.
+SOURCES = (SOURCE, SOURCE.with_name("fused_ops.c"))
+HEADERS = (SOURCE.with_name("fast_exp.h"),)  # included by the sources: part of the build key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 
@@ -92,6 +95,13 @@ class KernelBuild(NamedTuple):
     reason: str | None = None
 
 
+class LibraryBuild(NamedTuple):
+    """The compiled library of all ``SOURCES``, or None and the reason."""
+
+    library: ctypes.CDLL | None
+    reason: str | None = None
+
+
 @functools.cache
 def load_kernel() -> KernelBuild:
     """The kernel, built on first use (once per process; ``load_kernel.cache_clear()`` retries)."""
@@ -99,22 +109,29 @@ def load_kernel() -> KernelBuild:
 
 
 def build_kernel(flags: tuple[str, ...]) -> KernelBuild:
-    """The kernel built with ``flags``, cached on disk by source, flags, compiler and CPU."""
+    """The decode kernel of the library built with ``flags``."""
+    lib, reason = build_library(flags)
+    return KernelBuild(None, reason) if lib is None else KernelBuild(NativeDecode(lib))
+
+
+def build_library(flags: tuple[str, ...]) -> LibraryBuild:
+    """The library built with ``flags``, cached on disk by sources, flags, compiler and CPU."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        return KernelBuild(None, "no C compiler (set CC, or install gcc)")
+        return LibraryBuild(None, "no C compiler (set CC, or install gcc)")
     target = _cache_dir() / f"paged_decode-{_build_key(compiler, flags)}.so"
     try:
         if target.exists():
             try:
-                return KernelBuild(NativeDecode(ctypes.CDLL(str(target))))
+                return LibraryBuild(ctypes.CDLL(str(target)))
             except OSError:  # a damaged file in the cache (a full disk, a copied home): build it again
                 target.unlink(missing_ok=True)
         _compile(compiler, flags, target)
-        return KernelBuild(NativeDecode(ctypes.CDLL(str(target))))
+        return LibraryBuild(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as err:
         detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else str(err)
-        return KernelBuild(None, f"building {SOURCE.name} with {compiler} failed: {detail}"[:2000])
+        names = " and ".join(source.name for source in SOURCES)
+        return LibraryBuild(None, f"building {names} with {compiler} failed: {detail}"[:2000])
 
 
 def _cache_dir() -> Path:
@@ -123,7 +140,7 @@ def _cache_dir() -> Path:
 
 def _build_key(compiler: str, flags: tuple[str, ...]) -> str:
     """Source, flags, compiler and host CPU: -march=native code is only valid on the CPU it was built for."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS)))
     digest.update(" ".join((compiler, *flags, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]
 
@@ -143,7 +160,7 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *flags, str(SOURCE), "-o", tmp, "-lm"],
+            [compiler, *flags, *map(str, SOURCES), "-o", tmp, "-lm"],
             check=True,
             capture_output=True,
             text=True,

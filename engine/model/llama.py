@@ -14,11 +14,14 @@ causal attention) and hands it to the backend with the query.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
+from kvfleet.engine.kernels.cpu_fused import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
@@ -31,10 +34,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return add_rms_norm_reference(None, x, self.weight, self.eps)[0]
+
+    def add_forward(
+        self, x: torch.Tensor | None, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass (the native op on float32 CPU tensors).
+
+        The sum may be written into ``residual`` in place: pass only a residual stream you own."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -79,35 +87,52 @@ class RotaryEmbedding(nn.Module):
         return torch.stack(per_seq).repeat_interleave(query_lens, dim=0)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def column_major(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) stored as its contiguous transpose, seen as (out, in) again.
+
+    ``F.linear`` then multiplies by a contiguous (in, out) matrix: on the CPU, MKL's GEMM at the
+    few rows of a decode step runs about twice as fast from that layout (1.5x for the LM head).
+    """
+    return weight.t().contiguous().t()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, heads, head_dim); cos/sin: (T, head_dim)."""
-    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+def store_column_major(linear: nn.Linear) -> None:
+    linear.weight = nn.Parameter(column_major(linear.weight.detach()), requires_grad=False)
 
 
-def pack_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for several linears of the same input, stacked by output rows.
+class Packed(NamedTuple):
+    """Several linears of the same input run as one matmul: ``F.linear(x, weight, bias)``.
+
+    ``slices`` names each linear's columns of the output (its Hugging Face name, e.g. ``q_proj``
+    → ``slice(0, heads * head_dim)``): what a per-projection delta (a LoRA adapter) adds onto.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    slices: dict[str, slice]
+
+
+def pack_linears(owner: nn.Module, names: tuple[str, ...]) -> Packed:
+    """One weight (and bias) for the linears ``names`` of ``owner``, stacked by output rows.
 
     The linears' parameters become views of the packed tensors, so the weights are held once
     and ``state_dict`` keeps the checkpoint's names.
     """
-    weight = torch.cat([lin.weight.detach() for lin in linears])
+    linears = [getattr(owner, name) for name in names]
+    weight = column_major(torch.cat([lin.weight.detach() for lin in linears]))
     biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
     if biases and len(biases) != len(linears):
         raise ValueError("packed linears must all have a bias or none")
     bias = torch.cat(biases) if biases else None
-    row = 0
-    for lin in linears:
+    row, slices = 0, {}
+    for name, lin in zip(names, linears, strict=True):
         rows = lin.weight.shape[0]
         lin.weight = nn.Parameter(weight[row : row + rows], requires_grad=False)
         if bias is not None:
             lin.bias = nn.Parameter(bias[row : row + rows], requires_grad=False)
+        slices[name] = slice(row, row + rows)
         row += rows
-    return weight, bias
+    return Packed(weight, bias, slices)
 
 
 class Attention(nn.Module):
@@ -122,11 +147,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
         self.scale = d**-0.5
-        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # packed by pack()
+        self.qkv: Packed | None = None  # packed by pack()
 
     def pack(self) -> None:
         """Run q/k/v as one matmul (after the weights are loaded; forward packs if nobody did)."""
-        self.qkv = pack_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv = pack_linears(self, ("q_proj", "k_proj", "v_proj"))
 
     def forward(
         self,
@@ -140,7 +165,7 @@ class Attention(nn.Module):
             self.pack()
         assert self.qkv is not None
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, *self.qkv)
+        qkv = F.linear(x, self.qkv.weight, self.qkv.bias)
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
@@ -165,23 +190,21 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
-        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # packed by pack()
+        self.gate_up: Packed | None = None  # packed by pack()
 
     def pack(self) -> None:
         """Run gate and up as one matmul (after the weights are loaded; forward packs if nobody did)."""
-        self.gate_up = pack_linears(self.gate_proj, self.up_proj)
+        self.gate_up = pack_linears(self, ("gate_proj", "up_proj"))
 
     def forward(self, x: torch.Tensor, lora: LoraContext | None = None) -> torch.Tensor:
         if self.gate_up is None:
             self.pack()
         assert self.gate_up is not None
-        gate_up = F.linear(x, *self.gate_up)
+        gate_up = F.linear(x, self.gate_up.weight, self.gate_up.bias)
         if lora is None:
-            gate, up = gate_up.chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(silu_mul(gate_up))
         lora.add(x, gate_up, self.layer, GATE_UP)
-        gate, up = gate_up.chunk(2, dim=-1)
-        h = F.silu(gate) * up
+        h = silu_mul(gate_up)
         down = self.down_proj(h)
         lora.add(h, down, self.layer, DOWN_PROJ)
         return down
@@ -202,9 +225,17 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x), meta.lora)
+        residual: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): the next layer adds the two
+        in its first norm, so each add rides along with a norm (``residual`` None: x is the stream)."""
+        if residual is None:
+            h, residual = self.input_layernorm.add_forward(None, x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rope, kv_cache, meta, backend)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h, meta.lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -233,12 +264,17 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def pack(self) -> None:
-        """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once)."""
+        """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
+        store every matmul's weight column-major (:func:`column_major`). A tied LM head gets a copy
+        of its own: the embedding looks rows up, which wants them contiguous."""
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
                 layer.self_attn.pack()
                 layer.mlp.pack()
+                store_column_major(layer.self_attn.o_proj)
+                store_column_major(layer.mlp.down_proj)
+            store_column_major(self.lm_head)
 
     def forward(
         self,
@@ -251,7 +287,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb(positions, meta, x.dtype)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, meta, backend)
-        x = self.model.norm(x[sample_rows])
-        return self.lm_head(x).float()
+            x, residual = layer(x, rope, kv_cache, meta, backend, residual)
+        last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
+        return self.lm_head(self.model.norm(last)).float()

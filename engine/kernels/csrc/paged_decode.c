@@ -22,24 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* e^x for x <= 0 (a score minus the row's maximum), within 2 ulp: Cephes' expf, written so that
- * the loop over a row vectorises (no libm call, no branch). Below -87 it returns e^-87 (~1e-38),
- * nothing next to the maximum's 1. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
-}
+#include "fast_exp.h"
 
 /* Each of the H rows of n scores becomes its softmax, in place. */
 static inline void softmax_rows(float *scores, int H, int n) {
@@ -51,7 +34,7 @@ static inline void softmax_rows(float *scores, int H, int n) {
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < n; i++) {
-            sc[i] = exp_nonpositive(sc[i] - m);
+            sc[i] = exp_clamped(sc[i] - m);
             sum += sc[i];
         }
         const float inv = 1.0f / sum;

@@ -49,7 +49,8 @@ def test_model_tiny_is_built_once_into_the_kvfleet_cache(
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     _, tokenizer, info = build_runner(EngineConfig(model="tiny", num_kv_blocks=8))
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny-v1"]  # no staging folder left behind
+    # no staging folder left behind (beside it: "kernels", the native ops' build cache, made on first use)
+    assert [p.name for p in tmp_path.iterdir() if p.name != "kernels"] == ["tiny-v1"]
     assert (info.name, info.max_model_len, info.eos_token_ids, info.vocab_size, info.has_chat_template) == (
         "tiny",
         2048,

@@ -1,0 +1,147 @@
+"""Fused element-wise ops of the decoder (``csrc/fused_ops.c``), with their torch reference as fallback.
+
+Where it sits: the model (``engine/model/llama.py``) calls :func:`add_rms_norm` for each
+RMSNorm (with the residual add in front of it), :func:`apply_rope` on the q and k heads of
+the packed q/k/v output, and :func:`silu_mul` between the packed gate/up matmul and the down
+projection. On float32 CPU tensors they run the native ops, compiled into the decode kernel's
+library (``cpu_decode.build_library``: one build, one cache); otherwise, or where no C
+compiler builds it, they run the ``*_reference`` functions, transformers' arithmetic in
+torch, which are also the oracle of the native ops in the tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.kernels.cpu_decode import FLAGS, build_library
+
+
+class NativeFused:
+    """``add_rms_norm_f32`` and ``silu_mul_f32`` behind typed calls on contiguous float32 CPU tensors."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        self._norm = lib.add_rms_norm_f32
+        self._norm.argtypes = [p, p, p, p, i64, i64, f32, i32]
+        self._norm.restype = None
+        self._silu = lib.silu_mul_f32
+        self._silu.argtypes = [p, p, i64, i64, i32]
+        self._silu.restype = None
+        self._rope = lib.rope_f32
+        self._rope.argtypes = [p, p, p, i64, i64, i32, i32, i32]
+        self._rope.restype = None
+
+    def add_rms_norm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """``residual += x`` in place (x may be None), and the normalised rows as a new tensor."""
+        rows, n = residual.shape
+        out = torch.empty_like(residual)
+        x_ptr = None if x is None else x.data_ptr()
+        threads = torch.get_num_threads()
+        self._norm(x_ptr, residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n, eps, threads)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        rows, m = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty(rows, m)
+        self._silu(gate_up.data_ptr(), out.data_ptr(), rows, m, torch.get_num_threads())
+        return out
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` (T, heads, D; heads and D packed, rows at any stride) in place."""
+        rows, heads, dim = x.shape
+        self._rope(
+            x.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            rows,
+            x.stride(0),
+            heads,
+            dim,
+            torch.get_num_threads(),
+        )
+        return x
+
+
+@functools.cache
+def load_fused() -> NativeFused | None:
+    """The native ops, built on first use (None where the library does not build: torch then)."""
+    lib = build_library(FLAGS).library
+    return None if lib is None else NativeFused(lib)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), RMSNorm as transformers computes it (float32 statistics)."""
+    hidden = residual if x is None else x + residual
+    dtype = hidden.dtype
+    h32 = hidden.float()
+    h32 = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h32.to(dtype), hidden
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, heads, head_dim); cos/sin: (T, head_dim). transformers' rotate-half RoPE."""
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+def _native_ok(*tensors: torch.Tensor | None) -> bool:
+    return all(
+        t is None
+        or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and t.dim() <= 2)
+        for t in tensors
+    )
+
+
+def add_rms_norm(
+    x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); x None: (norm(residual), residual).
+
+    Natively, the sum is written into ``residual`` in place: the caller owns it (the model's
+    residual stream, made by the first layer's add and carried through the layers).
+    """
+    kernel = load_fused()
+    if kernel is None or residual.dim() != 2 or not _native_ok(x, residual, weight):
+        return add_rms_norm_reference(x, residual, weight, eps)
+    return kernel.add_rms_norm(x, residual, weight, eps), residual
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x rotated by RoPE; natively in place (x: a view of heads packed in rows, e.g. the q/k heads
+    of the packed q/k/v output, which the caller owns), else a new tensor."""
+    kernel = load_fused()
+    packed = x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.shape[2] % 2 == 0
+    if (
+        kernel is None
+        or not packed
+        or not _native_ok(cos, sin)
+        or x.dtype != torch.float32
+        or x.device != cos.device
+    ):
+        return apply_rope_reference(x, cos, sin)
+    return kernel.rope_(x, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU of the first half of the last axis times its second half (the packed gate/up output)."""
+    kernel = load_fused()
+    if kernel is None or gate_up.dim() != 2 or not _native_ok(gate_up):
+        return silu_mul_reference(gate_up)
+    return kernel.silu_mul(gate_up)
