@@ -16,6 +16,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 if TYPE_CHECKING:
@@ -69,6 +70,12 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--max-request-bytes",
+        type=byte_size,
+        default=8 << 20,
+        help="request bodies over this size get a 413 before they are read (default 8MiB)",
+    )
     g.add_argument(
         "--engine-core",
         default="process",
@@ -210,14 +217,14 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         state = build_server_state(args)
-    except (ValueError, OSError) as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
+    except (ValueError, OSError, ModelLoadError) as exc:  # a bad flag, an unknown GPU/model, a bad checkpoint
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
     from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 
     return serve(
-        create_app(state),
+        create_app(state, max_body_bytes=args.max_request_bytes),
         state,
         host=args.host,
         port=args.port,

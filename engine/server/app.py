@@ -24,6 +24,7 @@ from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.engine.server.routes import chat, completions, models, ops
 from kvfleet.engine.server.state import ServedModel, ServerState
+from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 
 
 def build_state(
@@ -43,7 +44,9 @@ def build_state(
     return ServerState(engine=async_engine, tokenizer=tokenizer, model=model, metrics=metrics)
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The app over ``state``; request bodies over ``max_body_bytes`` get a 413 (``kvfleet.http_guard``)."""
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
@@ -57,6 +60,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvfleet engine", version=__version__, lifespan=lifespan)
     app.state.kvfleet = state
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     for module in (completions, chat, models, ops):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""``GET /v1/models`` and ``POST /tokenize``: what the server serves and how it counts tokens.
+"""``GET /v1/models``, ``GET /v1/models/{id}`` and ``POST /tokenize``: what the server serves and how it counts tokens.
 
 Where it sits: read-only views of the ``ServedModel`` and the tokenizer; clients (and the
 router's admission estimates) use ``/tokenize`` to count a prompt's tokens exactly as the
@@ -20,8 +20,19 @@ router = APIRouter(tags=["models"])
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(state: State) -> ModelList:
+    return ModelList(data=[await retrieve_model(state.model.name, state)])
+
+
+@router.get(
+    "/v1/models/{model_id:path}",
+    response_model=ModelCard,
+    responses={k: v for k, v in GENERATION_RESPONSES.items() if k == 404},
+)
+async def retrieve_model(model_id: str, state: State) -> ModelCard:
     m = state.model
-    return ModelList(data=[ModelCard(id=m.name, created=m.created, max_model_len=m.max_model_len)])
+    if model_id != m.name:
+        raise model_not_found(model_id, m.name)
+    return ModelCard(id=m.name, created=m.created, max_model_len=m.max_model_len)
 
 
 @router.post(
