@@ -30,8 +30,9 @@ from pathlib import Path
 
 import httpx
 
+from kvfleet import capacity
 from kvfleet.resources import AutoscalingSpec
-from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file
+from kvfleet.router.config import ConfigError, RouterConfig, TenantEntry, load_tenants_file
 from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
 from kvfleet.testing.processes import free_port
 
@@ -229,10 +230,33 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "need --max-replicas >= 1 (an InferenceService's maxReplicas): 0 engines could never serve"
     if not low <= args.replicas <= high:
         return f"--replicas {args.replicas} is outside [{low}, {high}]"
+    if args.simulate:
+        return _simulated_model_error(args)
     named = args.model in ("tiny", "smollm2") or Path(args.model).expanduser().is_dir()
-    if not (args.simulate or named or Path(args.model).expanduser().is_file()):
+    if not (named or Path(args.model).expanduser().is_file()):
         return f"--model {args.model!r} is neither 'tiny', 'smollm2', a .gguf file nor a checkpoint folder"
     return None
+
+
+def _simulated_model_error(args: argparse.Namespace) -> str | None:
+    """What a simulated engine would refuse at start (its timing model needs the model's shape), said once."""
+    if args.model == "tiny" or any(a.startswith("--sim-model") for a in args.engine_arg):
+        return None
+    try:
+        capacity.resolve_model(args.model)
+    except capacity.CapacityError as exc:
+        return f"--model with --simulate: {exc}"
+    return None
+
+
+def _tenants(args: argparse.Namespace) -> tuple[list[TenantEntry], str | None]:
+    """The tenants file's entries (or the one local tenant), or why the file cannot be used."""
+    if not args.tenants:
+        return [TenantEntry.model_validate({"tenant": LOCAL_TENANT, "apiKey": LOCAL_API_KEY})], None
+    try:
+        return load_tenants_file(args.tenants), None
+    except ConfigError as exc:
+        return [], str(exc)
 
 
 def fetch_model(model: str, timeout_s: float = 900.0) -> str | None:
@@ -250,7 +274,10 @@ def fetch_model(model: str, timeout_s: float = 900.0) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    tenants: list[TenantEntry] = []
     error = _validate(args)
+    if error is None:
+        tenants, error = _tenants(args)
     if error is None and not args.simulate:
         if args.model == "smollm2":
             print("kvfleet up: fetching smollm2 (first run only) ...", file=sys.stderr, flush=True)
@@ -262,16 +289,16 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args))
+        asyncio.run(_serve(args, tenants))
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, tenants: list[TenantEntry]) -> None:
     import uvicorn
 
     from kvfleet.router.app import build_app
 
-    config, fleet, discovery = _build(args)
+    config, fleet, discovery = _build(args, tenants)
     app = build_app(config, scaler=fleet, discovery=discovery)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
     await fleet.set_replicas(None, args.replicas)
@@ -295,7 +322,9 @@ async def _serve(args: argparse.Namespace) -> None:
         await fleet.close()
 
 
-def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDiscovery]:
+def _build(
+    args: argparse.Namespace, tenants: list[TenantEntry]
+) -> tuple[RouterConfig, LocalFleet, StaticDiscovery]:
     name = _served_name(args)
     low = args.replicas if args.min_replicas is None else args.min_replicas
     high = max(args.replicas, low) if args.max_replicas is None else args.max_replicas
@@ -306,10 +335,6 @@ def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDi
         target_queue_depth=args.target_queue_depth,
     )
     service = Service(name=name, model=name, namespace="local", policy=args.policy, autoscaling=autoscaling)
-    if args.tenants:
-        tenants = load_tenants_file(args.tenants)
-    else:
-        tenants = [TenantEntry.model_validate({"tenant": LOCAL_TENANT, "apiKey": LOCAL_API_KEY})]
     config = RouterConfig(tenants=tenants, host=args.host, port=args.port, policy=args.policy)
     discovery = StaticDiscovery([], services=(service,))
     engine_command = ["--model", args.model, "--served-model-name", name, "--log-level", args.log_level]
