@@ -12,6 +12,10 @@ and outside everything else. A request body is read here, once:
 An exception that escapes the app before its response started becomes a 500 in the OpenAI
 error body, logged once, and goes no further: uvicorn closes a keep-alive connection when
 an exception reaches it, so without this one bug would also fail the client's next request.
+
+Both servers also share :func:`install_error_handlers` (an :class:`~kvfleet.openai_api.APIError`,
+FastAPI's validation errors and Starlette's HTTP errors as OpenAI error bodies, a 400 naming
+the field instead of a 422) and :func:`document_errors` (their OpenAPI documents say so).
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from kvfleet.openai_api import error_body
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvfleet.openai_api import APIError, error_body, errors_to_api_error
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 
@@ -79,7 +88,9 @@ class RequestGuard:
             log.exception("unexpected error serving %s %s", scope["method"], scope["path"], exc_info=exc)
             if self.on_error is not None:
                 self.on_error(scope, 500)
-            body = error_body(f"internal error: {type(exc).__name__}", type="internal_error")
+            body = error_body(
+                f"internal error: {type(exc).__name__}", type="server_error", code="internal_error"
+            )
             await _send_json(send, 500, body)
 
     async def _buffered(self, scope: Scope, receive: Receive) -> Receive:
@@ -144,3 +155,55 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": content})
+
+
+def api_error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers or None)
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return api_error_response(exc)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return api_error_response(errors_to_api_error(exc.errors()))
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(
+        error_body(str(exc.detail), type=kind),
+        status_code=exc.status_code,
+        headers=dict(exc.headers or {}) or None,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """APIError, FastAPI's validation errors and Starlette's HTTP errors answered as OpenAI error bodies."""
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+
+
+def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI's OpenAPI document with its 422 replaced by the 400 OpenAI error body the servers really send."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for path in schema.get("paths", {}).values():
+        for op in path.values():
+            responses = op.get("responses", {})
+            if responses.pop("422", None) is not None:
+                responses.setdefault(
+                    "400",
+                    {
+                        "description": "bad input, naming the field",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+                        },
+                    },
+                )
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    return schema

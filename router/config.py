@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES
 from kvfleet.resources import SLOSpec, TenantLimits, TenantSpec
 from kvfleet.router.gateway.config import GatewayConfig
 
@@ -67,6 +68,9 @@ class RouterConfig(BaseModel):
         default=100.0, gt=0, description="prompt tokens/s an engine prefills, until a first byte says"
     )
     default_max_tokens: int = Field(default=256, ge=1)
+    max_request_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1, description="a larger request body gets a 413 before it is read"
+    )
     load_interval_s: float = Field(default=0.2, gt=0)
     load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")
     load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
