@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
+from kvfleet.testing.openapi_checks import check_every_operation
 from kvfleet.testing.processes import SimFlags, routers, sim_engines, tenants_file
 
 KEY = "sk-bad-input-5f0c9d2e7a41"
@@ -138,3 +139,8 @@ def test_no_api_key_reaches_the_log_even_at_debug(fleet: Fleet) -> None:
     assert " DEBUG " in log, "the router did not log at DEBUG: the test would prove nothing"
     assert KEY not in log and WRONG_KEY not in log
     assert KEY[8:] not in log and WRONG_KEY[8:] not in log  # nor a tail of one
+
+
+def test_every_router_operation_answers_as_its_openapi_document_says(fleet: Fleet) -> None:
+    paths = check_every_operation(fleet.url, "tiny", 20, headers={"Authorization": f"Bearer {KEY}"})
+    assert paths >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model_id}"}
