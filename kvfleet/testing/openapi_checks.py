@@ -61,7 +61,7 @@ def check_every_operation(
         def check(case: schemathesis.Case) -> None:
             if isinstance(case.body, dict):
                 aim_at_generation(case.body, model)
-            if headers and op.method.upper() == "POST":
+            if headers and case.method.upper() == "POST":
                 case.headers = {**(case.headers or {}), **headers}
             case.call_and_validate(checks=CHECKS)
 
