@@ -116,10 +116,8 @@ M = TypeVar("M", bound=BaseModel)
 
 def parse_request(model: type[M], raw: bytes | str) -> M:
     """Parse a raw JSON body into ``model``; malformed JSON or a bad field raises :class:`APIError` (400)."""
-    try:
-        text = (
-            raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        )  # strict: no overlong forms, no surrogates
+    try:  # strictly: no invalid bytes, no overlong forms, no encoded surrogates
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         raise APIError(
             400, f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}"
@@ -296,7 +294,7 @@ class _SamplingFields(_Request):
         return v
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _SamplingFields:
+    def _fields_that_depend_on_others(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         limit = self.requested_max_tokens
