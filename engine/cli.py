@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kvfleet.engine.engine import Engine
     from kvfleet.engine.interfaces import Tokenizer
     from kvfleet.engine.server.state import ServerState
+    from kvfleet.engine.sim_lora import SimAdapters
 
 _UNITS = {
     "": 1,
@@ -50,6 +51,7 @@ def byte_size(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _server_arguments(parser)
     _engine_arguments(parser)
+    _lora_arguments(parser)
     _sim_arguments(parser)
 
 
@@ -109,6 +111,15 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
 
 
+def _lora_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("LoRA adapters (a request names its adapter as the OpenAI model)")
+    g.add_argument(
+        "--lora-modules", nargs="+", default=[], metavar="NAME=PATH", help="adapters served under NAME"
+    )
+    g.add_argument("--max-loras", type=int, default=4, help="adapters resident at once (LRU among idle)")
+    g.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+
+
 def _sim_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("simulated mode (no model, no torch: a timing model on the real scheduler)")
     s.add_argument("--simulate", action="store_true", help="replace the model with a timing model")
@@ -128,6 +139,12 @@ def _sim_arguments(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--sim-per-token-ms", type=float, default=None, help="cost per batched token (default: compute)"
+    )
+    s.add_argument(
+        "--sim-lora-load-ms",
+        type=float,
+        default=50.0,
+        help="simulated time to load a non-resident adapter onto the device",
     )
     s.add_argument(
         "--sim-per-context-token-us",
@@ -211,20 +228,37 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
     )
 
 
+def sim_adapters(args: argparse.Namespace) -> SimAdapters | None:
+    """The simulated engine's adapters (``--simulate --lora-modules ...``), or None."""
+    if not (args.simulate and args.lora_modules):
+        return None
+    from kvfleet.engine.sim_lora import SimAdapters, parse_lora_modules
+
+    load_s = args.sim_lora_load_ms / 1e3 / args.sim_speedup if args.sim_speedup > 0 else 0.0
+    return SimAdapters(parse_lora_modules(args.lora_modules), args.max_loras, load_s)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from kvfleet.engine.server.app import create_app
+
     try:
+        adapters = sim_adapters(args)
         state = build_server_state(args)
     except (ValueError, OSError, ModelLoadError) as exc:  # a bad flag, an unknown GPU/model, a bad checkpoint
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
-    from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 
+    app = create_app(state, max_body_bytes=args.max_request_bytes)
+    if adapters is not None:
+        from kvfleet.engine.sim_lora import SimLoraMiddleware
+
+        app.add_middleware(SimLoraMiddleware, adapters=adapters, base_model=state.model.name)
     return serve(
-        create_app(state, max_body_bytes=args.max_request_bytes),
+        app,
         state,
         host=args.host,
         port=args.port,

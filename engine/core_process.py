@@ -42,6 +42,7 @@ from kvfleet.engine.core import (
 )
 from kvfleet.engine.core_link import AsyncLink, BlockingLink, LinkClosed
 from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta
+from kvfleet.oslib import describe_exit
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[[], EngineLike]  # picklable: a module-level function or a functools.partial of one
@@ -130,17 +131,6 @@ def _receiver(link: BlockingLink, parent_pid: int) -> Callable[[float], list[Com
 
 
 # ---- the API process's handle
-
-
-def describe_exit(code: int | None) -> str:
-    """``exit code 3``, ``killed by SIGKILL``, or ``still running`` for a process's exitcode."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class ProcessCore:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.detokenizer import IncrementalDetokenizer
 from kvfleet.engine.interfaces import Runner, Tokenizer
+from kvfleet.engine.kv.block_hash import cache_namespace
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.model.sources import served_name
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
@@ -116,8 +117,17 @@ class Engine:
             raise RequestError("params", f"must be a SamplingParams, got {type(params).__name__}")
         prompt_ids = self._prompt_token_ids(prompt)
         arrival = time.monotonic() if arrival_time is None else arrival_time
+        namespace = cache_namespace(cache_salt=params.cache_salt)  # every fork of the request shares it
         seqs = [
-            Sequence(request_id, prompt_ids, params, index=i, arrival_time=arrival, priority=priority)
+            Sequence(
+                request_id,
+                prompt_ids,
+                params,
+                index=i,
+                arrival_time=arrival,
+                priority=priority,
+                cache_namespace=namespace,
+            )
             for i in range(params.n)
         ]
         states = [SeqOutputState(seq, self._make_detokenizer(params)) for seq in seqs]

@@ -59,6 +59,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.PER_STEP
+    # vLLM's request-level ``cache_salt``: prefix-cache blocks are shared only between requests
+    # of equal salts (the router sets it to the tenant); None shares with every unsalted request.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         # Accept lists (or one string) from callers; store tuples so params stay hashable.
@@ -95,6 +98,10 @@ class SamplingParams:
                 "output_kind", f"must be a RequestOutputKind ({kinds}), got {self.output_kind!r}"
             )
         self._validate_penalties()
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise SamplingParamsError(
+                "cache_salt", f"must be a non-empty string if given, got {self.cache_salt!r}"
+            )
         if any(t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")
 

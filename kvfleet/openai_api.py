@@ -251,6 +251,11 @@ class _SamplingFields(_Request):
     priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31, description="extension: lower runs first")
     ignore_eos: bool = Field(default=False, description="vLLM extension")
     min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_LIMIT, description="vLLM extension")
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        description="vLLM extension: prefix-cache blocks are shared only within a salt",
+    )
 
     @field_validator("top_k")
     @classmethod

@@ -60,6 +60,17 @@ class ModelSpec(CamelModel):
     credentials_secret_ref: ModelCredentialsRef | None = None
 
 
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*$"  # a served model name, a flag value, a metric label
+MAX_ADAPTERS = 64
+
+
+class AdapterSpec(CamelModel):
+    """One LoRA adapter of ``spec.adapters``: the name clients send as ``model``, where its PEFT files are."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=ADAPTER_NAME_PATTERN)
+    uri: str = Field(max_length=1024)  # pvc://, hf:// or file:// (a CEL rule of the CRD)
+
+
 class EngineSpec(CamelModel):
     image: str | None = Field(default=None, min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
@@ -70,6 +81,8 @@ class EngineSpec(CamelModel):
     prefix_caching: bool = True
     attention: Literal["torch", "triton"] | None = None
     simulate: bool = False
+    max_loras: int = Field(default=4, ge=1, le=MAX_ADAPTERS)  # adapters resident on the device at once
+    max_lora_rank: int = Field(default=16, ge=1, le=512)
     drain_seconds: int = Field(default=60, ge=0, le=3600)
 
     @field_validator("gpu_memory_utilization")
@@ -112,7 +125,9 @@ class SLOSpec(CamelModel):
 
 
 class RoutingSpec(CamelModel):
-    policy: Literal["round-robin", "least-request", "kv-aware", "prefix-aware"] | None = None
+    policy: Literal["round-robin", "least-request", "kv-aware", "prefix-aware", "adapter-aware"] | None = None
+    # Tenants reuse each other's prefix-cache blocks; None: the router's --shared-prefix-cache.
+    shared_prefix_cache: bool | None = None
 
 
 class Toleration(CamelModel):
@@ -142,6 +157,7 @@ class InferenceServiceSpec(CamelModel):
     slo: SLOSpec | None = None
     routing: RoutingSpec | None = None
     placement: PlacementSpec = Field(default_factory=PlacementSpec, json_schema_extra=_EMPTY)
+    adapters: list[AdapterSpec] = Field(default_factory=list, max_length=MAX_ADAPTERS)
 
 
 class TenantLimits(CamelModel):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -37,7 +39,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz"
     )
+    parser.add_argument(
+        "--router-namespace",
+        default=None,
+        help="each InferenceService's NetworkPolicy admits the router's and the gateway's pods of this "
+        "namespace only (default: of any namespace)",
+    )
+    parser.add_argument(
+        "--metrics-from",
+        action="append",
+        default=[],
+        type=_json_object,
+        metavar="JSON",
+        help="a NetworkPolicyPeer (JSON) also admitted to the engine port, e.g. Prometheus (repeatable)",
+    )
+    parser.add_argument(
+        "--no-network-policy", action="store_true", help="render no NetworkPolicy for the engine pods"
+    )
     parser.add_argument("--verbose", "-v", action="store_true")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -47,12 +76,15 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "standalone": args.standalone,
         "peering_name": args.peering_name,
         "liveness_endpoint": args.liveness,
+        "network_policy": not args.no_network_policy,
+        "metrics_from": tuple(args.metrics_from),
     }
     optional = {
         "engine_image": args.engine_image,
         "engine_image_cpu": args.engine_image_cpu,
         "engine_image_cuda": args.engine_image_cuda,
         "priority": args.priority,
+        "router_namespace": args.router_namespace,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     return OperatorConfig.model_validate(fields)
@@ -67,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvfleet operator: {where + ': ' if where else ''}{err['msg']}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     from .runtime import run as run_operator  # kopf loads only when the operator really runs
 

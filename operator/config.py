@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvfleet import __version__
+
+from .network_policy import IngressSources
 
 DEFAULT_PEERING_NAME = "kvfleet-operator"
 # The engine images when neither spec.engine.image nor a flag names one: the environment (the chart
@@ -42,6 +45,27 @@ class OperatorConfig(BaseModel):
     priority: int = Field(default_factory=random_priority, ge=0)
     tenantquota_recheck_seconds: float = Field(default=60.0, gt=0)
     liveness_endpoint: str | None = None
+    # Each InferenceService's NetworkPolicy: engines accept the router's and the gateway's pods (in
+    # router_namespace; None: any namespace) and the metrics_from NetworkPolicyPeers (Prometheus).
+    network_policy: bool = True
+    router_namespace: str | None = Field(default=None, min_length=1)
+    metrics_from: tuple[dict[str, Any], ...] = ()
+
+    def ingress_sources(self) -> IngressSources | None:
+        """Who may reach the engine pods; None: render no NetworkPolicy."""
+        return IngressSources(self.router_namespace, self.metrics_from) if self.network_policy else None
+
+    @field_validator("metrics_from")
+    @classmethod
+    def _peers(cls, peers: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        for peer in peers:
+            unknown = set(peer) - {"namespaceSelector", "podSelector", "ipBlock"}
+            if not peer or unknown:
+                raise ValueError(
+                    f"--metrics-from: a NetworkPolicyPeer has namespaceSelector, podSelector or ipBlock, "
+                    f"got {sorted(peer) if peer else 'an empty object'}"
+                )
+        return peers
 
     def engine_image_for(self, gpus: int) -> str:
         """The engine image of an InferenceService that does not name its own."""

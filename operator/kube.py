@@ -59,6 +59,7 @@ CHILD_PATHS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Service": ("/api/v1", "services"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
 }
 CUSTOM_PREFIX = f"/apis/{API_GROUP}/{API_VERSION}"
 MERGE_PATCH = "application/merge-patch+json"

@@ -23,9 +23,9 @@ from .kube import KubeApi
 from .renderers import Obj, Owner
 from .spec import InferenceServiceSpec, SpecError, parse_inferenceservice, parse_tenantquota
 from .status import Blocker, CapacityVerdict, Observed, compute_status, conditions_as_dicts, status_patch
-from .tenantquota import validate_tenantquota
+from .tenantquota import served_names, validate_tenantquota
 
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy")
 
 
 @dataclass(frozen=True)
@@ -60,26 +60,27 @@ def owner_of(body: Any) -> Owner:
 
 
 def _pvc_blockers(api: KubeApi, namespace: str, spec: InferenceServiceSpec) -> list[Blocker]:
-    uri = spec.model.uri
-    if not uri.startswith("pvc://"):
-        return []
-    claim = renderers.model_source(uri).volume or {}
-    name = claim.get("persistentVolumeClaim", {}).get("claimName", "")
-    if api.pvc_exists(namespace, name):
-        return []
-    return [
-        Blocker(
-            "PVCNotFound",
-            f"spec.model.uri {uri!r}: PersistentVolumeClaim {name!r} not found in {namespace!r}",
-        )
-    ]
+    """A blocker for each PersistentVolumeClaim the model or an adapter names that is not there."""
+    uris = [("spec.model.uri", spec.model.uri)]
+    uris += [(f"spec.adapters[{i}].uri", a.uri) for i, a in enumerate(spec.adapters)]
+    blockers: list[Blocker] = []
+    for field, uri in uris:
+        if not uri.startswith("pvc://"):
+            continue
+        name = uri[len("pvc://") :].split("/")[0]
+        if not api.pvc_exists(namespace, name):
+            message = f"{field} {uri!r}: PersistentVolumeClaim {name!r} not found in {namespace!r}"
+            blockers.append(Blocker("PVCNotFound", message))
+    return blockers
 
 
-def _apply_children(api: KubeApi, owner: Owner, spec: InferenceServiceSpec, image: str) -> tuple[Obj, bool]:
+def _apply_children(
+    api: KubeApi, owner: Owner, spec: InferenceServiceSpec, image: str, config: OperatorConfig
+) -> tuple[Obj, bool]:
     """Create/patch every child; returns the Deployment as stored and whether anything was written."""
     wrote = False
     deployment: Obj = {}
-    for desired in renderers.render_children(owner, spec, image):
+    for desired in renderers.render_children(owner, spec, image, config.ingress_sources()):
         meta = desired["metadata"]
         existing = api.get(desired["kind"], meta["namespace"], meta["name"])
         if existing is not None and not children.owned_by(existing, owner.uid):
@@ -127,7 +128,7 @@ def sync_inferenceservice(
     if verdict.spec is not None and not blockers and apply_children:
         image = verdict.spec.engine.image or config.engine_image_for(verdict.spec.resources.gpus)
         try:
-            deployment, wrote = _apply_children(api, owner, verdict.spec, image)
+            deployment, wrote = _apply_children(api, owner, verdict.spec, image, config)
         except children.NotOwnedError as err:
             blockers, retry = [Blocker("NameConflict", str(err))], str(err)
     if deployment is None:
@@ -140,6 +141,7 @@ def sync_inferenceservice(
         capacity=verdict.capacity,
         blockers=blockers,
         deployment=deployment,
+        adapters=[a.name for a in verdict.spec.adapters] if verdict.spec is not None else [],
     )
     new_status = compute_status(observed, old_status, utcnow())
     patch = status_patch(new_status, old_status)
@@ -173,8 +175,7 @@ def sync_tenantquota(api: KubeApi, body: Any) -> Outcome:
     else:
         secret = api.get_secret(namespace, spec.api_key_secret_ref.name)
         isvcs = api.list_custom(INFERENCESERVICE_PLURAL, namespace) if spec.models else []
-        served = {str((i.get("spec") or {}).get("model", {}).get("name", "")) for i in isvcs}
-        verdict = validate_tenantquota(spec, secret, served)
+        verdict = validate_tenantquota(spec, secret, served_names(isvcs))
     generation = meta.get("generation")
     new_status: Obj = {
         "conditions": conditions_as_dicts(

@@ -6,7 +6,8 @@ effect is unit-tested on plain dicts (``tests/operator/test_renderers.py``).
 
 Owned objects, all named after the InferenceService, all with an owner reference:
 an engine ``Deployment`` (container args are the ``kvfleet engine`` flags of docs/architecture.md §3),
-a ``Service`` on the engine port, a ``PodDisruptionBudget``.
+a ``Service`` on the engine port, a ``PodDisruptionBudget``, and a ``NetworkPolicy`` letting only the
+router and the gateway in (:mod:`kvfleet.operator.network_policy`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from kvfleet.protocol import (
     LABEL_INFERENCESERVICE,
 )
 
+from .network_policy import IngressSources, render_network_policy
 from .spec import InferenceServiceSpec
 
 MODEL_MOUNT = "/models"
+ADAPTER_MOUNT = "/adapters"  # pvc:// claims under /adapters/pvc-<i>, hf:// downloads under /adapters/hf
+ADAPTER_HF_VOLUME = "adapters-hf"
 # What the kvfleet-engine images expect (images/Containerfile): a numeric non-root user, and the only
 # writable paths under a read-only root: the cache ($KVFLEET_CACHE, $HOME: the tiny model, the native
 # kernel's build), /tmp (the compiler's scratch files) and /dev/shm (torch's shared memory).
@@ -119,6 +123,50 @@ def model_source(uri: str) -> ModelSource:
     return ModelSource(path=uri[len("file://") :])
 
 
+@dataclass(frozen=True)
+class AdapterSources:
+    """Where the engine finds each adapter (``--lora-modules NAME=PATH``), the volumes they need, and
+    the ``hf://`` ones to download first: (name, repo, revision, subfolder)."""
+
+    paths: tuple[tuple[str, str], ...]
+    volumes: tuple[Obj, ...]
+    mounts: tuple[Obj, ...]
+    fetches: tuple[tuple[str, str, str | None, str | None], ...]
+
+
+def adapter_sources(spec: InferenceServiceSpec) -> AdapterSources:
+    # Invariant: one read-only volume per distinct pvc:// claim, one emptyDir for every hf:// adapter
+    # (each downloaded into /adapters/hf/<name>), and file:// paths as they are.
+    claims: dict[str, str] = {}
+    paths: list[tuple[str, str]] = []
+    fetches: list[tuple[str, str, str | None, str | None]] = []
+    for adapter in spec.adapters:
+        uri = adapter.uri
+        if uri.startswith("pvc://"):
+            claim, _, sub = uri[len("pvc://") :].partition("/")
+            volume = claims.setdefault(claim, f"adapters-pvc-{len(claims)}")
+            paths.append((adapter.name, f"{ADAPTER_MOUNT}/{volume}/{sub}".rstrip("/")))
+        elif uri.startswith("hf://"):
+            location, _, revision = uri[len("hf://") :].partition("@")
+            org, name, *rest = location.split("/")
+            folder = "/".join(rest) or None
+            fetches.append((adapter.name, f"{org}/{name}", revision or None, folder))
+            local = f"{ADAPTER_MOUNT}/hf/{adapter.name}"
+            paths.append((adapter.name, f"{local}/{folder}" if folder else local))
+        else:
+            paths.append((adapter.name, uri[len("file://") :]))
+    volumes: list[Obj] = [
+        {"name": v, "persistentVolumeClaim": {"claimName": c, "readOnly": True}} for c, v in claims.items()
+    ]
+    mounts: list[Obj] = [
+        {"name": v, "mountPath": f"{ADAPTER_MOUNT}/{v}", "readOnly": True} for v in claims.values()
+    ]
+    if fetches:
+        volumes.append({"name": ADAPTER_HF_VOLUME, "emptyDir": {}})
+        mounts.append({"name": ADAPTER_HF_VOLUME, "mountPath": f"{ADAPTER_MOUNT}/hf", "readOnly": True})
+    return AdapterSources(tuple(paths), tuple(volumes), tuple(mounts), tuple(fetches))
+
+
 def engine_args(spec: InferenceServiceSpec) -> list[str]:
     """The ``kvfleet engine`` flags (docs/architecture.md §3), in a fixed order; optional ones only when set."""
     eng, model = spec.engine, spec.model
@@ -142,6 +190,10 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         args += ["--attention", eng.attention]
     if eng.simulate:
         args.append("--simulate")
+    if spec.adapters:
+        modules = [f"{name}={path}" for name, path in adapter_sources(spec).paths]
+        args += ["--lora-modules", *modules]
+        args += ["--max-loras", str(eng.max_loras), "--max-lora-rank", str(eng.max_lora_rank)]
     return args
 
 
@@ -199,25 +251,41 @@ def _engine_container(spec: InferenceServiceSpec, image: str, source: ModelSourc
         container["resources"] = resources
     if source.volume is not None:
         container["volumeMounts"].append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    container["volumeMounts"] += adapter_sources(spec).mounts
     return container
+
+
+_FETCH_CODE = (
+    "import sys; from huggingface_hub import snapshot_download; "
+    "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
+    "allow_patterns=sys.argv[4:] or None)"
+)
 
 
 def _fetch_container(spec: InferenceServiceSpec, image: str, source: ModelSource) -> Obj:
     """An init container that downloads an ``hf://`` model with ``huggingface_hub`` (in the engine image)."""
-    code = (
-        "import sys; from huggingface_hub import snapshot_download; "
-        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
-        "allow_patterns=sys.argv[4:] or None)"
-    )
     local_dir = f"{MODEL_MOUNT}/{source.fetch_repo}"
+    patterns = [source.fetch_file] if source.fetch_file else []
+    fetch = [source.fetch_repo or "", source.fetch_revision or "", local_dir, *patterns]
+    return _downloader(spec, image, "fetch-model", fetch, {"name": "model", "mountPath": MODEL_MOUNT})
+
+
+def _adapter_fetch_container(spec: InferenceServiceSpec, image: str, index: int) -> Obj:
+    """An init container that downloads one ``hf://`` adapter (its subfolder only, if named)."""
+    name, repo, revision, sub = adapter_sources(spec).fetches[index]
+    fetch = [repo, revision or "", f"{ADAPTER_MOUNT}/hf/{name}", *([f"{sub}/*"] if sub else [])]
+    mount = {"name": ADAPTER_HF_VOLUME, "mountPath": f"{ADAPTER_MOUNT}/hf"}
+    return _downloader(spec, image, f"fetch-adapter-{index}", fetch, mount)
+
+
+def _downloader(spec: InferenceServiceSpec, image: str, name: str, fetch: list[str], mount: Obj) -> Obj:
     container: Obj = {
-        "name": "fetch-model",
+        "name": name,
         "image": image,
-        "command": ["python", "-c", code],
-        "args": [source.fetch_repo or "", source.fetch_revision or "", local_dir]
-        + ([source.fetch_file] if source.fetch_file else []),
+        "command": ["python", "-c", _FETCH_CODE],
+        "args": fetch,
         "securityContext": _container_security(),
-        "volumeMounts": [*_scratch_mounts(), {"name": "model", "mountPath": MODEL_MOUNT}],
+        "volumeMounts": [*_scratch_mounts(), mount],
     }
     cred = spec.model.credentials_secret_ref
     if cred is not None:
@@ -231,6 +299,7 @@ def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
     pod: Obj = {
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + PRESTOP_SLEEP_SECONDS,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # an engine never calls the API server
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": ENGINE_USER,
@@ -241,10 +310,14 @@ def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
         "containers": [_engine_container(spec, image, source)],
         "volumes": [{"name": name, "emptyDir": dict(empty)} for name, _, empty in SCRATCH_VOLUMES],
     }
-    if source.fetch_repo is not None:
-        pod["initContainers"] = [_fetch_container(spec, image, source)]
+    init = [_fetch_container(spec, image, source)] if source.fetch_repo is not None else []
+    adapters = adapter_sources(spec)
+    init += [_adapter_fetch_container(spec, image, i) for i in range(len(adapters.fetches))]
+    if init:
+        pod["initContainers"] = init
     if source.volume is not None:
         pod["volumes"].append(source.volume)
+    pod["volumes"] += adapters.volumes
     place = spec.placement
     if place.node_selector:
         pod["nodeSelector"] = dict(place.node_selector)
@@ -311,6 +384,19 @@ def render_pdb(owner: Owner, spec: InferenceServiceSpec) -> Obj:
     }
 
 
-def render_children(owner: Owner, spec: InferenceServiceSpec, image: str) -> list[Obj]:
-    """Everything the InferenceService owns, in the order it is applied."""
-    return [render_deployment(owner, spec, image), render_service(owner, spec), render_pdb(owner, spec)]
+def render_children(
+    owner: Owner, spec: InferenceServiceSpec, image: str, sources: IngressSources | None = None
+) -> list[Obj]:
+    """Everything the InferenceService owns, in the order it is applied (the NetworkPolicy first, so
+    that no engine pod ever runs unguarded; none when ``sources`` is None)."""
+    guard = (
+        []
+        if sources is None
+        else [render_network_policy(_metadata(owner, spec), labels(owner.name), sources)]
+    )
+    return [
+        *guard,
+        render_deployment(owner, spec, image),
+        render_service(owner, spec),
+        render_pdb(owner, spec),
+    ]

@@ -4,7 +4,8 @@
 their own event loop with a stop flag. Several replicas agree through kopf peering
 (a ``KopfPeering`` per watched namespace, or the ``ClusterKopfPeering`` with
 ``--all-namespaces``, both shipped in ``crds/`` and created by the chart): the replica
-of the highest priority acts, the others pause until it stops renewing its lease.
+of the highest priority acts, the others pause until it stops renewing its lease. Without
+that object the operator creates it, or acts alone after a WARNING (:mod:`.peering`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import threading
 
 import kopf
 
+from kvfleet.kubeconfig import client_configuration
+
 from .config import OperatorConfig
 from .handlers import register
+from .kube import KubeApi, api_client
+from .peering import ensure_peering
 
 PREFIX = "kvfleet.dev"
 
@@ -41,6 +46,7 @@ async def operate(
     settings: kopf.OperatorSettings | None = None,
 ) -> None:
     """The operator in the running event loop, until ``stop_flag`` is set."""
+    config = await asyncio.to_thread(ensure_peering, KubeApi(api_client(client_configuration())), config)
     registry = kopf.OperatorRegistry()
     register(registry, config)
     await kopf.operator(

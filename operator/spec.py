@@ -58,6 +58,7 @@ def _check_inferenceservice(spec: InferenceServiceSpec) -> None:
         )
     if spec.resources.gpus == 0 and spec.resources.gpu_type is not None:
         raise SpecError("spec.resources.gpuType", f"{spec.resources.gpu_type!r} needs gpus > 0")
+    _check_adapters(spec)
     auto = spec.autoscaling
     if auto is not None and auto.min_replicas > auto.max_replicas:
         raise SpecError(
@@ -65,6 +66,27 @@ def _check_inferenceservice(spec: InferenceServiceSpec) -> None:
         )
     if auto is not None and auto.min_replicas == 0 and not auto.scale_to_zero:
         raise SpecError("spec.autoscaling.minReplicas", "0 needs scaleToZero: true")
+
+
+def _check_adapters(spec: InferenceServiceSpec) -> None:
+    seen: set[str] = set()
+    for i, adapter in enumerate(spec.adapters):
+        field = f"spec.adapters[{i}]"
+        if not adapter.uri.startswith(MODEL_SCHEMES) or adapter.uri in MODEL_SCHEMES:
+            raise SpecError(
+                f"{field}.uri", f"{adapter.uri!r} must be pvc://CLAIM[/PATH], hf://ORG/NAME or file:///PATH"
+            )
+        if adapter.uri.startswith("pvc://") and not adapter.uri[len("pvc://") :].split("/")[0]:
+            raise SpecError(f"{field}.uri", f"{adapter.uri!r} names no PersistentVolumeClaim")
+        if adapter.name == spec.model.name:
+            raise SpecError(
+                f"{field}.name", f"{adapter.name!r} is the model's name; an adapter needs its own"
+            )
+        if adapter.name in seen:
+            raise SpecError(
+                f"{field}.name", f"{adapter.name!r} names two adapters; adapter names must be unique"
+            )
+        seen.add(adapter.name)
 
 
 def parse_inferenceservice(spec: dict[str, Any]) -> InferenceServiceSpec:

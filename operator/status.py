@@ -55,6 +55,7 @@ class Observed:
     capacity: CapacityVerdict
     blockers: list[Blocker] = field(default_factory=list)
     deployment: Obj | None = None
+    adapters: list[str] = field(default_factory=list)  # names of spec.adapters the pods are given
 
 
 def _deployment_condition(dep: Obj, kind: str) -> Obj | None:
@@ -160,6 +161,8 @@ def compute_status(obs: Observed, old_status: Obj, now: str) -> Obj:
             conditions, list(old_status.get("conditions", []) or []), now, obs.generation
         ),
     }
+    if obs.adapters:
+        status["adapters"] = list(obs.adapters)
     if obs.capacity.figures is not None:
         status["capacity"] = obs.capacity.figures
     if obs.generation is not None:
@@ -180,6 +183,7 @@ def status_patch(new: Obj, old: Obj) -> Obj | None:
         "conditions",
         "capacity",
         "observedGeneration",
+        "adapters",
     }
     patch: Obj = {k: v for k, v in new.items() if old.get(k) != v}
     for key in ours - set(new):

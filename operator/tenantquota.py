@@ -1,7 +1,7 @@
 """TenantQuota validation (docs/architecture.md §7): the Secret and key exist, the models are served.
 
 Pure: the handler fetches the Secret and the InferenceServices of the namespace and
-passes them in. The router reads TenantQuotas itself; the operator only says, through
+passes them in; a model a tenant names may be a served model or one of its LoRA adapters. The router reads TenantQuotas itself; the operator only says, through
 the ``Valid`` condition, whether the router will be able to use one.
 """
 
@@ -22,6 +22,16 @@ class QuotaVerdict:
 
 def _invalid(reason: str, message: str, retry: bool) -> QuotaVerdict:
     return QuotaVerdict(Condition("Valid", "False", reason, message), message if retry else None)
+
+
+def served_names(inferenceservices: list[Obj]) -> set[str]:
+    """What a TenantQuota's ``spec.models`` may name: each InferenceService's model and its adapters."""
+    names: set[str] = set()
+    for isvc in inferenceservices:
+        spec = isvc.get("spec") or {}
+        names.add(str((spec.get("model") or {}).get("name", "")))
+        names |= {str(a.get("name", "")) for a in spec.get("adapters") or [] if isinstance(a, dict)}
+    return names - {""}
 
 
 def validate_tenantquota(

@@ -118,6 +118,8 @@ class Exchange:
                 await state.quota.settle(self.charge, self.tenant.spec.limits, used)
             except QuotaUnavailable:
                 log.warning("could not settle a request of tenant %s: quota store unavailable", tenant)
+        if state.fleet.is_adapter(model):
+            state.metrics.child(state.metrics.adapter_requests, model, tenant, str(code)).inc()
         if reason is not None and self.placement is None and code != 499:
             state.metrics.reject(model, tenant, reason, code)
             return
@@ -131,6 +133,9 @@ class Exchange:
         prompt, completion = self.prompt_tokens(), self.completion_tokens()
         m.child(m.prompt_tokens, model, tenant).inc(prompt)
         m.child(m.generation_tokens, model, tenant).inc(completion)
+        if state.fleet.is_adapter(model):
+            m.child(m.adapter_tokens, model, tenant, "prompt").inc(prompt)
+            m.child(m.adapter_tokens, model, tenant, "generation").inc(completion)
         queue = state.queues.get(model)
         if queue is not None:
             queue.vtc.charge(tenant, prompt - self.prompt_estimate + completion, self.tenant.spec.weight)

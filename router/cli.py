@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--redis", dest="redis_url", help="redis://host:port/db shared by router replicas")
     parser.add_argument(
-        "--policy", default="default", help="round-robin|least-request|kv-aware|prefix-aware|default"
+        "--policy",
+        default="default",
+        help="round-robin|least-request|kv-aware|prefix-aware|adapter-aware|default",
     )
     parser.add_argument("--no-admission", action="store_true", help="never queue: send every request at once")
     parser.add_argument(
@@ -44,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block"
+    )
+    parser.add_argument(
+        "--shared-prefix-cache",
+        action="store_true",
+        help="let tenants share prefix-cache blocks (public system prompts) on models without an "
+        "InferenceService; otherwise each tenant's requests carry its own cache_salt",
     )
     parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
@@ -136,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
         max_request_bytes=args.max_request_bytes,
+        shared_prefix_cache=args.shared_prefix_cache,
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
     )

@@ -63,6 +63,11 @@ class RouterConfig(BaseModel):
     picker_weights: PickerWeights = Field(default_factory=PickerWeights)
     prefix_chunk_chars: int = Field(default=64, ge=1, description="characters per prefix-index block")
     prefix_index_blocks: int = Field(default=200_000, ge=1)
+    shared_prefix_cache: bool = Field(
+        default=False,
+        description="tenants share prefix-cache blocks on models no InferenceService describes "
+        "(else each tenant's requests carry its own cache_salt)",
+    )
     chars_per_token: float = Field(default=4.0, gt=0, description="prompt token estimate at admission")
     prefill_rate_prior: float = Field(
         default=100.0, gt=0, description="prompt tokens/s an engine prefills, until a first byte says"
@@ -72,6 +77,9 @@ class RouterConfig(BaseModel):
         default=DEFAULT_MAX_BODY_BYTES, ge=1, description="a larger request body gets a 413 before it is read"
     )
     load_interval_s: float = Field(default=0.2, gt=0)
+    adapters_interval_s: float = Field(
+        default=10.0, gt=0, description="how often an engine's adapters are re-read"
+    )
     load_stale_s: float = Field(default=3.0, gt=0, description="older loads are not trusted")
     load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
     engine_silent_s: float = Field(default=10.0, gt=0, description="no answer for this long: unready")

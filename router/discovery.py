@@ -26,6 +26,7 @@ class Service:
     policy: str | None = None
     slo: SLOSpec = field(default_factory=SLOSpec)
     autoscaling: AutoscalingSpec | None = None
+    shared_prefix_cache: bool | None = None  # spec.routing.sharedPrefixCache; None: the router's flag
 
     @property
     def key(self) -> str:

@@ -9,6 +9,11 @@ connection, a bad answer or a stream cut off takes it out at once; the next good
 brings it back). A load older than ``load_stale_s`` is not trusted: its running and
 waiting counts give way to the router's own in-flight count. :meth:`Fleet.place` runs the picker over the ready engines of a model
 and reserves the chosen one; :meth:`Fleet.release` gives it back.
+
+LoRA adapters: an engine whose load carries ``lora`` also has its ``GET /v1/models`` read (at
+first, every ``adapters_interval_s``, and at once when it reports a resident adapter the router
+does not know), and the cards with a ``parent`` are its adapters. A request naming an adapter
+goes only to the engines configured with it.
 """
 
 from __future__ import annotations
@@ -55,6 +60,18 @@ class EngineState:
     in_flight: int = 0
     pending_tokens: int = 0  # of requests placed since ``load`` was read
     prefilling: dict[int, Prefill] = field(default_factory=dict)  # by ticket, until the first byte
+    adapters: frozenset[str] = frozenset()  # LoRA adapters it is configured with (its /v1/models)
+    adapters_at: float | None = None  # when ``adapters`` was read
+    adapters_sent: set[str] = field(default_factory=set)  # adapters placed here since ``load`` was read
+
+    def adapters_stale(self, now: float, interval: float) -> bool:
+        """Its adapter list needs reading: it serves adapters and the list is old or misses a resident one."""
+        lora = self.load.lora if self.load is not None else None
+        if lora is None:
+            return False
+        if self.adapters_at is None or now - self.adapters_at >= interval:
+            return True
+        return not set(lora.resident) <= self.adapters
 
 
 class PollMiss(enum.Enum):
@@ -113,6 +130,13 @@ class Fleet:
             return
         now = self.clock()
         engine.load, engine.loaded_at, engine.heard_at, engine.pending_tokens = load, now, now, 0
+        engine.adapters_sent.clear()
+
+    def observe_adapters(self, url: str, adapters: frozenset[str] | None) -> None:
+        """An engine's adapters as its ``/v1/models`` lists them (None: not read this time)."""
+        engine = self.engines.get(url)
+        if engine is not None and adapters is not None:
+            engine.adapters, engine.adapters_at = adapters, self.clock()
 
     def heard(self, url: str) -> None:
         """The engine answered a proxied request: it is alive, whatever its ``/load`` does."""
@@ -148,19 +172,39 @@ class Fleet:
             return self.services[engine.service].model
         return engine.load.model if engine.load is not None else None
 
+    def serves(self, engine: EngineState, model: str) -> bool:
+        return self.model_of(engine) == model or model in engine.adapters
+
+    def adapters(self) -> set[str]:
+        """Every adapter some engine is configured with (the only adapter names metrics may carry)."""
+        return {a for e in self.engines.values() for a in e.adapters}
+
+    def is_adapter(self, model: str) -> bool:
+        return any(model in e.adapters for e in self.engines.values())
+
     def models(self) -> set[str]:
         named = {s.model for s in self.services.values()}
-        return named | {m for e in self.engines.values() if (m := self.model_of(e)) is not None}
+        return (
+            named
+            | {m for e in self.engines.values() if (m := self.model_of(e)) is not None}
+            | self.adapters()
+        )
 
     def service_for(self, model: str) -> Service | None:
-        return next((s for s in self.services.values() if s.model == model), None)
+        """The InferenceService of a model, or of the base model an adapter belongs to."""
+        found = next((s for s in self.services.values() if s.model == model), None)
+        if found is None and self.is_adapter(model):
+            base = next((self.model_of(e) for e in self.engines.values() if model in e.adapters), None)
+            found = next((s for s in self.services.values() if s.model == base), None)
+        return found
 
     def ready_engines(self, model: str) -> list[EngineState]:
-        return [e for e in self.engines.values() if self.model_of(e) == model and self.is_ready(e)]
+        return [e for e in self.engines.values() if self.serves(e, model) and self.is_ready(e)]
 
     def candidates(self, model: str, hashes: Sequence[int], exclude: Sequence[str] = ()) -> list[Candidate]:
         ready = [e for e in self.ready_engines(model) if e.url not in exclude]
         matched = self.prefix.matched_blocks(hashes, [e.url for e in ready])
+        adapter = model if self.is_adapter(model) else None
         return [
             Candidate(
                 e.url,
@@ -171,6 +215,8 @@ class Fleet:
                 e.pending_tokens,
                 self.prefix.prompt_starts(e.url),
                 self.backlog(e),
+                adapter,
+                frozenset(e.adapters_sent),
             )  # fmt: skip
             for e in sorted(ready, key=lambda e: e.url)
             if (load := self.trusted_load(e)) is not None
@@ -191,8 +237,7 @@ class Fleet:
         cands = self.candidates(model, hashes, exclude)
         if not allow_saturated:
             cands = [c for c in cands if not is_saturated(c, self.context)]
-        service = self.service_for(model)
-        pol = policy((service.policy if service and service.policy else None) or self.config.policy)
+        pol = policy(self.policy_name(model))
         rotation = self._rotation.get(model, 0)
         choice = choose(cands, pol, self.context, rotation)
         if choice is None:
@@ -201,11 +246,19 @@ class Fleet:
         engine, ticket = self.engines[choice.url], next(self._tickets)
         engine.in_flight += 1
         engine.pending_tokens += tokens
+        if self.is_adapter(model):
+            engine.adapters_sent.add(model)
         chosen = next(c for c in cands if c.url == choice.url)
         cached = chosen.prefix_blocks / chosen.prompt_blocks if chosen.prompt_blocks else 0.0
         engine.prefilling[ticket] = Prefill(round(prompt_tokens * (1.0 - cached)), self.clock())
         self.prefix.record(hashes, choice.url)
         return Placement(choice.url, model, choice.score, tuple(hashes), ticket)
+
+    def policy_name(self, model: str) -> str:
+        """The service's policy, else the router's; a request naming an adapter turns ``default`` adapter-aware."""
+        service = self.service_for(model)
+        name = (service.policy if service and service.policy else None) or self.config.policy
+        return "adapter-aware" if name == "default" and self.is_adapter(model) else name
 
     def backlog(self, engine: EngineState) -> int:
         # Invariant: each prefill still awaiting its first byte counts its uncached tokens less what
@@ -234,8 +287,11 @@ class Fleet:
         if engine is not None:
             engine.in_flight = max(0, engine.in_flight - 1)
             engine.prefilling.pop(placement.ticket, None)
-        if self.on_change is not None:
-            self.on_change(placement.model)
+        if self.on_change is not None:  # the room it freed may serve its base model or any of its adapters
+            served = {placement.model} if engine is None else {placement.model, *engine.adapters}
+            base = self.model_of(engine) if engine is not None else None
+            for model in sorted(served | ({base} if base else set())):
+                self.on_change(model)
 
 
 async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | PollMiss:
@@ -252,6 +308,19 @@ async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> Eng
         return PollMiss.BAD
 
 
+async def fetch_adapters(client: httpx.AsyncClient, url: str, timeout: float) -> frozenset[str] | None:
+    """The adapters an engine's ``GET /v1/models`` lists (cards with a ``parent``), or None if unread."""
+    try:
+        response = await client.get(f"{url}/v1/models", timeout=timeout)
+        response.raise_for_status()
+        cards = response.json().get("data") or []
+        return frozenset(
+            str(c["id"]) for c in cards if isinstance(c, dict) and c.get("parent") and c.get("id")
+        )
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
 async def poll_once(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClient) -> None:
     fleet.apply_view(await discovery.view())
     urls = list(fleet.engines)
@@ -259,6 +328,11 @@ async def poll_once(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClien
     loads = await asyncio.gather(*(fetch_load(client, u, timeout) for u in urls))
     for url, load in zip(urls, loads, strict=True):
         fleet.observe(url, load)
+    now, interval = fleet.clock(), fleet.config.adapters_interval_s
+    stale = [u for u in urls if (e := fleet.engines.get(u)) is not None and e.adapters_stale(now, interval)]
+    listed = await asyncio.gather(*(fetch_adapters(client, u, timeout) for u in stale))
+    for url, adapters in zip(stale, listed, strict=True):
+        fleet.observe_adapters(url, adapters)
     if fleet.on_change is not None:
         for model in fleet.models():
             fleet.on_change(model)

@@ -5,8 +5,8 @@ config, else ``KUBECONFIG`` / ``~/.kube/config``); the calls
 themselves go through ``httpx`` so they are asynchronous. A :class:`Reflector` per
 resource lists, then watches, and re-lists when the watch ends, keeping a local copy:
 
-* InferenceServices → :class:`Service` (``spec.model.name``, ``spec.routing.policy``,
-  ``spec.slo``, ``spec.autoscaling``);
+* InferenceServices → :class:`Service` (``spec.model.name``, ``spec.routing.policy`` and
+  ``sharedPrefixCache``, ``spec.slo``, ``spec.autoscaling``);
 * engine pods (labels ``app.kubernetes.io/name=kvfleet-engine`` and
   ``kvfleet.dev/inferenceservice``), ready and not terminating → endpoints
   ``http://<podIP>:<port named http>``;
@@ -133,13 +133,23 @@ def service_of(obj: dict[str, Any]) -> Service | None:
     except ValidationError as exc:
         log.warning("InferenceService %s/%s ignored: %s", namespace, name, exc.errors()[0]["msg"])
         return None
-    policy = (spec.get("routing") or {}).get("policy")
+    routing = spec.get("routing") or {}
+    policy = routing.get("policy")
     if policy is not None and policy not in POLICIES:
         log.warning(
             "InferenceService %s/%s: unknown routing policy %r, using the default", namespace, name, policy
         )
         policy = None
-    return Service(name=name, model=model, namespace=namespace, policy=policy, slo=slo, autoscaling=auto)
+    shared = routing.get("sharedPrefixCache")
+    return Service(
+        name=name,
+        model=model,
+        namespace=namespace,
+        policy=policy,
+        slo=slo,
+        autoscaling=auto,
+        shared_prefix_cache=shared if isinstance(shared, bool) else None,
+    )
 
 
 def endpoint_of(pod: dict[str, Any]) -> Endpoint | None:

@@ -31,10 +31,10 @@ from pathlib import Path
 import httpx
 
 from kvfleet import capacity
+from kvfleet.oslib import describe_exit, free_port
 from kvfleet.resources import AutoscalingSpec
 from kvfleet.router.config import ConfigError, RouterConfig, TenantEntry, load_tenants_file
 from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
-from kvfleet.testing.processes import free_port
 
 log = logging.getLogger("kvfleet.up")
 LOCAL_TENANT = "local"
@@ -48,15 +48,6 @@ class EngineProcess:
     healthy_once: bool = False  # /health answered 200 at least once (it is past loading)
     failing_since: float | None = None  # monotonic time /health started failing, while it fails
     last_failure: str = ""
-
-
-def describe_returncode(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
 
 
 @dataclass
@@ -136,7 +127,7 @@ class LocalFleet:
     def _verdict(self, engine: EngineProcess) -> str | None:
         """Why the engine must be replaced now, or None."""
         if engine.process.poll() is not None:
-            return f"its process ended ({describe_returncode(engine.process.returncode)})"
+            return f"its process ended ({describe_exit(engine.process.returncode)})"
         if (
             engine.failing_since is not None
             and time.monotonic() - engine.failing_since >= self.health_grace_s

@@ -3,7 +3,9 @@
 Names are the contract with the dashboards and rules; each series is labelled by
 model and tenant as the client sees the request. Goodput is
 ``kvfleet_router_slo_requests_total{met="true"}``: requests that met their
-InferenceService's TTFT and TPOT targets.
+InferenceService's TTFT and TPOT targets. Requests naming a LoRA adapter are counted
+again by adapter (``kvfleet_router_adapter_*``); only adapters an engine is configured with
+get a series, so a client cannot mint label values.
 """
 
 from __future__ import annotations
@@ -69,6 +71,18 @@ class RouterMetrics:
             "kvfleet_router_slo_requests",
             "Finished requests by whether they met the SLO",
             [*mt, "met"],
+            registry=r,
+        )
+        self.adapter_requests = Counter(
+            "kvfleet_router_adapter_requests",
+            "Requests naming a LoRA adapter, by status code",
+            ["adapter", "tenant", "code"],
+            registry=r,
+        )
+        self.adapter_tokens = Counter(
+            "kvfleet_router_adapter_tokens",
+            "Tokens of requests naming a LoRA adapter (kind: prompt or generation)",
+            ["adapter", "tenant", "kind"],
             registry=r,
         )
         self.engine_up = Gauge(

@@ -21,6 +21,11 @@ share work. Policies register by name in :data:`POLICIES`:
   with another, whatever its request count). With the prefix
   weight dominant, a request follows its cached prefix until that engine is over the
   bound, then spills to the best other one, which thereby becomes a second home.
+* ``adapter-aware``: the default when a request names a LoRA adapter (docs/architecture.md §6).
+  Within the same load bound: first the engines that hold the adapter (resident, or sent it
+  since their last load), scored as ``default`` among themselves; else the least-loaded
+  engine with a free adapter slot (fewer resident than ``max_loras``, or an idle resident one
+  to evict); else, every slot busy, the least-loaded engine.
 """
 
 from __future__ import annotations
@@ -45,6 +50,24 @@ class Candidate:
     pending_tokens: int = 0
     prompt_starts: int = 0  # distinct prompt starts (first block hashes) sent to it lately
     prefill_tokens: int = 0  # uncached prompt tokens sent to it whose first byte is not back yet
+    adapter: str | None = None  # the LoRA adapter the request names
+    adapters_sent: frozenset[str] = frozenset()  # adapters placed here since the load was read
+
+    def holds_adapter(self) -> bool:
+        """The adapter is on the engine or on its way there: resident, asked for, or just sent."""
+        lora, adapter = self.load.lora, self.adapter
+        if adapter is None or lora is None:
+            return False
+        return adapter in self.adapters_sent or adapter in {*lora.resident, *lora.running, *lora.waiting}
+
+    def has_adapter_slot(self) -> bool:
+        """Loading the adapter would not wait: a slot is free, or a resident adapter is idle (LRU victim)."""
+        lora = self.load.lora
+        if lora is None:
+            return False
+        held = {*lora.resident, *self.adapters_sent}
+        busy = {*lora.running, *lora.waiting, *self.adapters_sent}
+        return len(held) < lora.max_loras or any(a not in busy for a in lora.resident)
 
     @property
     def busy(self) -> int:
@@ -103,6 +126,14 @@ def default_score(c: Candidate, ctx: PickContext) -> float:
     return mixed / total if total else 0.0
 
 
+def adapter_score(c: Candidate, ctx: PickContext) -> float:
+    # Invariant: tiers never overlap: holding the adapter scores in [4, 5], a free slot in [2, 3],
+    # neither in [0, 1]; within a tier, cache affinity (holders) or the lighter load (the rest) wins.
+    if c.holds_adapter():
+        return 4.0 + default_score(c, ctx)
+    return (2.0 if c.has_adapter_slot() else 0.0) + load_score(c, ctx)
+
+
 def load_bound(cands: Sequence[Candidate], ctx: PickContext) -> int:
     """The most requests an engine may hold after taking this one (bounded-load hashing, plus slack)."""
     total = sum(c.busy for c in cands) + 1
@@ -138,6 +169,7 @@ POLICIES: dict[str, Policy] = {
         Policy("kv-aware", kv_score),
         Policy("prefix-aware", prefix_score),
         Policy("default", default_score, admit=within_bound),
+        Policy("adapter-aware", adapter_score, admit=within_bound),
     )
 }
 

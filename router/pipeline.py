@@ -21,6 +21,7 @@ their reply. ``GET /v1/models`` is answered here too (:func:`models_listing`), f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
-from kvfleet.router.prefix import block_hashes
+from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
 from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
 from kvfleet.router.state import RouterState
@@ -63,13 +64,13 @@ def authenticate(state: RouterState, authorization: str | None) -> Tenant:
 
 def models_listing(state: RouterState, tenant: Tenant) -> dict[str, Any]:
     """``GET /v1/models``: the models this tenant may use that the fleet serves."""
-    names = sorted(m for m in state.fleet.models() if tenant.may_use(m))
+    names = sorted(m for m in state.fleet.models() if may_use(state, tenant, m))
     return {"object": "list", "data": [_model_card(state, m) for m in names]}
 
 
 def model_card(state: RouterState, tenant: Tenant, model: str) -> dict[str, Any]:
     """``GET /v1/models/{model}``: one of them, or a 404 (also for a model the tenant may not use)."""
-    if not tenant.may_use(model) or model not in state.fleet.models():
+    if not may_use(state, tenant, model) or model not in state.fleet.models():
         raise RouterError(404, "model_not_found", f"model {model!r} is not served here", param="model")
     return _model_card(state, model)
 
@@ -79,9 +80,16 @@ def _model_card(state: RouterState, model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": created, "owned_by": "kvfleet"}
 
 
+def may_use(state: RouterState, tenant: Tenant, model: str) -> bool:
+    """The tenant's models allow it, and an adapter another tenant names is that tenant's alone."""
+    if not tenant.may_use(model):
+        return False
+    return not (state.fleet.is_adapter(model) and state.tenants.claimed_by_another(tenant, model))
+
+
 def check_request(state: RouterState, tenant: Tenant, req: ParsedRequest, prompt_estimate: int) -> int:
     """Model, permission and per-request limits; returns the token estimate to charge."""
-    if not tenant.may_use(req.model):
+    if not may_use(state, tenant, req.model):
         raise RouterError(403, "model_not_allowed", f"tenant may not use model {req.model!r}", param="model")
     if req.model not in state.fleet.models():
         raise RouterError(404, "model_not_found", f"model {req.model!r} is not served here", param="model")
@@ -116,7 +124,9 @@ def _no_ready_engine(model: str) -> RouterError:
 async def place(state: RouterState, ex: Exchange) -> Placement:
     """An engine for the request: at once, or after waiting in the model's queue."""
     fleet, model = state.fleet, ex.req.model
-    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars)
+    adapter = model if fleet.is_adapter(model) else None
+    namespace = cache_namespace(cache_salt=ex.req.cache_salt, adapter=adapter)
+    hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, namespace)
     kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
     can_appear = service is not None and service.autoscaling is not None
@@ -174,6 +184,12 @@ async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
         raise
 
 
+def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequest:
+    """The request with the ``cache_salt`` its engine gets (:func:`~kvfleet.router.prefix.engine_cache_salt`)."""
+    shared = shares_prefix_cache(state.fleet.service_for(req.model), state.config.shared_prefix_cache)
+    return dataclasses.replace(req, cache_salt=engine_cache_salt(tenant.name, req.cache_salt, shared))
+
+
 def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> ParsedRequest:
     try:
         return parse_request(path, body, state.config.default_max_tokens)
@@ -185,7 +201,7 @@ def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> Parsed
 async def admit(state: RouterState, authorization: str | None, path: str, body: bytes) -> Exchange:
     """The pipeline, steps 1 to 6: an :class:`Exchange` placed on an engine, or a :class:`RouterError`."""
     tenant = authenticate(state, authorization)
-    req = _parse(state, tenant, path, body)
+    req = salted(state, tenant, _parse(state, tenant, path, body))
     prompt_estimate = req.prompt_tokens_estimate(state.config.chars_per_token)
     estimate = check_request(state, tenant, req, prompt_estimate)
     ex = Exchange(state, tenant, req, prompt_estimate=prompt_estimate)

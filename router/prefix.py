@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvfleet.router.discovery import Service
+
 
 def prompt_text(body: Mapping[str, Any]) -> str:
     """The text a completion or chat request's prompt is made of, in order."""
@@ -31,6 +33,34 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     if isinstance(prompt, list):
         return "".join(str(p) for p in prompt)
     return str(prompt)
+
+
+def cache_namespace(cache_salt: str | None = None, adapter: str | None = None) -> str:
+    """The prefix index's namespace of a request, as the engine keys its cache: by the tenant's
+    cache salt and the LoRA adapter (``""``, the shared namespace, when neither is set)."""
+    if cache_salt is None and adapter is None:
+        return ""
+    return "".join(f"{len(part)}:{part}" for part in (cache_salt or "", adapter or ""))
+
+
+def tenant_cache_salt(tenant: str, client_salt: str | None) -> str:
+    """The ``cache_salt`` the engine gets for a tenant's request (docs/architecture.md §6): the tenant,
+    and the client's own salt, if any, within it. No client salt of one tenant yields another's."""
+    parts = (tenant, client_salt or "")
+    digest = hashlib.sha256(b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in parts))
+    return f"tenant-{digest.hexdigest()}"
+
+
+def engine_cache_salt(tenant: str, client_salt: str | None, shared: bool) -> str | None:
+    """The ``cache_salt`` a request is sent with: the client's own where tenants share the prefix
+    cache, else the tenant's (:func:`tenant_cache_salt`); the prefix index is keyed by it too."""
+    return client_salt if shared else tenant_cache_salt(tenant, client_salt)
+
+
+def shares_prefix_cache(service: Service | None, default: bool) -> bool:
+    """An InferenceService's ``spec.routing.sharedPrefixCache``; the router's ``--shared-prefix-cache``
+    for a model no InferenceService describes (or one that leaves it out)."""
+    return default if service is None or service.shared_prefix_cache is None else service.shared_prefix_cache
 
 
 def block_hashes(text: str, chunk_chars: int, namespace: str = "") -> list[int]:

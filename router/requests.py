@@ -3,9 +3,11 @@
 The body is parsed and validated first, by the same models the engine uses
 (:mod:`kvfleet.openai_api`; a 400 naming the field), so a malformed request never takes
 a request, tokens or a concurrency slot from its tenant's quota. The
-router forwards the bytes it received, re-encoding the body only for a stream whose
-client did not ask for ``stream_options.include_usage``: the router adds it, so that it
-can account the real usage.
+router forwards the bytes it received, re-encoding the body only when it must change it:
+for a stream whose client did not ask for ``stream_options.include_usage`` (the router adds
+it, so that it can account the real usage), and to set ``cache_salt`` to the tenant's
+(the pipeline's :func:`~kvfleet.router.prefix.tenant_cache_salt`: no tenant reuses another's
+prefix cache).
 """
 
 from __future__ import annotations
@@ -36,20 +38,29 @@ class ParsedRequest:
     max_tokens: int
     prompt: str
     raw: bytes = b""
+    cache_salt: str | None = None  # what the engine is sent; the pipeline sets it (the client's until then)
 
     def prompt_tokens_estimate(self, chars_per_token: float) -> int:
         return max(1, math.ceil(len(self.prompt) / chars_per_token))
 
+    @property
+    def rewritten(self) -> bool:
+        """Whether the engine must be sent another body than the client's."""
+        return (self.stream and not self.client_wants_usage) or self.cache_salt != self.body.get("cache_salt")
+
     def upstream_body(self) -> dict[str, Any]:
-        if not self.stream:
-            return self.body
-        options = dict(self.body.get("stream_options") or {})
-        options["include_usage"] = True
-        return {**self.body, "stream_options": options}
+        body = dict(self.body)
+        if self.cache_salt is None:
+            body.pop("cache_salt", None)
+        else:
+            body["cache_salt"] = self.cache_salt
+        if self.stream:
+            body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
+        return body
 
     def upstream_content(self) -> bytes:
-        """The bytes to send the engine: the client's own, unless usage must be asked for."""
-        if self.raw and (not self.stream or self.client_wants_usage):
+        """The bytes to send the engine: the client's own, unless usage or the salt must change."""
+        if self.raw and not self.rewritten:
             return self.raw
         return orjson.dumps(self.upstream_body())
 
@@ -81,4 +92,5 @@ def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedReque
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
         prompt=prompt_text(body),
         raw=raw,
+        cache_salt=parsed.cache_salt,
     )

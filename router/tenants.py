@@ -53,6 +53,13 @@ class TenantRegistry:
                 found = tenant
         return found
 
+    def claimed_by_another(self, tenant: Tenant, model: str) -> bool:
+        """Another tenant lists ``model`` and this one does not: an adapter named in a TenantQuota
+        is its tenants' own, even for a tenant allowed every model."""
+        return model not in tenant.spec.models and any(
+            model in other.spec.models for _, other in self._table if other.name != tenant.name
+        )
+
     def names(self) -> list[str]:
         return sorted(t.name for _, t in self._table)
 

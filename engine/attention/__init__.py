@@ -3,8 +3,9 @@
 from kvfleet.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
+    LayerKV,
     get_backend,
     register_backend,
 )
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "get_backend", "register_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "LayerKV", "get_backend", "register_backend"]

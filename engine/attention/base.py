@@ -19,7 +19,7 @@ Shapes (T = tokens in the step, S = sequences in the step):
 
 Causality: query row ``i`` of sequence ``s`` sits at position
 ``seq_lens[s] - query_len[s] + i`` and attends to keys ``0..position`` inclusive. With a
-``sliding_window`` W (per layer, given to ``forward``) it attends to keys
+``sliding_window`` W (per layer, in the :class:`LayerKV` given to ``forward``) it attends to keys
 ``max(0, position - W + 1)..position``: W keys, itself included, as transformers'
 ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``).
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -47,27 +47,23 @@ class AttentionMetadata:
         return int(self.seq_lens.shape[0])
 
 
+class LayerKV(NamedTuple):
+    """One attention layer as a backend sees it: its paged K and V caches and its parameters."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    scale: float
+    sliding_window: int | None = None  # None: full causal attention
+
+
 class AttentionBackend(Protocol):
     name: str
 
-    def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None: ...
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, slot_mapping: torch.Tensor) -> None:
+        """Write the step's new keys and values into ``layer``'s cache at ``slot_mapping``."""
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor: ...
+    def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention of every query row over its sequence's cached keys (causal, windowed)."""
 
 
 _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
@@ -46,17 +46,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._prefill = BatchedAttention(sdpa_decodes=False)
         self._checked: AttentionMetadata | None = None  # the last step whose bounds were checked
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache, scale, sliding_window = layer
         if not _native_ok(q, k_cache, v_cache, meta):
-            return super().forward(q, k_cache, v_cache, meta, scale, sliding_window)
+            return super().forward(q, layer, meta)
         check_cache(k_cache, v_cache)
         check_forward(q, k_cache, meta, sliding_window)
         if meta is not self._checked:  # the step's values, once for all its layers
@@ -79,7 +72,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 sliding_window,
             )
         if layout.groups:
-            self._prefill.forward(q, k_cache, v_cache, meta, scale, sliding_window, out=out)
+            self._prefill.forward(q, layer, meta, out=out)
         return out
 
 

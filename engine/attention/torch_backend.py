@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
 
 
@@ -80,26 +80,11 @@ class TorchAttentionBackend:
     def __init__(self) -> None:
         self._batched = BatchedAttention()
 
-    def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        store_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, slot_mapping: torch.Tensor) -> None:
+        store_kv_reference(k, v, layer.k_cache, layer.v_cache, slot_mapping)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
-        return self._batched.forward(q, k_cache, v_cache, meta, scale, sliding_window)
+    def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
+        return self._batched.forward(q, layer, meta)
 
 
 register_backend("torch", TorchAttentionBackend)

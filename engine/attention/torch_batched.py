@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.attention.base import AttentionMetadata
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 
 DECODE_BUCKET = 8  # decoding sequences per SDPA call, at least (fewer, longer calls beat many short ones)
 MAX_DECODE_BUCKETS = 4
@@ -259,16 +259,10 @@ class BatchedAttention:
         return kv
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-        out: torch.Tensor | None = None,
+        self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Attention of the rows the layout's groups cover, written into ``out`` (new if None)."""
+        k_cache, v_cache, scale, window = layer
         block_size, kv_heads, head_dim = k_cache.shape[1:]
         heads = q.shape[1]
         g = heads // kv_heads

@@ -16,7 +16,7 @@ from typing import Final
 
 import torch
 
-from kvfleet.engine.attention.base import AttentionMetadata, register_backend
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
 from kvfleet.engine.attention.checks import check_cache, check_forward
 from kvfleet.engine.kernels import kv_store, paged_attention
 
@@ -44,14 +44,8 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
 class TritonAttentionBackend:
     name = "triton"
 
-    def store_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, layer: LayerKV, slot_mapping: torch.Tensor) -> None:
+        k_cache, v_cache = layer.k_cache, layer.v_cache
         _check_device(k, v, k_cache, v_cache, slot_mapping)
         _check_cache(k_cache, v_cache)
         if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:]:
@@ -63,15 +57,8 @@ class TritonAttentionBackend:
             raise ValueError(f"slot_mapping must be ({k.shape[0]},), got {tuple(slot_mapping.shape)}")
         kv_store.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache, scale, sliding_window = layer
         _check_device(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
         _check_cache(k_cache, v_cache)
         check_forward(q, k_cache, meta, sliding_window)

@@ -194,11 +194,12 @@ def _added_tokens(meta: TokenizerMeta, tokens: list[str]) -> list[dict[str, Any]
         if meta.model == "gpt2" and any(c not in alphabet for c in meta.tokens[index]):
             continue
         if kind in (CONTROL, USER_DEFINED):
-            added.append(_added(index, token, special=kind == CONTROL))
+            added.append(added_token(index, token, special=kind == CONTROL))
     return added
 
 
-def _added(token_id: int, content: str, *, special: bool) -> dict[str, Any]:
+def added_token(token_id: int, content: str, *, special: bool = True) -> dict[str, Any]:
+    """One entry of tokenizer.json's ``added_tokens``."""
     return {
         "id": token_id,
         "content": content,

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
+from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 
@@ -143,9 +143,9 @@ class Attention(nn.Module):
         qk = apply_rope(qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d)), *rope)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
-        backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = backend.forward(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
+        layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window)
+        backend.store_kv(k, v, layer, meta.slot_mapping)
+        out = backend.forward(q, layer, meta)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from kvfleet.engine.model.gguf_tokenizer import added_token
 from kvfleet.engine.model.tokenizer import _byte_decoder
 
 TINY_VERSION = "v1"
@@ -136,18 +137,6 @@ def _weights() -> dict[str, np.ndarray]:
     return w
 
 
-def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {
-        "id": token_id,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
-
-
 def _tokenizer_json() -> dict[str, Any]:
     vocab = {char: byte for char, byte in sorted(_byte_decoder().items(), key=lambda kv: kv[1])}
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
@@ -156,7 +145,7 @@ def _tokenizer_json() -> dict[str, Any]:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [_added_token(BOS_ID, BOS), _added_token(EOS_ID, EOS), _added_token(PAD_ID, PAD)],
+        "added_tokens": [added_token(BOS_ID, BOS), added_token(EOS_ID, EOS), added_token(PAD_ID, PAD)],
         "normalizer": None,
         "pre_tokenizer": byte_level,
         "post_processor": {

@@ -92,6 +92,7 @@ def sampling_params(
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=tuple(bias.items()),
             include_stop_str_in_output=req.include_stop_str_in_output,
+            cache_salt=req.cache_salt,
         )
     except SamplingParamsError as exc:
         raise APIError(400, str(exc), param=exc.field) from None

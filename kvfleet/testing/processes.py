@@ -3,7 +3,7 @@
 ``kvfleet engine --simulate`` (the real scheduler and KV accounting on a timing model)
 stands in for GPU engines, ``kvfleet router`` in front of them; :func:`engine_process`
 starts any ``kvfleet engine``. The tests and ``bench/*.py`` start them from here, so there is
-one launcher (and one :func:`free_port`, which ``kvfleet up`` uses too). Every process binds 127.0.0.1, waits are bounded, and everything started is
+one launcher (ports from :func:`kvfleet.oslib.free_port`, which ``kvfleet up`` uses too). Every process binds 127.0.0.1, waits are bounded, and everything started is
 stopped when its context ends. This module imports no torch: the engines run in their
 own processes.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,7 @@ from typing import NamedTuple
 
 import httpx
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the one free-port helper of the tests, benches and ``kvfleet up``)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from kvfleet.oslib import free_port
 
 
 def kvfleet_argv(*args: str, cpus: str | None = None) -> list[str]:
@@ -99,6 +93,12 @@ class SimFlags:
             "--sim-base-ms", str(self.base_ms), "--sim-per-token-ms", str(self.per_token_ms),
             "--sim-per-context-token-us", str(self.per_context_token_us), "--max-model-len", str(self.max_model_len),
         ]  # fmt: skip
+
+
+def lora_flags(adapters: Sequence[str], max_loras: int, load_ms: float = 50.0) -> list[str]:
+    """A simulated engine's adapter flags: each adapter at ``/adapters/<name>``, ``max_loras`` slots."""
+    modules = [f"{a}=/adapters/{a}" for a in adapters]
+    return ["--lora-modules", *modules, "--max-loras", str(max_loras), "--sim-lora-load-ms", f"{load_ms:g}"]
 
 
 class SimEngine(NamedTuple):

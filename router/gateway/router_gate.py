@@ -58,10 +58,8 @@ class RouterTicket:
 
     @property
     def upstream_body(self) -> bytes | None:
-        req = self.ex.req
-        if not req.stream or req.client_wants_usage:
-            return None
-        return json.dumps(req.upstream_body()).encode()  # asks the engine for the usage chunk
+        req = self.ex.req  # Envoy sends the client's body unless the usage chunk or the salt must change
+        return req.upstream_content() if req.rewritten else None
 
     def _streaming(self) -> bool:
         return self.ex.req.stream and self.status == 200 and self.from_engine

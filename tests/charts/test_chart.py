@@ -15,6 +15,7 @@ import pytest
 from ..operator_kit.chart import (
     CHART,
     DASHBOARDS,
+    LORA_METRICS,
     RULES,
     chart_metric_names,
     expressions,
@@ -49,7 +50,9 @@ DESIGN_METRICS = {
     "kvfleet_router_prompt_tokens_total",
     "kvfleet_router_generation_tokens_total",
     "kvfleet_router_slo_requests_total",
-}
+    "kvfleet_router_adapter_requests_total",
+    "kvfleet_router_adapter_tokens_total",
+} | LORA_METRICS
 CUSTOM_KINDS = {"PrometheusRule", "ClusterKopfPeering", "KopfPeering"}
 NAMESPACED = {
     "operator": {"watchNamespaces": ["team-a", "team-b"]},
@@ -130,6 +133,21 @@ def test_the_router_runs_in_kubernetes_mode_on_its_port_on_every_address_of_its_
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_router_shares_the_prefix_cache_across_tenants_only_when_the_value_says(shared: bool) -> None:
+    from kvfleet.cli import build_parser
+    from kvfleet.router.cli import config_from_args
+
+    (dep,) = [
+        d
+        for d in by_kind(render({"router": {"sharedPrefixCache": shared}}), "Deployment")
+        if "router" in d["metadata"]["name"]
+    ]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = config_from_args(build_parser(only="router").parse_args(["router", *args]))
+    assert config.shared_prefix_cache is shared  # type: ignore[attr-defined]
+
+
 def test_dashboards_and_rules_use_only_the_metric_names_of_the_design() -> None:
     used = chart_metric_names()
     assert used - DESIGN_METRICS == set()
@@ -149,6 +167,8 @@ def test_the_service_level_dashboard_shows_each_signal_per_model_and_tenant() ->
         "Queue depth",
         "Queue wait",
         "Tokens per second by tenant",
+        "Requests per LoRA adapter by tenant",
+        "Tokens per LoRA adapter by tenant",
     ]
     assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "model", "tenant"]
     router_exprs = [
@@ -157,13 +177,15 @@ def test_the_service_level_dashboard_shows_each_signal_per_model_and_tenant() ->
         for t in p["targets"]
         if "kvfleet_router_queue_depth" not in t["expr"]
     ]
-    assert all('tenant=~"$tenant"' in e and 'model=~"$model"' in e for e in router_exprs)
+    by_model = ('model=~"$model"', 'adapter=~"$model"')  # an adapter is the model its requests name
+    assert all('tenant=~"$tenant"' in e and any(m in e for m in by_model) for e in router_exprs)
 
 
 def test_engine_series_are_selected_by_model_name_as_the_engine_labels_them() -> None:
     board = json.loads((CHART / "files" / "dashboards" / "kvfleet-engines.json").read_text())
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
-    assert all('model_name=~"$model"' in e for e in exprs)
+    assert all('model_name=~"$model"' in e for e in exprs if ":lora_" not in e)  # adapters: by adapter
+    assert sum(":lora_" in e for e in exprs) == 6
     assert all("model_name" in e for e in expressions() if "kvfleet_engine_" in e and "histogram" not in e)
 
 

@@ -20,6 +20,7 @@ from kvfleet.router import cli
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.xds import bootstrap_json
+from kvfleet.router.prefix import tenant_cache_salt
 from kvfleet.testing.processes import free_port
 
 from ..operator_kit.chart import render
@@ -102,7 +103,12 @@ def test_envoy_runs_the_bootstrap_from_its_configmap_with_probes_on_the_served_l
     ]
     assert (pod["automountServiceAccountToken"], pod["securityContext"]) == (
         False,
-        {"runAsNonRoot": True, "runAsUser": 101},
+        {
+            "runAsNonRoot": True,
+            "runAsUser": 101,
+            "runAsGroup": 101,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     )
     probe = {"tcpSocket": {"port": "http"}}
     assert pod["containers"] == [
@@ -210,4 +216,5 @@ async def test_the_real_envoy_runs_the_charts_bootstrap_and_a_completion_goes_th
     async with gateway(free_port, [engine], [tenant("alpha", ALPHA)], gw=gw, bootstrap=bootstrap) as stack:
         completion = await stack.client().completions.create(model="tiny", prompt="hello", max_tokens=5)
     assert completion.choices[0].text == "Hello world"
-    assert engine.received == [{"model": "tiny", "prompt": "hello", "max_tokens": 5}]
+    salt = tenant_cache_salt("alpha", None)
+    assert engine.received == [{"model": "tiny", "prompt": "hello", "max_tokens": 5, "cache_salt": salt}]

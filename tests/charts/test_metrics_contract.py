@@ -21,17 +21,18 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfleet.testing.processes import SimFlags, router_processes, sim_engines
+from kvfleet.testing.processes import SimFlags, lora_flags, router_processes, sim_engines
 
-from ..operator_kit.chart import chart_metric_names, expressions
+from ..operator_kit.chart import LORA_METRICS, METRIC_NAME, chart_metric_names, expressions
 
 KEY = "sk-metrics-0123456789"
+ADAPTERS = ("sql", "chat")
 
 
-_SELECTOR = re.compile(r"\b(kvfleet_[a-z0-9_]+?)(?:_bucket|_sum|_count)?\{([^}]*)\}")
+_SELECTOR = re.compile(rf"\b({METRIC_NAME}?)(?:_bucket|_sum|_count)?\{{([^}}]*)\}}")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 _BY = re.compile(r"\bby\s*\(([^)]*)\)")
-_NAME = re.compile(r"\bkvfleet_[a-z0-9_]+")
+_NAME = re.compile(rf"\b{METRIC_NAME}")
 
 
 @dataclass
@@ -79,9 +80,9 @@ def queried_labels() -> dict[str, set[str]]:
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Metric]]]:
     tenants = tmp_path_factory.mktemp("metrics") / "tenants.yaml"
     tenants.write_text(
-        yaml.safe_dump({"tenants": [{"tenant": "alice", "apiKey": KEY, "limits": {"requestsPerMinute": 1}}]})
+        yaml.safe_dump({"tenants": [{"tenant": "alice", "apiKey": KEY, "limits": {"requestsPerMinute": 3}}]})
     )
-    with sim_engines(1, SimFlags()) as engines:
+    with sim_engines(1, SimFlags(), lora_flags(ADAPTERS, max_loras=1)) as engines:
         engine_url = engines[0].url
         with router_processes(1, [engine_url], tenants, ["--slo-ttft-ms", "10000"]) as (router_url,):
             drive(router_url)
@@ -103,6 +104,11 @@ def settled_metrics(router_url: str) -> str:
 
 def drive(router_url: str) -> None:
     client = openai.OpenAI(base_url=router_url + "/v1", api_key=KEY, max_retries=0)
+    deadline = time.monotonic() + 20
+    while not {*ADAPTERS} <= {m.id for m in client.models.list().data} and time.monotonic() < deadline:
+        time.sleep(0.05)  # the router reads an engine's adapters just after its first load
+    for adapter in ADAPTERS:  # the per-adapter series; one slot, so the second evicts the first
+        client.completions.create(model=adapter, prompt="hello", max_tokens=2)
     stream = client.completions.create(
         model="tiny", prompt="hello there", max_tokens=4, stream=True, stream_options={"include_usage": True}
     )
@@ -137,6 +143,9 @@ def test_each_part_exports_the_chart_names_of_its_own_prefix(scraped: dict[str, 
         wanted = {n for n in chart_metric_names() if n.startswith(f"kvfleet_{part}_")}
         assert wanted - set(scraped[part]) == set(), part
         assert len(wanted) >= 10, part
+    lora = {n for n in chart_metric_names() if n.startswith(("kvfleet:lora_", "vllm:lora_"))}
+    assert lora == LORA_METRICS
+    assert lora - set(scraped["engine"]) == set()
 
 
 def test_the_latency_metrics_the_chart_takes_quantiles_of_are_histograms(

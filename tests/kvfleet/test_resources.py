@@ -14,7 +14,9 @@ from kvfleet.resources import AutoscalingSpec, EngineSpec, InferenceServiceSpec,
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 # What both sides state about a value; descriptions, formats and x-kubernetes-* markers are not compared.
-KEPT = ("type", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "required")
+KEPT = (
+    "type", "default", "enum", "minimum", "maximum", "minLength", "maxLength", "maxItems", "pattern", "required",
+)  # fmt: skip
 
 
 def crd_spec_schema(plural: str) -> dict[str, Any]:

@@ -39,6 +39,12 @@ def test_replicas_without_a_priority_draw_distinct_ones() -> None:
             ["-A", "--priority", "-1"],
             "kvfleet operator: priority: Input should be greater than or equal to 0",
         ),
+        (["-A", "--metrics-from", "{nope"], "argument --metrics-from: not JSON: Expecting property name"),
+        (["-A", "--metrics-from", "[1]"], "argument --metrics-from: must be a JSON object, got list"),
+        (
+            ["-A", "--metrics-from", '{"selector": {}}'],
+            "--metrics-from: a NetworkPolicyPeer has namespaceSelector, podSelector or ipBlock, got ['selector']",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(

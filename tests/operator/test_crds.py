@@ -93,6 +93,18 @@ REFUSED_ISVC = [
         "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence needs a token each step)",
     ),
     (isvc(resources={"gpus": 0, "gpuType": "h100"}), "gpuType needs gpus > 0"),
+    (
+        isvc(adapters=[{"name": "a", "uri": "s3://bucket/a"}]),
+        "adapter uri must be pvc://CLAIM[/PATH], hf://ORG/NAME[/SUBFOLDER][@REVISION] or file:///ABSOLUTE/PATH",
+    ),
+    (
+        isvc(adapters=[{"name": "a", "uri": "file:///a"}, {"name": "a", "uri": "file:///b"}]),
+        "adapter names must be unique",
+    ),
+    (
+        isvc(adapters=[{"name": "m", "uri": "file:///a"}]),
+        "an adapter may not take the model's name (clients tell them apart by it)",
+    ),
 ]
 
 
@@ -115,6 +127,13 @@ def test_the_model_uri_rule_admits_folders_and_gguf_files(uri: str) -> None:
     assert admit(CRDS["inferenceservices"], isvc(model={"name": "m", "uri": uri}))[1] == []
 
 
+@pytest.mark.parametrize(
+    "uri", ["pvc://loras/sql", "hf://org/repo", "hf://org/repo/sub/dir@main", "file:///a"]
+)
+def test_the_adapter_uri_rule_admits_claims_repos_subfolders_and_paths(uri: str) -> None:
+    assert admit(CRDS["inferenceservices"], isvc(adapters=[{"name": "a", "uri": uri}]))[1] == []
+
+
 @pytest.mark.parametrize("uri", ["hf://org/repo/model.bin", "hf://org/repo/dir/"])
 def test_the_model_uri_rule_refuses_an_hf_file_that_is_not_gguf(uri: str) -> None:
     assert admit(CRDS["inferenceservices"], isvc(model={"name": "m", "uri": uri}))[1] != []
@@ -132,6 +151,11 @@ def test_the_operator_refuses_the_same_inferenceservices_naming_the_field(obj: d
     [
         (isvc(engine={"blockSize": 12}), ".spec.engine.blockSize: 12 is not one of [8, 16, 32, 64, 128]"),
         (isvc(replicas=-1), ".spec.replicas: -1 is less than the minimum of 0"),
+        (isvc(engine={"maxLoras": 0}), ".spec.engine.maxLoras: 0 is less than the minimum of 1"),
+        (
+            isvc(adapters=[{"name": "a b", "uri": "file:///a"}]),
+            "does not match '^[A-Za-z0-9][-A-Za-z0-9_.]*$'",
+        ),
         (isvc(modle={"name": "x"}), "unknown field '.spec.modle'"),
         (
             {**isvc(), "metadata": {"name": "Llama_3"}},

@@ -140,6 +140,58 @@ def test_a_pvc_gguf_uri_points_the_engine_at_the_file_in_the_claim() -> None:
     assert "initContainers" not in p
 
 
+ADAPTERS = [
+    {"name": "sql", "uri": "pvc://loras/sql-v2"},
+    {"name": "chat", "uri": "pvc://loras/chat"},
+    {"name": "legal", "uri": "hf://acme/legal-lora/rank16@v1"},
+    {"name": "baked", "uri": "file:///opt/kvfleet/adapters/baked"},
+]
+
+
+def test_adapters_become_lora_modules_with_a_volume_per_claim_and_a_download_per_hf_repo() -> None:
+    model = {"name": "m", "uri": "file:///w", "credentialsSecretRef": {"name": "hf"}}
+    p = pod(model=model, adapters=ADAPTERS, engine={"maxLoras": 2, "maxLoraRank": 64})
+    args = p["containers"][0]["args"]
+    start = args.index("--lora-modules")
+    assert args[start:] == [
+        "--lora-modules",
+        "sql=/adapters/adapters-pvc-0/sql-v2",
+        "chat=/adapters/adapters-pvc-0/chat",
+        "legal=/adapters/hf/legal/rank16",
+        "baked=/opt/kvfleet/adapters/baked",
+        "--max-loras", "2",
+        "--max-lora-rank", "64",
+    ]  # fmt: skip
+    assert [v for v in p["volumes"] if v["name"].startswith("adapters")] == [
+        {"name": "adapters-pvc-0", "persistentVolumeClaim": {"claimName": "loras", "readOnly": True}},
+        {"name": "adapters-hf", "emptyDir": {}},
+    ]
+    assert [m for m in p["containers"][0]["volumeMounts"] if m["name"].startswith("adapters")] == [
+        {"name": "adapters-pvc-0", "mountPath": "/adapters/adapters-pvc-0", "readOnly": True},
+        {"name": "adapters-hf", "mountPath": "/adapters/hf", "readOnly": True},
+    ]
+    (fetch,) = p["initContainers"]
+    assert fetch["name"] == "fetch-adapter-0"
+    assert fetch["args"] == ["acme/legal-lora", "v1", "/adapters/hf/legal", "rank16/*"]
+    assert {"name": "adapters-hf", "mountPath": "/adapters/hf"} in fetch["volumeMounts"]
+    assert fetch["env"] == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    ]
+
+
+def test_without_adapters_no_lora_flag_volume_or_download_is_rendered() -> None:
+    p = pod(engine={"maxLoras": 8})
+    assert not any(a.startswith("--lora") or a.startswith("--max-lora") for a in p["containers"][0]["args"])
+    assert "initContainers" not in p
+    assert not [v for v in p["volumes"] if v["name"].startswith("adapters")]
+
+
+def test_an_hf_model_and_an_hf_adapter_download_one_after_the_other() -> None:
+    p = pod(model={"name": "m", "uri": "hf://org/base"}, adapters=[{"name": "a", "uri": "hf://org/a"}])
+    assert [c["name"] for c in p["initContainers"]] == ["fetch-model", "fetch-adapter-0"]
+    assert p["initContainers"][1]["args"] == ["org/a", "", "/adapters/hf/a"]
+
+
 def test_engine_pods_run_hardened_with_writable_scratch_only_in_empty_dirs() -> None:
     p = pod(model={"name": "m", "uri": "hf://org/name"})
     assert p["securityContext"] == {
@@ -230,6 +282,7 @@ def test_service_and_pdb_select_the_engine_pods() -> None:
                 "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute"}]
             }
         },
+        {"model": {"name": "m", "uri": "hf://org/name"}, "adapters": ADAPTERS},
     ],
 )
 def test_every_rendered_object_is_valid_kubernetes(fields: dict[str, Any]) -> None:
@@ -243,6 +296,7 @@ def test_the_engine_command_line_accepts_every_rendered_argument() -> None:
     fields = {
         "model": {"name": "m", "uri": "pvc://w/x", "dtype": "bfloat16", "maxModelLen": 2048},
         "engine": {"prefixCaching": False, "attention": "triton", "simulate": True, "drainSeconds": 45},
+        "adapters": ADAPTERS[:2],
     }
     args = build_parser(only="engine").parse_args(["engine", *container(**fields)["args"]])
     assert (args.model, args.served_model_name, args.port, args.max_model_len, args.dtype) == (
@@ -258,9 +312,15 @@ def test_the_engine_command_line_accepts_every_rendered_argument() -> None:
         True,
         45.0,
     )
+    assert args.lora_modules == ["sql=/adapters/adapters-pvc-0/sql-v2", "chat=/adapters/adapters-pvc-0/chat"]
+    assert (args.max_loras, args.max_lora_rank) == (4, 16)
     assert (args.max_num_seqs, args.max_num_batched_tokens, args.block_size, args.gpu_memory_utilization) == (
         256,
         8192,
         16,
         0.9,
     )
+
+
+def test_engine_pods_carry_no_service_account_token() -> None:
+    assert pod()["automountServiceAccountToken"] is False

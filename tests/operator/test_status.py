@@ -7,7 +7,7 @@ from typing import Any
 from kvfleet.operator import children
 from kvfleet.operator.spec import parse_tenantquota
 from kvfleet.operator.status import Blocker, CapacityVerdict, Observed, compute_status, status_patch
-from kvfleet.operator.tenantquota import validate_tenantquota
+from kvfleet.operator.tenantquota import served_names, validate_tenantquota
 
 UNKNOWN = CapacityVerdict("Unknown", "NoGPUType", "spec.resources.gpuType is not set: capacity not checked")
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -157,3 +157,23 @@ def test_a_tenantquota_is_valid_only_with_its_secret_key_and_served_models() -> 
     assert unknown.retry == unknown.condition.message
     valid = validate_tenantquota(tq_spec(models=["a"]), secret, {"a"})
     assert (valid.condition.status, valid.condition.reason, valid.retry) == ("True", "Validated", None)
+
+
+def test_the_status_lists_the_adapters_and_a_patch_removes_them_once_gone() -> None:
+    status = compute_status(observed(adapters=["sql", "chat"]), {}, T0)
+    assert status["adapters"] == ["sql", "chat"]
+    without = compute_status(observed(), status, T0)
+    assert "adapters" not in without
+    assert (status_patch(without, status) or {})["adapters"] is None
+
+
+def test_a_tenantquota_may_name_the_adapters_of_an_inferenceservice_as_models() -> None:
+    isvcs = [
+        {"spec": {"model": {"name": "llama"}, "adapters": [{"name": "sql", "uri": "pvc://l/sql"}]}},
+        {"spec": {"model": {"name": "qwen"}}},
+    ]
+    served = served_names(isvcs)
+    assert served == {"llama", "sql", "qwen"}
+    secret = {"data": {"api-key": "c2stYQ=="}}
+    assert validate_tenantquota(tq_spec(models=["llama", "sql"]), secret, served).condition.status == "True"
+    assert validate_tenantquota(tq_spec(models=["chat"]), secret, served).condition.reason == "UnknownModel"

@@ -39,6 +39,7 @@ NAMESPACED = {
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, ()),
     "apps/v1/deployments": ("Deployment", True, ("status", "scale")),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, ("status",)),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, ()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, ()),
 }
 

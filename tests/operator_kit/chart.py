@@ -23,7 +23,19 @@ RULES = CHART / "files" / "prometheus" / "kvfleet-rules.yaml"
 
 # Histogram series carry these suffixes; the metric is the name without them.
 _SUFFIXES = ("_bucket", "_sum", "_count")
-_NAME = re.compile(r"\bkvfleet_[a-z0-9_]+")
+# kvfleet_* (the processes' own), kvfleet:lora_* and vllm:* (the engines' LoRA names, as vLLM spells them);
+# other kvfleet:* names are the rules' recorded series.
+METRIC_NAME = r"(?:kvfleet_|kvfleet:lora_|vllm:)[a-z0-9_]+"
+_NAME = re.compile(rf"\b{METRIC_NAME}")
+# The engines' LoRA metrics (the real engine and the simulator export the same), as vLLM and kvfleet name them.
+LORA_METRICS = frozenset({
+    "vllm:lora_requests_info",
+    "kvfleet:lora_requests_total",
+    "kvfleet:lora_tokens_total",
+    "kvfleet:lora_loads_total",
+    "kvfleet:lora_evictions_total",
+    "kvfleet:lora_resident",
+})  # fmt: skip
 
 
 def render(values: dict[str, Any] | None = None, namespace: str = "kvfleet-system") -> list[dict[str, Any]]:
@@ -67,7 +79,6 @@ def expressions() -> list[str]:
 
 
 def chart_metric_names() -> set[str]:
-    """The kvfleet_* metric names (histograms without _bucket/_sum/_count) the chart queries.
-
-    Recorded series (``kvfleet:...``) are the chart's own and not counted."""
+    """The kvfleet_*, kvfleet:lora_* and vllm:* metric names (histograms without _bucket/_sum/_count)
+    the chart queries. Other recorded series (``kvfleet:router_...``) are the chart's own and not counted."""
     return {_metric(m) for e in expressions() for m in _NAME.findall(e)}

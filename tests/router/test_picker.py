@@ -153,7 +153,9 @@ def test_no_candidates_is_no_choice() -> None:
 
 
 def test_an_unknown_policy_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown routing policy 'fastest'; known: default, kv-aware"):
+    with pytest.raises(
+        ValueError, match="unknown routing policy 'fastest'; known: adapter-aware, default, kv-aware"
+    ):
         policy("fastest")
 
 

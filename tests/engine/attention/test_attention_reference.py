@@ -2,7 +2,7 @@
 
 import torch
 
-from kvfleet.engine.attention import AttentionMetadata, get_backend
+from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
 
 
 def _dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -31,7 +31,7 @@ def test_paged_reference_equals_dense_attention_for_a_prefill_and_a_decode_seque
         slots = torch.tensor(
             [int(tables[s, i // block_size]) * block_size + i % block_size for i in range(n)]
         )
-        backend.store_kv(ks[s], vs[s], k_cache, v_cache, slots)
+        backend.store_kv(ks[s], vs[s], LayerKV(k_cache, v_cache, 1.0), slots)
     q = torch.randn(sum(q_lens), heads, dim)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
@@ -41,7 +41,7 @@ def test_paged_reference_equals_dense_attention_for_a_prefill_and_a_decode_seque
         max_query_len=6,
         max_seq_len=9,
     )
-    out = backend.forward(q, k_cache, v_cache, meta, scale=dim**-0.5)
+    out = backend.forward(q, LayerKV(k_cache, v_cache, dim**-0.5), meta)
     torch.testing.assert_close(out[:6], _dense_causal(q[:6], ks[0], vs[0], dim**-0.5))
     torch.testing.assert_close(out[6:], _dense_causal(q[6:], ks[1], vs[1], dim**-0.5))
 
@@ -76,7 +76,7 @@ def test_a_sliding_window_masks_exactly_as_transformers_mask_for_prefill_and_bat
         slots = torch.tensor(
             [int(tables[s, i // block_size]) * block_size + i % block_size for i in range(n)]
         )
-        backend.store_kv(ks[s], vs[s], k_cache, v_cache, slots)
+        backend.store_kv(ks[s], vs[s], LayerKV(k_cache, v_cache, 1.0), slots)
     q = torch.randn(sum(q_lens), heads, dim)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
@@ -86,7 +86,7 @@ def test_a_sliding_window_masks_exactly_as_transformers_mask_for_prefill_and_bat
         max_query_len=6,
         max_seq_len=9,
     )
-    out = backend.forward(q, k_cache, v_cache, meta, scale=dim**-0.5, sliding_window=window)
+    out = backend.forward(q, LayerKV(k_cache, v_cache, dim**-0.5, window), meta)
     rows = [slice(0, 6), slice(6, 7), slice(7, 8)]
     for s, r in enumerate(rows):
         torch.testing.assert_close(out[r], _dense_windowed(q[r], ks[s], vs[s], dim**-0.5, window))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfleet.engine.attention import AttentionMetadata, get_backend
+from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 
 
@@ -32,11 +32,11 @@ def test_decoding_sequences_batched_together_match_the_per_sequence_reference(wi
         max_seq_len=14,
     )
     q = torch.randn(starts[-1], heads, dim, generator=gen)
-    ours = get_backend("torch").forward(q, k_cache, v_cache, meta, dim**-0.5, window)
+    ours = get_backend("torch").forward(q, LayerKV(k_cache, v_cache, dim**-0.5, window), meta)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))
     # K and V in one (2, blocks, ...) tensor, as the runner allocates them: one gather, the same bits.
     kv = torch.stack((k_cache, v_cache))
-    assert torch.equal(get_backend("torch").forward(q, kv[0], kv[1], meta, dim**-0.5, window), ours)
+    assert torch.equal(get_backend("torch").forward(q, LayerKV(kv[0], kv[1], dim**-0.5, window), meta), ours)
 
 
 def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_reference() -> None:
@@ -70,9 +70,9 @@ def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_ref
     )
     q = torch.randn(starts[-1], heads, dim, generator=gen)
     backend = get_backend("torch")
-    ours = backend.forward(q, k_cache, v_cache, meta, dim**-0.5)
+    ours = backend.forward(q, LayerKV(k_cache, v_cache, dim**-0.5), meta)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5))
     # the next layer of the same step reuses the step's grouping, with another cache and a window
     k2, v2 = k_cache.flip(0), v_cache.flip(0)
-    again = backend.forward(q, k2, v2, meta, dim**-0.5, 5)
+    again = backend.forward(q, LayerKV(k2, v2, dim**-0.5, 5), meta)
     torch.testing.assert_close(again, paged_attention_reference(q, k2, v2, meta, dim**-0.5, 5))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvfleet.engine.attention import AttentionMetadata, get_backend, torch_batched
+from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend, torch_batched
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 from kvfleet.engine.kernels import cpu_decode
 from kvfleet.engine.runner import resolve_backend
@@ -46,7 +46,9 @@ def _reference(batch, scale: float, window: int | None = None) -> torch.Tensor: 
 
 
 def _cpu(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    return get_backend("cpu").forward(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, window)
+    return get_backend("cpu").forward(
+        batch.q, LayerKV(batch.k_cache, batch.v_cache, scale, window), batch.meta
+    )
 
 
 @needs_kernel
@@ -158,7 +160,7 @@ def test_the_result_does_not_depend_on_the_thread_count(paged_batch: Callable) -
 def test_a_bfloat16_cache_takes_the_torch_path_and_gets_its_result(paged_batch: Callable) -> None:
     batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, dtype=torch.bfloat16)
     out = _cpu(batch, 0.2)
-    ref = get_backend("torch").forward(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.2)
+    ref = get_backend("torch").forward(batch.q, LayerKV(batch.k_cache, batch.v_cache, 0.2), batch.meta)
     assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
 
 
@@ -172,7 +174,9 @@ def test_long_prefill_chunks_cut_into_tiles_see_exactly_their_causal_keys(
         [(19, 19), (41, 9), (33, 1), (80, 40), (7, 3)], num_heads=4, num_kv_heads=2, head_dim=32, block_size=8
     )
     for window in (None, 6):
-        out = get_backend(backend).forward(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.2, window)
+        out = get_backend(backend).forward(
+            batch.q, LayerKV(batch.k_cache, batch.v_cache, 0.2, window), batch.meta
+        )
         assert not out.isnan().any()
         torch.testing.assert_close(out, _reference(batch, 0.2, window), atol=2e-5, rtol=2e-5)
 
@@ -265,10 +269,10 @@ def test_a_step_that_names_memory_outside_q_or_the_cache_is_refused_before_the_k
     cache = torch.zeros(4, 8, 2, 32)
     backend = get_backend("cpu")
     with pytest.raises(ValueError, match=message):
-        backend.forward(torch.zeros(q_rows, 4, 32), cache, cache.clone(), meta, 1.0)
+        backend.forward(torch.zeros(q_rows, 4, 32), LayerKV(cache, cache.clone(), 1.0), meta)
     # nothing is kept from the refused step: a good one runs next
     good = _one_decode([1, 2], 12)
-    assert backend.forward(torch.ones(1, 4, 32), cache, cache.clone(), good, 1.0).shape == (1, 4, 32)
+    assert backend.forward(torch.ones(1, 4, 32), LayerKV(cache, cache.clone(), 1.0), good).shape == (1, 4, 32)
 
 
 @needs_kernel
@@ -286,7 +290,7 @@ def test_shapes_the_kernel_cannot_serve_are_refused_naming_them(
     cache = torch.zeros(4, 8, 2, 32)
     with pytest.raises(ValueError, match=message):
         get_backend("cpu").forward(
-            torch.zeros(q_shape), cache, cache.clone(), _one_decode([1, 2], 12), 1.0, window
+            torch.zeros(q_shape), LayerKV(cache, cache.clone(), 1.0, window), _one_decode([1, 2], 12)
         )
 
 

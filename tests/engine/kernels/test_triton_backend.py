@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvfleet.engine.attention import AttentionMetadata, get_backend
+from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
 from kvfleet.engine.attention.triton_backend import TritonAttentionBackend
 from kvfleet.engine.kernels import paged_attention
 
@@ -46,8 +46,8 @@ def test_a_layer_step_through_the_interface_matches_the_torch_backend(
     for name in ("triton", "torch"):
         k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
         backend = get_backend(name)
-        backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        outs.append((backend.forward(batch.q, k_cache, v_cache, meta, 0.125), k_cache))
+        backend.store_kv(k, v, LayerKV(k_cache, v_cache, 1.0), meta.slot_mapping)
+        outs.append((backend.forward(batch.q, LayerKV(k_cache, v_cache, 0.125), meta), k_cache))
     torch.testing.assert_close(outs[0][1], outs[1][1], equal_nan=True, atol=0, rtol=0)
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=2e-5)
 
@@ -66,7 +66,9 @@ def test_forward_rejects_shapes_the_kernel_cannot_serve(
     cache = torch.zeros(cache_shape, device=device)
     meta = _one_decode_meta(device)
     with pytest.raises(ValueError, match=message):
-        get_backend("triton").forward(torch.zeros(q_shape, device=device), cache, cache.clone(), meta, 1.0)
+        get_backend("triton").forward(
+            torch.zeros(q_shape, device=device), LayerKV(cache, cache.clone(), 1.0), meta
+        )
 
 
 def test_forward_rejects_query_offsets_that_do_not_cover_every_sequence(device: torch.device) -> None:
@@ -75,21 +77,27 @@ def test_forward_rejects_query_offsets_that_do_not_cover_every_sequence(device: 
         _one_decode_meta(device), query_start_loc=torch.tensor([0], dtype=torch.int32, device=device)
     )
     with pytest.raises(ValueError, match=r"query_start_loc must be \(2,\) for 1 sequences, got \(1,\)"):
-        get_backend("triton").forward(torch.zeros(1, 2, 64, device=device), cache, cache.clone(), meta, 1.0)
+        get_backend("triton").forward(
+            torch.zeros(1, 2, 64, device=device), LayerKV(cache, cache.clone(), 1.0), meta
+        )
 
 
 def test_forward_rejects_a_block_table_without_a_row_per_sequence(device: torch.device) -> None:
     cache = torch.zeros(4, 8, 2, 64, device=device)
     meta = replace(_one_decode_meta(device), block_tables=torch.zeros(2, 3, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match=r"block_tables must be \(1, max_blocks_per_seq\), got \(2, 3\)"):
-        get_backend("triton").forward(torch.zeros(1, 2, 64, device=device), cache, cache.clone(), meta, 1.0)
+        get_backend("triton").forward(
+            torch.zeros(1, 2, 64, device=device), LayerKV(cache, cache.clone(), 1.0), meta
+        )
 
 
 def test_forward_rejects_a_sliding_window_of_no_keys(device: torch.device) -> None:
     cache = torch.zeros(4, 8, 2, 64, device=device)
     with pytest.raises(ValueError, match="sliding_window must be at least 1 token, got 0"):
         get_backend("triton").forward(
-            torch.zeros(1, 2, 64, device=device), cache, cache.clone(), _one_decode_meta(device), 1.0, 0
+            torch.zeros(1, 2, 64, device=device),
+            LayerKV(cache, cache.clone(), 1.0, 0),
+            _one_decode_meta(device),
         )
 
 
@@ -97,9 +105,13 @@ def test_a_rejected_store_leaves_the_cache_as_it_was(device: torch.device) -> No
     k_cache, v_cache = torch.zeros(2, 4, 2, 64, device=device), torch.zeros(2, 4, 2, 64, device=device)
     k = torch.ones(3, 2, 64, device=device)
     with pytest.raises(ValueError, match=r"slot_mapping must be \(3,\), got \(2,\)"):
-        get_backend("triton").store_kv(k, k, k_cache, v_cache, torch.tensor([0, 1], device=device))
+        get_backend("triton").store_kv(
+            k, k, LayerKV(k_cache, v_cache, 1.0), torch.tensor([0, 1], device=device)
+        )
     with pytest.raises(ValueError, match=r"v_cache must match k_cache in shape and strides"):
-        get_backend("triton").store_kv(k, k, k_cache, v_cache[:1], torch.tensor([0, 1, 2], device=device))
+        get_backend("triton").store_kv(
+            k, k, LayerKV(k_cache, v_cache[:1], 1.0), torch.tensor([0, 1, 2], device=device)
+        )
     assert not k_cache.any() and not v_cache.any()
 
 
@@ -117,9 +129,9 @@ def _one_decode_meta(device: torch.device) -> AttentionMetadata:
 def test_cpu_tensors_without_the_interpreter_get_an_error_that_says_how_to_enable_it() -> None:
     code = (
         "import torch\n"
-        "from kvfleet.engine.attention import get_backend\n"
+        "from kvfleet.engine.attention import LayerKV, get_backend\n"
         "z = torch.zeros(1, 1, 8)\n"
-        "get_backend('triton').store_kv(z, z, torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8), torch.tensor([0]))\n"
+        "get_backend('triton').store_kv(z, z, LayerKV(torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8), 1.0), torch.tensor([0]))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -23,6 +23,7 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway import server, xds
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.router_gate import RouterGate, fallbacks
+from kvfleet.router.prefix import tenant_cache_salt
 
 from ..fakes import FakeEngine
 from .stack import ALPHA, BETA, Stack, gateway, tenant
@@ -83,9 +84,20 @@ async def test_a_completion_reaches_the_engine_the_router_chose_and_is_accounted
     after = stack.received()
     assert {at: after[at] - before[at] for at in after} == {at: int(at == chosen) for at in after}
     assert completion.choices[0].text == "Hello world"
-    assert stack.engines[chosen].received[-1] == {"model": "tiny", "prompt": "hello", "max_tokens": 5}
+    salt = tenant_cache_salt("alpha", None)  # Envoy carries the router's body: salted with the tenant
+    sent = {"model": "tiny", "prompt": "hello", "max_tokens": 5, "cache_salt": salt}
+    assert stack.engines[chosen].received[-1] == sent
     assert stack.state.quota.in_flight("alpha") == 0
     assert all(e.in_flight == 0 for e in stack.state.fleet.engines.values())
+
+
+async def test_a_client_cache_salt_is_kept_within_the_tenants_salt_through_envoy(stack: Stack) -> None:
+    raw = await stack.client().completions.with_raw_response.create(
+        model="tiny", prompt="hello", max_tokens=5, extra_body={"cache_salt": "beta"}
+    )
+    received = stack.engines[raw.headers["x-kvfleet-engine"]].received[-1]
+    assert received["cache_salt"] == tenant_cache_salt("alpha", "beta")
+    assert received["cache_salt"] not in (tenant_cache_salt("beta", None), tenant_cache_salt("alpha", None))
 
 
 async def test_a_chat_stream_passes_through_event_by_event_with_usage_taken_from_the_engine(
