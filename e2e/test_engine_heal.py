@@ -13,33 +13,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kvfleet.router.local import LOCAL_API_KEY
+from kvfleet.testing.faults import LocalUp, argv_of, children
 from kvfleet.testing.processes import free_port
 
 HEADERS = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
 
 
-@dataclass
-class Fleet:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def engines(self) -> dict[str, int]:
-        """Engine URL (host:port) → its API process's pid, from /proc."""
-        out: dict[str, int] = {}
-        for pid in _children(self.process.pid):
-            argv = _argv(pid)
-            if "engine" in argv and "--port" in argv:
-                out[f"127.0.0.1:{argv[argv.index('--port') + 1]}"] = pid
-        return out
-
+class Fleet(LocalUp):
     def serving(self, limit_s: float = 120.0, avoid: str = "") -> set[str]:
         """Until two engines (neither ``avoid``) have answered a completion; their host:ports."""
         seen: set[str] = set()
@@ -57,25 +43,6 @@ class Fleet:
                 pass
             time.sleep(0.1)
         raise AssertionError(f"the fleet never served from two engines again (saw {sorted(seen)})")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        return []
 
 
 @pytest.fixture
@@ -112,7 +79,7 @@ def test_a_core_killed_mid_stream_fails_its_streams_cleanly_and_the_fleet_replac
     fleet: Fleet,
 ) -> None:
     victim_url, victim_pid = sorted(fleet.engines().items())[0]
-    cores = [p for p in _children(victim_pid) if "spawn_main" in " ".join(_argv(p))]
+    cores = [p for p in children(victim_pid) if "spawn_main" in " ".join(argv_of(p))]
     assert len(cores) == 1
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         streams = [pool.submit(_stream, fleet.url) for _ in range(6)]

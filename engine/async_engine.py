@@ -17,12 +17,14 @@ for the latency histograms and keeps the core's ``Engine.stats()`` snapshot that
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, StepBatch, Verdict
+from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, LoraCmd, StepBatch, Verdict
+from kvfleet.engine.lora.config import LoraError
 from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.request_stream import RequestStream
 from kvfleet.engine.sampling_params import RequestError, SamplingParams
@@ -101,6 +103,8 @@ class AsyncEngine:
         self._clock = clock
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, _Pending] = {}
+        self._lora_ops: dict[str, asyncio.Future[None]] = {}
+        self._op_ids = itertools.count()
         self._started = False
         self._stopped = False
         self.error: str | None = None
@@ -141,7 +145,13 @@ class AsyncEngine:
     # -- requests ----------------------------------------------------------------------------------
 
     async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, priority: int = 0
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        lora: str | None = None,
     ) -> RequestStream:
         """Add a request; return its stream once the engine accepted it (its RequestError otherwise)."""
         if not self.is_running:
@@ -153,13 +163,23 @@ class AsyncEngine:
         stream = RequestStream(request_id, RequestMetrics(request_id, arrival, num_prompt))
         verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = _Pending(stream, verdict)
-        self.core.send(AddCmd(request_id, prompt, params, priority, arrival))
+        self.core.send(AddCmd(request_id, prompt, params, priority, arrival, lora))
         try:
             await verdict
         except asyncio.CancelledError:
             self.abort(request_id)  # the caller left before the verdict: don't leak the sequence
             raise
         return stream
+
+    async def lora_op(self, name: str, path: str | None) -> None:
+        """Load (``path`` set) or unload (None) an adapter in the core; its :class:`LoraError` if refused."""
+        if not self.is_running:
+            raise EngineDeadError(f"the engine core is not running{f': {self.error}' if self.error else ''}")
+        op_id = f"lora-op-{next(self._op_ids)}"
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lora_ops[op_id] = done
+        self.core.send(LoraCmd(op_id, name, path))
+        await done
 
     def abort(self, request_id: str) -> None:
         """Ask the core to abort; the stream ends with the core's final "abort" output."""
@@ -186,6 +206,15 @@ class AsyncEngine:
             self._fail_all(batch.error)
 
     def _settle(self, v: Verdict) -> None:
+        op = self._lora_ops.pop(v.request_id, None)
+        if op is not None:
+            if op.done():
+                return
+            if v.reason is None:
+                op.set_result(None)
+            else:
+                op.set_exception(LoraError(v.field, v.reason, v.status, v.code))
+            return
         pending = self._pending.pop(v.request_id, None)
         if pending is None or pending.verdict.done():
             return  # cancelled: its abort follows the add and frees the sequence
@@ -227,6 +256,8 @@ class AsyncEngine:
         for stream in streams:
             stream.fail(EngineDeadError(message))
         pending, self._pending = list(self._pending.values()), {}
-        for p in pending:
-            if not p.verdict.done():
-                p.verdict.set_exception(EngineDeadError(message))
+        waiting = [p.verdict for p in pending] + list(self._lora_ops.values())
+        self._lora_ops = {}
+        for future in waiting:
+            if not future.done():
+                future.set_exception(EngineDeadError(message))

@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.streaming import add_stream_arguments
+
     g = parser.add_argument_group("model and server")
     g.add_argument(
         "--model",
@@ -71,6 +73,7 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for running requests"
     )
+    add_stream_arguments(g)
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--max-request-bytes",
@@ -112,12 +115,22 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _lora_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("LoRA adapters (a request names its adapter as the OpenAI model)")
-    g.add_argument(
-        "--lora-modules", nargs="+", default=[], metavar="NAME=PATH", help="adapters served under NAME"
+    lora = parser.add_argument_group("LoRA adapters (PEFT folders; a request names one as its model)")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters loaded at start (implies --enable-lora)",
     )
-    g.add_argument("--max-loras", type=int, default=4, help="adapters resident at once (LRU among idle)")
-    g.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+    lora.add_argument(
+        "--enable-lora", action="store_true", help="serve adapters (POST /v1/load_lora_adapter at run time)"
+    )
+    lora.add_argument("--max-loras", type=int, default=1, help="adapters resident on the device at once")
+    lora.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+    lora.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters kept in CPU memory (default: --max-loras)"
+    )
 
 
 def _sim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +170,7 @@ def _sim_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The one validated config of this process (pydantic names the bad flag's field)."""
     from kvfleet.engine.config import EngineConfig
+    from kvfleet.engine.lora.config import parse_lora_modules
 
     return EngineConfig(
         model=args.model,
@@ -174,6 +188,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         scheduling_policy=args.scheduling_policy,
         attention_backend=args.attention,
+        enable_lora=args.enable_lora,
+        lora_modules=parse_lora_modules(args.lora_modules),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )
 
 
@@ -232,7 +251,8 @@ def sim_adapters(args: argparse.Namespace) -> SimAdapters | None:
     """The simulated engine's adapters (``--simulate --lora-modules ...``), or None."""
     if not (args.simulate and args.lora_modules):
         return None
-    from kvfleet.engine.sim_lora import SimAdapters, parse_lora_modules
+    from kvfleet.engine.lora.config import parse_lora_modules
+    from kvfleet.engine.sim_lora import SimAdapters
 
     load_s = args.sim_lora_load_ms / 1e3 / args.sim_speedup if args.sim_speedup > 0 else 0.0
     return SimAdapters(parse_lora_modules(args.lora_modules), args.max_loras, load_s)
@@ -242,14 +262,18 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from kvfleet.engine.server.app import create_app
-
+    if args.stream_stall_timeout <= 0 or args.stream_send_buffer < 4:
+        print("kvfleet engine: need --stream-stall-timeout > 0 and --stream-send-buffer >= 4 (KiB), got "
+              f"{args.stream_stall_timeout} and {args.stream_send_buffer}", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         adapters = sim_adapters(args)
         state = build_server_state(args)
     except (ValueError, OSError, ModelLoadError) as exc:  # a bad flag, an unknown GPU/model, a bad checkpoint
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
+    state.stream_stall_timeout_s = args.stream_stall_timeout
+    from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 
     app = create_app(state, max_body_bytes=args.max_request_bytes)
@@ -264,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
+        send_buffer_kib=args.stream_send_buffer,
     )
 
 

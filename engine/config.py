@@ -36,9 +36,21 @@ class EngineConfig(BaseModel):
     # auto: "cpu" (native decode kernel) on a CPU where it builds, else "torch"
     attention_backend: Literal["auto", "torch", "triton", "cpu"] = "auto"
     enable_chunked_prefill: bool = True
+    # LoRA (engine/lora): adapters by name → PEFT folder, loaded at start; more at run time if enabled.
+    enable_lora: bool = False  # implied by lora_modules
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+    max_loras: int = Field(default=1, ge=1)  # adapters resident on the device (and in one step) at once
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_cpu_loras: int | None = Field(default=None, ge=1)  # adapters kept in CPU memory; None: max_loras
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_modules)
 
     @model_validator(mode="after")
     def _block_size_is_a_power_of_two(self) -> EngineConfig:
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
         return self

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
+from kvfleet.engine.lora.config import LoraError
 from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.sampling_params import RequestError, SamplingParams
 
@@ -44,7 +45,12 @@ class EngineLike(Protocol):
         *,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora: str | None = None,
     ) -> list[int]: ...
+
+    def load_lora(self, name: str, path: str) -> None: ...
+
+    def unload_lora(self, name: str) -> None: ...
 
     def abort(self, request_id: str) -> ReqDelta | None: ...
 
@@ -62,6 +68,15 @@ class AddCmd(NamedTuple):
     params: SamplingParams
     priority: int
     arrival_time: float
+    lora: str | None = None  # the LoRA adapter's name; None: the base model
+
+
+class LoraCmd(NamedTuple):
+    """Load (``path`` set) or unload (``path`` None) an adapter; answered by a Verdict for ``op_id``."""
+
+    op_id: str
+    name: str
+    path: str | None
 
 
 class AbortCmd(NamedTuple):
@@ -72,7 +87,7 @@ class ShutdownCmd(NamedTuple):
     reason: str = "the engine is shutting down"
 
 
-Command = AddCmd | AbortCmd | ShutdownCmd
+Command = AddCmd | AbortCmd | LoraCmd | ShutdownCmd
 
 
 # ---- core → API side
@@ -82,6 +97,8 @@ class Verdict(NamedTuple):
     request_id: str
     reason: str | None = None
     field: str | None = None
+    status: int = 400  # the HTTP status of a refusal (LoraError's: 404 unknown adapter, 409 in use)
+    code: str | None = None
 
 
 class StepBatch(NamedTuple):
@@ -138,11 +155,18 @@ class CoreLoop:
                 final = self.engine.abort(cmd.request_id)
                 if final is not None:
                     self._deltas.append(final)
+            elif isinstance(cmd, LoraCmd):
+                self._lora(cmd)
 
     def _add(self, cmd: AddCmd) -> None:
         try:
             self.engine.add_request(
-                cmd.request_id, cmd.prompt, cmd.params, priority=cmd.priority, arrival_time=cmd.arrival_time
+                cmd.request_id,
+                cmd.prompt,
+                cmd.params,
+                priority=cmd.priority,
+                arrival_time=cmd.arrival_time,
+                lora=cmd.lora,
             )
         except RequestError as exc:  # the caller's 400
             self._verdicts.append(Verdict(cmd.request_id, exc.reason, exc.field))
@@ -151,6 +175,17 @@ class CoreLoop:
             self._verdicts.append(Verdict(cmd.request_id, str(exc)))
             return
         self._verdicts.append(Verdict(cmd.request_id))
+
+    def _lora(self, cmd: LoraCmd) -> None:
+        try:
+            if cmd.path is None:
+                self.engine.unload_lora(cmd.name)
+            else:
+                self.engine.load_lora(cmd.name, cmd.path)
+        except LoraError as exc:
+            self._verdicts.append(Verdict(cmd.op_id, exc.reason, exc.field, exc.status, exc.code))
+            return
+        self._verdicts.append(Verdict(cmd.op_id))
 
     @property
     def has_work(self) -> bool:

@@ -25,6 +25,8 @@ from kvfleet.engine.detokenizer import IncrementalDetokenizer
 from kvfleet.engine.interfaces import Runner, Tokenizer
 from kvfleet.engine.kv.block_hash import cache_namespace
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
+from kvfleet.engine.lora.config import LoraError, unknown_adapter
+from kvfleet.engine.lora.stats import LoraHost, LoraUsage
 from kvfleet.engine.model.sources import served_name
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
 from kvfleet.engine.outputs import EngineStats, ReqDelta
@@ -92,7 +94,12 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             policy=config.scheduling_policy,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            max_loras=config.max_loras if config.lora_enabled else None,
         )
+        self.lora: LoraHost | None = getattr(runner, "lora", None) if config.lora_enabled else None
+        self._lora_usage = LoraUsage()
+        for name, path in config.lora_modules.items():
+            self.load_lora(name, path)
         self._detokenizer_factory = detokenizer_factory
         self._requests: dict[str, _Request] = {}
         self._prompt_tokens = 0
@@ -108,16 +115,19 @@ class Engine:
         *,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora: str | None = None,
     ) -> list[int]:
-        """Queue a request; its prompt's token ids. :class:`RequestError` (naming the field) before
-        anything is allocated."""
+        """Queue a request (under the LoRA adapter ``lora``, None: the base model); its prompt's token
+        ids. :class:`RequestError` (naming the field) before anything is allocated."""
+        if lora is not None and (self.lora is None or lora not in self.lora.paths):
+            raise unknown_adapter(lora, "model")
         if request_id in self._requests:
             raise RequestError("request_id", f"{request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
             raise RequestError("params", f"must be a SamplingParams, got {type(params).__name__}")
         prompt_ids = self._prompt_token_ids(prompt)
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        namespace = cache_namespace(cache_salt=params.cache_salt)  # every fork of the request shares it
+        namespace = cache_namespace(cache_salt=params.cache_salt, adapter=lora)  # every fork shares it
         seqs = [
             Sequence(
                 request_id,
@@ -127,9 +137,12 @@ class Engine:
                 arrival_time=arrival,
                 priority=priority,
                 cache_namespace=namespace,
+                lora_name=lora,
             )
             for i in range(params.n)
         ]
+        if lora is not None:
+            self._lora_usage.requests[lora] += 1
         states = [SeqOutputState(seq, self._make_detokenizer(params)) for seq in seqs]
         per_step = params.output_kind is RequestOutputKind.PER_STEP
         self._requests[request_id] = _Request(request_id, prompt_ids, states, per_step)
@@ -198,6 +211,8 @@ class Engine:
         self._generation_tokens += len(sampled)
         for seq, result in sampled:
             request = requests[seq.request_id]
+            if seq.lora_name is not None:
+                self._count_lora_tokens(seq)
             if seq.index == 0 and len(seq.output_token_ids) == 1:
                 self._prompt_tokens += len(seq.prompt_token_ids)
             status = request.states[seq.index].on_token(result, eos_ids, max_len)
@@ -213,6 +228,36 @@ class Engine:
                 self._num_finished += 1
         return outputs
 
+    # ---- LoRA adapters (engine/lora)
+    def load_lora(self, name: str, path: str) -> None:
+        """Register an adapter (checked now; on the device when a request asks for it)."""
+        if self.lora is None:
+            raise LoraError(
+                "lora_name",
+                "LoRA is not enabled on this engine; start it with --enable-lora or --lora-modules",
+            )
+        self.lora.register(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Forget an adapter; refused while a request runs or waits under it."""
+        if self.lora is None or name not in self.lora.paths:
+            raise unknown_adapter(name)
+        users = [r.request_id for r in self._requests.values() if r.states[0].seq.lora_name == name]
+        if users:
+            raise LoraError(
+                "lora_name",
+                f"adapter {name!r} is in use by {len(users)} unfinished request(s)",
+                409,
+                "lora_in_use",
+            )
+        self.lora.unregister(name)
+
+    def _count_lora_tokens(self, seq: Sequence) -> None:
+        assert seq.lora_name is not None
+        self._lora_usage.generation_tokens[seq.lora_name] += 1
+        if seq.index == 0 and len(seq.output_token_ids) == 1:
+            self._lora_usage.prompt_tokens[seq.lora_name] += len(seq.prompt_token_ids)
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=self.scheduler.num_running,
@@ -226,4 +271,11 @@ class Engine:
             prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._generation_tokens,
             num_requests_finished=self._num_finished,
+            lora=None
+            if self.lora is None
+            else self._lora_usage.snapshot(
+                self.lora,
+                (s.lora_name for s in self.scheduler.running),
+                (s.lora_name for s in self.scheduler.waiting),
+            ),
         )

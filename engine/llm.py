@@ -30,17 +30,25 @@ class LLM:
         self._counter = 0
 
     def generate(
-        self, prompts: Prompts, params: SamplingParams | Sequence[SamplingParams] | None = None
+        self,
+        prompts: Prompts,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; one :class:`RequestOutput` per prompt, in order."""
+        """Run every prompt to completion; one :class:`RequestOutput` per prompt, in order.
+
+        ``lora``: the adapter (a name from ``lora_modules`` or :meth:`load_lora`) for every prompt,
+        or one per prompt (None: the base model).
+        """
         batch = _as_batch(prompts)
         per_prompt = _per_prompt_params(params, len(batch))
+        adapters = _per_prompt_lora(lora, len(batch))
         outputs: dict[str, RequestOutput] = {}
         try:
-            for prompt, p in zip(batch, per_prompt, strict=True):
+            for prompt, p, adapter in zip(batch, per_prompt, adapters, strict=True):
                 request_id = f"llm-{self._counter}"
                 self._counter += 1
-                prompt_ids = self.engine.add_request(request_id, prompt, p)
+                prompt_ids = self.engine.add_request(request_id, prompt, p, lora=adapter)
                 outputs[request_id] = RequestOutput.empty(request_id, prompt_ids, p.n)
             self._run(outputs)
         except BaseException:
@@ -48,6 +56,13 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return list(outputs.values())
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Register a PEFT adapter folder under ``name`` (needs ``enable_lora=True`` or ``lora_modules``)."""
+        self.engine.load_lora(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self.engine.unload_lora(name)
 
     def _run(self, outputs: dict[str, RequestOutput]) -> None:
         """Step until every output is finished, folding each delta into its request's output."""
@@ -84,6 +99,14 @@ def _per_prompt_params(
             f"params: got {len(params)} SamplingParams for {n} prompts; pass one, or one per prompt"
         )
     return [_final_only(p) for p in params]
+
+
+def _per_prompt_lora(lora: str | Sequence[str | None] | None, n: int) -> list[str | None]:
+    if lora is None or isinstance(lora, str):
+        return [lora] * n
+    if len(lora) != n:
+        raise ValueError(f"lora: got {len(lora)} adapter names for {n} prompts; pass one, or one per prompt")
+    return list(lora)
 
 
 def _final_only(params: SamplingParams) -> SamplingParams:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kvfleet.engine.lora.stats import LoraStats
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -112,3 +114,4 @@ class EngineStats:
     prompt_tokens_total: int  # prompt tokens of requests that produced a first token
     generation_tokens_total: int  # tokens sampled (recomputation after preemption not counted)
     num_requests_finished: int
+    lora: LoraStats | None = None  # None when the engine serves no adapters

@@ -17,6 +17,7 @@ capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_model
 from kvfleet.engine.model.rope import rope_is_dynamic
@@ -120,6 +122,17 @@ class ModelRunner:
             for _ in range(self.model_config.num_layers)
         ]
         self.sampler = Sampler(config.seed, self.device)
+        self.lora: LoraManager | None = None
+        if config.lora_enabled:
+            self.lora = LoraManager(
+                self.model_config,
+                max_loras=config.max_loras,
+                max_rank=config.max_lora_rank,
+                max_cpu_loras=config.max_cpu_loras or config.max_loras,
+                device=self.device,
+                dtype=self.dtype,
+                served_model=config.served_model_name or str(config.model),
+            )
 
     @property
     def num_kv_blocks(self) -> int:
@@ -157,6 +170,10 @@ class ModelRunner:
         if plan.is_empty:
             return {}
         batch = flatten_plan(plan, self.block_size, self.device)
+        if self.lora is not None and any(s.seq.lora_name is not None for s in plan.scheduled):
+            adapters = [s.seq.lora_name for s in plan.scheduled for _ in range(s.num_new_tokens)]
+            meta = dataclasses.replace(batch.meta, lora=self.lora.context(adapters))
+            batch = dataclasses.replace(batch, meta=meta)
         with torch.inference_mode():
             logits = self._forward(batch)
             requests = [

@@ -55,6 +55,7 @@ class Sequence:
     num_preemptions: int = 0
     # Seeds the prefix-cache hash chain (kv.block_hash.cache_namespace): b"" is shared by all.
     cache_namespace: bytes = b""
+    lora_name: str | None = None  # the LoRA adapter it runs under (engine/lora); None: the base model
 
     @property
     def all_token_ids(self) -> list[int]:

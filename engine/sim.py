@@ -192,6 +192,13 @@ def build_simulated(args: argparse.Namespace) -> Engine:
         max_num_seqs=args.max_num_seqs,
     )
     max_model_len = args.max_model_len or shape.max_position_embeddings
-    config = engine_config(args).model_copy(update={"num_kv_blocks": blocks, "max_model_len": max_model_len})
+    # Adapters of a simulated engine live in its API process (engine/sim_lora.py), not in the core.
+    update: dict[str, object] = {
+        "num_kv_blocks": blocks,
+        "max_model_len": max_model_len,
+        "lora_modules": {},
+        "enable_lora": False,
+    }
+    config = engine_config(args).model_copy(update=update)
     runner = SimRunner(blocks, timing_from_args(args, model, dtype), speedup=args.sim_speedup)
     return Engine(config, runner=runner, tokenizer=ByteTokenizer())

@@ -37,19 +37,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
-def parse_lora_modules(specs: list[str]) -> dict[str, str]:
-    """``["name=path", ...]`` → ``{name: path}``; a bad or repeated entry names the flag."""
-    modules: dict[str, str] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--lora-modules: {spec!r} is not NAME=PATH")
-        if name in modules:
-            raise ValueError(f"--lora-modules: adapter {name!r} is named twice")
-        modules[name] = path
-    return modules
-
-
 class LoraMetrics:
     """vLLM's ``vllm:lora_requests_info`` and kvfleet's per-adapter counters, in a registry of their own."""
 

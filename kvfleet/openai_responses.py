@@ -119,6 +119,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "kvfleet"
     max_model_len: int | None = None
+    root: str | None = None  # a LoRA adapter's path (the base model's name for the base), as vLLM
+    parent: str | None = None  # a LoRA adapter's base model; None for the base model itself
 
 
 class ModelList(BaseModel):

@@ -46,7 +46,7 @@ class Exchange:
     tenant: Tenant
     req: ParsedRequest
     prompt_estimate: int
-    charge: Charge | None = None
+    _charge: Charge | None = field(default=None, repr=False)
     placement: Placement | None = None
     started: float = field(default_factory=time.perf_counter)
     first_at: float | None = None
@@ -56,6 +56,23 @@ class Exchange:
     saw_done: bool = False
     settled: bool = False
     gaps: list[float] = field(default_factory=list)  # between content chunks, for the ITL histogram
+
+    @property
+    def charge(self) -> Charge | None:
+        """The quota taken at admission; until :meth:`finish` settles it, it shows in the replica's
+        ``kvfleet_router_quota_in_flight`` and ``..._reserved_tokens`` gauges (0 when all is settled)."""
+        return self._charge
+
+    @charge.setter
+    def charge(self, charge: Charge) -> None:
+        assert self._charge is None, "a request is charged once"
+        self._charge = charge
+        self._held(charge, +1)
+
+    def _held(self, charge: Charge, sign: int) -> None:
+        m = self.state.metrics
+        m.child(m.quota_in_flight, charge.tenant).inc(sign)
+        m.child(m.quota_reserved_tokens, charge.tenant).inc(sign * charge.tokens)
 
     def on_event(self, event: bytes) -> bytes | None:
         """Observe one SSE event; return what to send on (None: drop it)."""
@@ -113,9 +130,10 @@ class Exchange:
         state, model, tenant = self.state, self.req.model, self.tenant.name
         if self.placement is not None:
             state.fleet.release(self.placement)
-        if self.charge is not None:
+        if self._charge is not None:
+            self._held(self._charge, -1)
             try:
-                await state.quota.settle(self.charge, self.tenant.spec.limits, used)
+                await state.quota.settle(self._charge, self.tenant.spec.limits, used)
             except QuotaUnavailable:
                 log.warning("could not settle a request of tenant %s: quota store unavailable", tenant)
         if state.fleet.is_adapter(model):

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.streaming import add_stream_arguments
+
     parser.add_argument("--engines", default="", help="comma-separated engine base URLs (static discovery)")
     parser.add_argument(
         "--tenants", type=Path, help="tenants YAML file (a 'tenants:' list of TenantQuota specs)"
@@ -53,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let tenants share prefix-cache blocks (public system prompts) on models without an "
         "InferenceService; otherwise each tenant's requests carry its own cache_salt",
     )
+    parser.add_argument(
+        "--engine-read-timeout",
+        type=float,
+        default=60.0,
+        help="seconds an engine may send nothing (before its first byte, or mid-stream) before the "
+        "request fails with a clean error and the engine is taken out (default 60)",
+    )
+    add_stream_arguments(parser)
     parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
     parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
     _add_envoy_arguments(
@@ -126,7 +136,7 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
 
 def config_from_args(args: argparse.Namespace) -> object:
     from kvfleet.resources import SLOSpec
-    from kvfleet.router.config import RouterConfig, load_tenants_file
+    from kvfleet.router.config import RouterConfig, load_tenants_file, stream_bounds
 
     tenants = load_tenants_file(args.tenants) if args.tenants else []
     return RouterConfig(
@@ -145,6 +155,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         prefix_chunk_chars=args.prefix_chunk_chars,
         max_request_bytes=args.max_request_bytes,
         shared_prefix_cache=args.shared_prefix_cache,
+        **stream_bounds(args),
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
     )
@@ -156,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     from kvfleet.router.app import build_app
     from kvfleet.router.config import ConfigError, RouterConfig
     from kvfleet.router.picker import policy
+    from kvfleet.streaming import listen_socket
 
     try:
         config = config_from_args(args)
@@ -184,8 +196,13 @@ def run(args: argparse.Namespace) -> int:
         if args.envoy_bootstrap is not None:
             write_bootstrap(config.envoy, args.envoy_bootstrap)
         app = attach(app, config.envoy)
-    with _profiled(os.environ.get(PROFILE_ENV)):
-        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+    try:
+        sock = listen_socket(config.host, config.port, config.stream_send_buffer_kib)
+    except OSError as exc:
+        print(f"kvfleet router: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    with sock, _profiled(os.environ.get(PROFILE_ENV)):
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
     return 0
 
 

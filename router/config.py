@@ -9,6 +9,7 @@ tenants file and the Kubernetes resources are read by the same models (:mod:`kvf
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -84,7 +85,15 @@ class RouterConfig(BaseModel):
     load_timeout_s: float = Field(default=1.0, gt=0, description="a slower /load answer is skipped")
     engine_silent_s: float = Field(default=10.0, gt=0, description="no answer for this long: unready")
     engine_connect_timeout_s: float = Field(default=2.0, gt=0)
-    engine_read_timeout_s: float = Field(default=60.0, gt=0)
+    engine_read_timeout_s: float = Field(
+        default=60.0, gt=0, description="first byte and idle stream: the engine sent nothing for this long"
+    )
+    stream_stall_timeout_s: float = Field(
+        default=30.0, gt=0, description="a client that reads nothing of its stream for this long: aborted"
+    )
+    stream_send_buffer_kib: int = Field(
+        default=256, ge=4, description="each client connection's kernel send buffer (KiB)"
+    )
     max_retries: int = Field(default=2, ge=0)
     saturation_kv_usage: float = Field(default=0.95, gt=0, le=1)
     max_engine_queue: int = Field(default=4, ge=0, description="requests past max_num_seqs per engine")
@@ -106,6 +115,15 @@ class RouterConfig(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"engine URL {url!r} must start with http:// or https://")
         return [u.rstrip("/") for u in urls]
+
+
+def stream_bounds(args: Any) -> dict[str, Any]:
+    """The RouterConfig fields of the flags ``kvfleet router`` and ``kvfleet up`` share for slow and silent peers."""
+    return {
+        "engine_read_timeout_s": args.engine_read_timeout,
+        "stream_stall_timeout_s": args.stream_stall_timeout,
+        "stream_send_buffer_kib": args.stream_send_buffer,
+    }
 
 
 def load_tenants_file(path: Path) -> list[TenantEntry]:

@@ -10,7 +10,9 @@ imports torch; the router's poller decides when a new engine is ready (its ``/lo
 answers) exactly as it does for pods. :meth:`LocalFleet.watch` plays the kubelet: an engine
 whose process exits, or whose ``/health`` fails for ``health_grace_s`` after it once
 answered, is replaced (with backoff when replacements come fast), and each replacement is
-logged at WARNING.
+logged at WARNING. SIGHUP to ``kvfleet up`` rolls every engine (:meth:`LocalFleet.roll`) as a
+Deployment with ``maxUnavailable: 0`` does: a replacement first, and only once the router
+has it in rotation, the old engine drained (SIGTERM).
 """
 
 from __future__ import annotations
@@ -24,17 +26,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from kvfleet import capacity
 from kvfleet.oslib import describe_exit, free_port
 from kvfleet.resources import AutoscalingSpec
-from kvfleet.router.config import ConfigError, RouterConfig, TenantEntry, load_tenants_file
+from kvfleet.router.config import ConfigError, RouterConfig, TenantEntry, load_tenants_file, stream_bounds
 from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
+from kvfleet.streaming import add_stream_arguments, listen_socket
 
 log = logging.getLogger("kvfleet.up")
 LOCAL_TENANT = "local"
@@ -63,6 +67,9 @@ class LocalFleet:
     health_timeout_s: float = 2.0
     health_grace_s: float = 5.0  # /health failing this long (after it once answered): replace the engine
     restarts: list[float] = field(default_factory=list)  # monotonic times of replacements (for backoff)
+    in_rotation: Callable[[str], bool] | None = None  # the router serves from this engine URL now
+    ready_timeout_s: float = 300.0  # a rolling restart waits this long for each replacement
+    surge: EngineProcess | None = None  # the replacement a rolling restart started (not a replica yet)
 
     def urls(self) -> list[str]:
         return [e.url for e in self.engines]
@@ -91,7 +98,45 @@ class LocalFleet:
         del service
         for engine in [e for e in self.engines if e.process.poll() is not None]:
             self._reap(engine, self._verdict(engine) or "")  # the autoscaler starts its replacement
-        return len(self.engines)
+        return len(self.engines) - (self.surge in self.engines)
+
+    # Invariant (maxUnavailable 0, maxSurge 1): while rolling, the engines in rotation never drop
+    # below the replicas asked for; an old engine is drained only once its replacement serves.
+    async def roll(self) -> None:
+        """Replace every engine, one at a time: start a new one, wait until it serves, drain the old one."""
+        olds, replaced = list(self.engines), 0
+        for old in olds:
+            if old not in self.engines:
+                continue  # the watcher replaced it meanwhile
+            self.surge = fresh = self.start_engine()
+            try:
+                serving = await self._until_serving(fresh)
+            finally:
+                self.surge = None
+            if not serving:
+                log.warning(
+                    "rolling restart: %s did not serve within %.0f s; stopped",
+                    fresh.url,
+                    self.ready_timeout_s,
+                )
+                return
+            log.warning("rolling restart: %s serves; draining %s", fresh.url, old.url)
+            if old in self.engines:
+                self.stop_engine(old)
+                await self._wait_exit(old)
+            replaced += 1
+        log.warning("rolling restart: done, %d engine(s) replaced", replaced)
+
+    async def _until_serving(self, engine: EngineProcess) -> bool:
+        deadline = time.monotonic() + self.ready_timeout_s
+        async with httpx.AsyncClient(timeout=self.health_timeout_s) as client:
+            while time.monotonic() < deadline and engine in self.engines:
+                if await _is_ready(client, engine.url) and (
+                    self.in_rotation is None or self.in_rotation(engine.url)
+                ):
+                    return True
+                await asyncio.sleep(0.1)
+        return False
 
     def _reap(self, engine: EngineProcess, why: str) -> None:
         log.warning("engine %s: %s; replacing it", engine.url, why)
@@ -156,8 +201,8 @@ class LocalFleet:
         while len(self.engines) < replicas:
             self.start_engine()
         stopping = []
-        while len(self.engines) > replicas:
-            engine = self.engines[-1]
+        while len(self.engines) - (self.surge in self.engines) > replicas:
+            engine = [e for e in self.engines if e is not self.surge][-1]
             self.stop_engine(engine)
             stopping.append(engine)
         await asyncio.gather(*(self._wait_exit(e) for e in stopping))
@@ -173,6 +218,13 @@ class LocalFleet:
         for engine in engines:
             self.stop_engine(engine)
         await asyncio.gather(*(self._wait_exit(e) for e in engines))
+
+
+async def _is_ready(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(f"{url}/ready")).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +250,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-arg", action="append", default=[], metavar="ARG", help="extra `kvfleet engine` argument"
     )
+    parser.add_argument(
+        "--engine-read-timeout", type=float, default=60.0, help="the router's --engine-read-timeout (seconds)"
+    )
+    add_stream_arguments(parser)  # the router's; the engines take theirs with --engine-arg
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -279,8 +335,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args, tenants))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(args, tenants))
+    except OSError as exc:  # the router's port taken
+        print(f"kvfleet up: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -291,7 +351,8 @@ async def _serve(args: argparse.Namespace, tenants: list[TenantEntry]) -> None:
 
     config, fleet, discovery = _build(args, tenants)
     app = build_app(config, scaler=fleet, discovery=discovery)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    sock = listen_socket(args.host, args.port, config.stream_send_buffer_kib)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
     await fleet.set_replicas(None, args.replicas)
     key_note = "" if args.tenants else f" (API key: {LOCAL_API_KEY})"
     print(
@@ -305,12 +366,28 @@ async def _serve(args: argparse.Namespace, tenants: list[TenantEntry]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    rolls: list[asyncio.Task[None]] = []
+    loop.add_signal_handler(signal.SIGHUP, lambda: _start_roll(rolls, fleet.roll))
+    fleet.in_rotation = lambda url: any(
+        e.url == url for e in app.state.router.fleet.ready_engines(_served_name(args))
+    )
     watcher = asyncio.create_task(fleet.watch())
     try:
-        await server.serve()
+        with sock:
+            await server.serve(sockets=[sock])
     finally:
-        watcher.cancel()
+        for task in [watcher, *rolls]:
+            task.cancel()
         await fleet.close()
+
+
+def _start_roll(rolls: list[asyncio.Task[None]], roll: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """SIGHUP: a rolling restart of every engine, unless one is under way."""
+    if rolls and not rolls[-1].done():
+        log.warning("SIGHUP: a rolling restart is already under way")
+        return
+    log.warning("SIGHUP: rolling restart of every engine")
+    rolls.append(asyncio.create_task(roll()))
 
 
 def _build(
@@ -326,7 +403,13 @@ def _build(
         target_queue_depth=args.target_queue_depth,
     )
     service = Service(name=name, model=name, namespace="local", policy=args.policy, autoscaling=autoscaling)
-    config = RouterConfig(tenants=tenants, host=args.host, port=args.port, policy=args.policy)
+    config = RouterConfig(
+        tenants=tenants,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        **stream_bounds(args),
+    )
     discovery = StaticDiscovery([], services=(service,))
     engine_command = ["--model", args.model, "--served-model-name", name, "--log-level", args.log_level]
     engine_command += args.engine_arg

@@ -85,6 +85,18 @@ class RouterMetrics:
             ["adapter", "tenant", "kind"],
             registry=r,
         )
+        self.quota_in_flight = Gauge(
+            "kvfleet_router_quota_in_flight",
+            "Requests holding a quota charge (a concurrency slot) on this replica, not yet settled",
+            ["tenant"],
+            registry=r,
+        )
+        self.quota_reserved_tokens = Gauge(
+            "kvfleet_router_quota_reserved_tokens",
+            "Tokens charged at admission on this replica and not yet settled with the real usage",
+            ["tenant"],
+            registry=r,
+        )
         self.engine_up = Gauge(
             "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=r
         )

@@ -6,7 +6,8 @@ the engine and returns the response: the engine's JSON, or its SSE stream passed
 chunk by chunk. A connection that fails before the first byte, or an engine's 503, is
 retried on another engine; an engine that dies mid-stream ends the stream with an error
 event, is taken out of the picker, and its request's quota is refunded. A client that
-disconnects closes the upstream stream, so the engine aborts the sequence. Each request is
+disconnects, or reads nothing for ``stream_stall_timeout_s`` (:mod:`kvfleet.streaming`), closes the
+upstream stream, so the engine aborts the sequence. Each request is
 settled exactly once with the usage the engine reported (:class:`Exchange`).
 """
 
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import anyio
 import orjson
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.accounting import Exchange
@@ -26,6 +27,7 @@ from kvfleet.router.errors import RouterError
 from kvfleet.router.pipeline import settled_on_error
 from kvfleet.router.state import RouterState
 from kvfleet.sse import SseReader
+from kvfleet.streaming import StallBoundedStream
 
 
 def _engine_header(url: str) -> dict[str, str]:
@@ -119,7 +121,8 @@ async def serve(state: RouterState, ex: Exchange) -> Response:
     headers = _engine_header(ex.placement.url)
     if upstream.status != 200 or not ex.req.stream:
         return await relay_whole(ex, upstream, headers)
-    return StreamingResponse(relay_stream(ex, upstream), media_type="text/event-stream", headers=headers)
+    stall_s = state.config.stream_stall_timeout_s  # a client reading nothing this long: closed, settled (499)
+    return StallBoundedStream(relay_stream(ex, upstream), stall_timeout_s=stall_s, headers=headers)
 
 
 async def relay_whole(ex: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]) -> Response:

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from kvfleet.engine.lora.context import LoraContext
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    lora: LoraContext | None = None  # the step's adapters (engine/lora); None: base model only
 
     @property
     def num_seqs(self) -> int:

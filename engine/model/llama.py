@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
+from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 
@@ -112,6 +113,7 @@ def pack_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.sliding_window = config.layer_window(layer)
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
@@ -139,6 +141,8 @@ class Attention(nn.Module):
         assert self.qkv is not None
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, *self.qkv)
+        if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
+            meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
         qk = apply_rope(qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d)), *rope)
         q, k = qk[:, :heads], qk[:, heads:]
@@ -146,12 +150,17 @@ class Attention(nn.Module):
         layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window)
         backend.store_kv(k, v, layer, meta.slot_mapping)
         out = backend.forward(q, layer, meta)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        attn = out.reshape(t, self.num_heads * self.head_dim)
+        o = self.o_proj(attn)
+        if meta.lora is not None:
+            meta.lora.add(attn, o, self.layer, O_PROJ)
+        return o
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
+        self.layer = layer
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
@@ -162,12 +171,20 @@ class MLP(nn.Module):
         """Run gate and up as one matmul (after the weights are loaded; forward packs if nobody did)."""
         self.gate_up = pack_linears(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraContext | None = None) -> torch.Tensor:
         if self.gate_up is None:
             self.pack()
         assert self.gate_up is not None
-        gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = F.linear(x, *self.gate_up)
+        if lora is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        lora.add(x, gate_up, self.layer, GATE_UP)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        down = self.down_proj(h)
+        lora.add(h, down, self.layer, DOWN_PROJ)
+        return down
 
 
 class DecoderLayer(nn.Module):
@@ -176,7 +193,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, layer)
 
     def forward(
         self,
@@ -187,7 +204,7 @@ class DecoderLayer(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), meta.lora)
 
 
 class LlamaModel(nn.Module):

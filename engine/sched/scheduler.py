@@ -38,12 +38,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: SchedulingPolicy | str = "fcfs",
         enable_chunked_prefill: bool = True,
+        max_loras: int | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.max_loras = max_loras  # distinct LoRA adapters among running sequences; None: no adapters
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._forks: dict[int, list[Sequence]] = {}  # parent seq_id → children waiting for its prompt KV
@@ -118,10 +120,19 @@ class Scheduler:
         return self._entry(seq, num_new)
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
-        """Move waiting sequences into the running list while budget, blocks and max_num_seqs allow."""
+        """Move waiting sequences into the running list while budget, blocks and max_num_seqs allow.
+
+        A sequence whose adapter would make more than ``max_loras`` distinct adapters run at once
+        waits (keeping its place) while the ones behind it may go.
+        """
         self.policy.order_waiting(self.waiting)
+        adapters = self._running_adapters()
+        held_back: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if adapters is not None and not self._adapter_fits(seq, adapters):
+                held_back.append(self.waiting.popleft())
+                continue
             if budget == 0:
                 if not self.policy.admits_whole_batch:
                     break
@@ -138,7 +149,24 @@ class Scheduler:
             self._start(seq)
             scheduled.append(self._entry(seq, num_new))
             budget = max(0, budget - num_new)
+        self.waiting.extendleft(reversed(held_back))
         return budget
+
+    def _running_adapters(self) -> set[str] | None:
+        if self.max_loras is None:
+            return None
+        return {s.lora_name for s in self.running if s.lora_name is not None}
+
+    def _adapter_fits(self, seq: Sequence, adapters: set[str]) -> bool:
+        """Whether seq may run beside the running adapters; if so its adapter joins them."""
+        name = seq.lora_name
+        if name is None or name in adapters:
+            return True
+        assert self.max_loras is not None
+        if len(adapters) >= self.max_loras:
+            return False
+        adapters.add(name)
+        return True
 
     def _start(self, seq: Sequence) -> None:
         self.waiting.popleft()

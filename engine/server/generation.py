@@ -110,12 +110,16 @@ async def submit(
     prompts: Sequence[list[int]],
     params: Sequence[SamplingParams],
     priority: int,
+    lora: str | None = None,
 ) -> Submitted:
-    """One engine request per prompt; if the engine refuses one, the ones already added are aborted."""
+    """One engine request per prompt (under the adapter ``lora``, None: the base model); if the engine
+    refuses one, the ones already added are aborted."""
     streams: list[RequestStream] = []
     try:
         for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-            streams.append(await state.engine.generate(f"{response_id}-{i}", ids, p, priority=priority))
+            streams.append(
+                await state.engine.generate(f"{response_id}-{i}", ids, p, priority=priority, lora=lora)
+            )
     except ValueError as exc:
         abort_unfinished(state, streams)
         raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None

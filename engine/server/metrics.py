@@ -10,6 +10,7 @@ running and KV usage are exported beside ours, so a third-party picker can route
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import prometheus_client
@@ -18,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvfleet.engine.async_engine import RequestMetrics
+from kvfleet.engine.lora.stats import LoraStats
 from kvfleet.engine.outputs import EngineStats
 
 prometheus_client.disable_created_metrics()  # no *_created series: dashboards read rates, as vLLM's do
@@ -174,8 +176,44 @@ class _StatsCollector(Collector):
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self._model], float(value))
             yield c
+        if s.lora is not None:
+            yield from lora_metrics(s.lora)
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(name, doc, labels=["model_name"])
         g.add_metric([self._model], float(value))
         return g
+
+
+def lora_metrics(lora: LoraStats) -> Iterator[Metric]:
+    """vLLM's ``vllm:lora_requests_info`` (value: the scrape's unix time, as vLLM sets it) and kvfleet's
+    per-adapter counters: requests, prompt and generation tokens, device loads and evictions."""
+    info = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "vLLM-compatible: running and waiting adapters (comma-joined) and max_lora.",
+        labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+    )
+    info.add_metric([",".join(lora.running), ",".join(lora.waiting), str(lora.max_loras)], time.time())
+    yield info
+    resident = GaugeMetricFamily("kvfleet:lora_resident", "Adapters resident on the device now.")
+    resident.add_metric([], float(len(lora.resident)))
+    yield resident
+    per_adapter = {
+        "kvfleet:lora_requests": ("Requests per LoRA adapter.", lora.requests),
+        "kvfleet:lora_loads": ("Adapter loads into a device slot.", lora.loads),
+        "kvfleet:lora_evictions": ("Adapter evictions from a device slot.", lora.evictions),
+    }
+    for name, (doc, counts) in per_adapter.items():
+        c = CounterMetricFamily(name, doc, labels=["adapter"])
+        for adapter, value in counts.items():
+            c.add_metric([adapter], float(value))
+        yield c
+    tokens = CounterMetricFamily(
+        "kvfleet:lora_tokens",
+        "Tokens per LoRA adapter (kind: prompt, generation).",
+        labels=["adapter", "kind"],
+    )
+    for kind, counts in (("prompt", lora.prompt_tokens), ("generation", lora.generation_tokens)):
+        for adapter, value in counts.items():
+            tokens.add_metric([adapter, kind], float(value))
+    yield tokens

@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from kvfleet.engine.server.state import ServerState
+from kvfleet.streaming import DEFAULT_SEND_BUFFER_KIB, listen_socket
 
 log = logging.getLogger(__name__)
 ABORT_FLUSH_S = 0.2  # after aborting stragglers, time for their streams to send their last bytes
@@ -74,8 +75,20 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(
-    app: FastAPI, state: ServerState, *, host: str, port: int, drain_timeout: float, log_level: str = "info"
+    app: FastAPI,
+    state: ServerState,
+    *,
+    host: str,
+    port: int,
+    drain_timeout: float,
+    log_level: str = "info",
+    send_buffer_kib: int = DEFAULT_SEND_BUFFER_KIB,
 ) -> int:
+    try:  # each connection's kernel send buffer fixed: a client that reads nothing stalls its stream soon
+        sock = listen_socket(host, port, send_buffer_kib)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc)
+        return 1
     config = uvicorn.Config(
         app,
         host=host,
@@ -86,5 +99,6 @@ def serve(
         access_log=False,
     )
     server = DrainingServer(config, state, drain_timeout)
-    server.run()
+    with sock:
+        server.run(sockets=[sock])
     return server.exit_code if server.started else 1

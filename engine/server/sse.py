@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
@@ -25,6 +24,7 @@ from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.errors import engine_dead_error
 from kvfleet.engine.server.state import ServerState
 from kvfleet.openai_responses import ErrorResponse
+from kvfleet.streaming import StallBoundedStream
 
 _ERROR = {"model": ErrorResponse}
 # Documented for every generation route (the OpenAPI document schemathesis checks against).
@@ -95,12 +95,15 @@ async def _ending_cleanly(body: AsyncIterator[str]) -> AsyncIterator[str]:
             await aclose()  # its own clean-up now (a client that left), not at garbage collection
 
 
-class GenerationStream(StreamingResponse):
-    """An SSE response that aborts its unfinished sequences and releases its in-flight slot when it ends."""
+class GenerationStream(StallBoundedStream):
+    """An SSE response that aborts its unfinished sequences and releases its in-flight slot when it ends
+    (also when its client reads nothing for ``stall_timeout_s``: ``--stream-stall-timeout``)."""
 
-    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, body: AsyncIterator[str], on_close: Callable[[], None], stall_timeout_s: float
+    ) -> None:
         super().__init__(
-            _ending_cleanly(body), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            _ending_cleanly(body), stall_timeout_s=stall_timeout_s, headers={"Cache-Control": "no-cache"}
         )
         self._on_close = on_close
 
@@ -118,10 +121,11 @@ async def start_stream(
     params: Sequence[gen.SamplingParams],
     priority: int,
     body: Callable[[gen.Submitted], AsyncIterator[str]],
+    lora: str | None = None,
 ) -> GenerationStream:
     state.in_flight.enter()
     try:
-        sub = await gen.submit(state, response_id, prompts, params, priority)
+        sub = await gen.submit(state, response_id, prompts, params, priority, lora)
     except BaseException:
         state.in_flight.exit()
         raise
@@ -130,7 +134,7 @@ async def start_stream(
         gen.abort_unfinished(state, sub.streams)
         state.in_flight.exit()
 
-    return GenerationStream(body(sub), close)
+    return GenerationStream(body(sub), close, state.stream_stall_timeout_s)
 
 
 R = TypeVar("R")
@@ -147,6 +151,7 @@ async def generation_response(
     priority: int,
     stream_body: Callable[[gen.Submitted], AsyncIterator[str]],
     collect: Callable[[gen.Submitted], Awaitable[R]],
+    lora: str | None = None,
 ) -> R | GenerationStream:
     """What both generation routes do with their validated prompts: submit, then stream or collect.
 
@@ -155,8 +160,8 @@ async def generation_response(
     goes away aborts the sequences; either way the request counts as in flight for the drain.
     """
     if stream:
-        return await start_stream(state, response_id, prompts, params, priority, stream_body)
+        return await start_stream(state, response_id, prompts, params, priority, stream_body, lora)
     async with state.in_flight.track():
-        sub = await gen.submit(state, response_id, prompts, params, priority)
+        sub = await gen.submit(state, response_id, prompts, params, priority, lora)
         async with gen.abort_on_disconnect(request, state, sub.streams):
             return await collect(sub)

@@ -20,6 +20,7 @@ from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.outputs import EngineStats
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.openai_api import APIError, model_not_found
+from kvfleet.streaming import DEFAULT_STALL_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,21 @@ class ServerState:
     ready: bool = False  # true once the engine loop runs; false again while draining
     draining: bool = False
     in_flight: InFlight = field(default_factory=InFlight)
+    stream_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S  # a client reading nothing this long: aborted
 
     @property
     def stats(self) -> EngineStats:
         return self.engine.stats_snapshot
 
-    def check_accepting(self, model: str) -> None:
-        """Raise the APIError a new generation request gets now (503 draining, 404 unknown model)."""
+    @property
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters the core knows (name → path), as of its latest stats."""
+        lora = self.stats.lora
+        return {} if lora is None else lora.known
+
+    def check_accepting(self, model: str) -> str | None:
+        """Raise the APIError a new generation request gets now (503 draining, 404 unknown model);
+        else the LoRA adapter the request names (None: the base model)."""
         if self.draining:
             raise APIError(
                 503,
@@ -96,8 +105,11 @@ class ServerState:
                 code="engine_dead",
                 headers={"Retry-After": "5"},
             )
-        if model != self.model.name:
-            raise model_not_found(model, self.model.name)
+        if model == self.model.name:
+            return None
+        if model in self.adapters:
+            return model
+        raise model_not_found(model, self.model.name)
 
 
 def get_state(request: Request) -> ServerState:

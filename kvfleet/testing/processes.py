@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -151,6 +152,26 @@ class RouterProcess(NamedTuple):
     process: subprocess.Popen[bytes]
 
 
+def spawn_router(
+    port: int,
+    engine_urls: Sequence[str],
+    tenants: Path,
+    extra: Sequence[str] = (),
+    cpus: str | None = None,
+    log: Path | None = None,
+) -> RouterProcess:
+    """Start one ``kvfleet router`` on ``port`` in front of ``engine_urls`` (not waited for).
+
+    With ``log``, its whole output (stdout and stderr) is appended to that file, else stdout is
+    dropped and stderr stays visible."""
+    argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
+                        "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
+    out = log.open("ab") if log is not None else None
+    with out or contextlib.nullcontext():
+        proc = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=out)
+    return RouterProcess(f"http://127.0.0.1:{port}", proc)
+
+
 @contextlib.contextmanager
 def routers(
     n: int,
@@ -169,12 +190,7 @@ def routers(
     started: list[RouterProcess] = []
     try:
         for port in ports:
-            argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
-                                "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
-            out = log.open("ab") if log is not None else None
-            with out or contextlib.nullcontext():
-                proc = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=out)
-            started.append(RouterProcess(f"http://127.0.0.1:{port}", proc))
+            started.append(spawn_router(port, engine_urls, tenants, extra, cpus, log))
         for url, proc in started:
             wait_http(url + "/ready", proc)
             deadline = time.monotonic() + timeout_s
@@ -197,3 +213,31 @@ def router_processes(
     """As :func:`routers`, yielding only the base URLs."""
     with routers(n, engine_urls, tenants, extra, cpus, timeout_s) as started:
         yield [r.url for r in started]
+
+
+@contextlib.contextmanager
+def redis_process(port: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ``redis-server`` on 127.0.0.1 (no persistence); yields its URL and process once it answers PING."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is missing: `make system-deps` installs it"
+    port = port or free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10.0
+        while not _answers_ping(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start")
+            time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0", proc
+    finally:
+        stop([proc])
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

@@ -27,6 +27,16 @@ from ..operator_kit.chart import LORA_METRICS, METRIC_NAME, chart_metric_names, 
 
 KEY = "sk-metrics-0123456789"
 ADAPTERS = ("sql", "chat")
+# The multi-LoRA names (issue #15), agreed between the engine and the simulator: name → labels.
+# The real engine's export of them is checked in tests/engine/lora/test_lora_server.py.
+LORA_METRIC_LABELS: dict[str, set[str]] = {
+    "vllm:lora_requests_info": {"running_lora_adapters", "waiting_lora_adapters", "max_lora"},
+    "kvfleet:lora_requests_total": {"adapter"},
+    "kvfleet:lora_tokens_total": {"adapter", "kind"},
+    "kvfleet:lora_loads_total": {"adapter"},
+    "kvfleet:lora_evictions_total": {"adapter"},
+    "kvfleet:lora_resident": set(),
+}
 
 
 _SELECTOR = re.compile(rf"\b({METRIC_NAME}?)(?:_bucket|_sum|_count)?\{{([^}}]*)\}}")
@@ -144,8 +154,9 @@ def test_each_part_exports_the_chart_names_of_its_own_prefix(scraped: dict[str, 
         assert wanted - set(scraped[part]) == set(), part
         assert len(wanted) >= 10, part
     lora = {n for n in chart_metric_names() if n.startswith(("kvfleet:lora_", "vllm:lora_"))}
-    assert lora == LORA_METRICS
+    assert lora == LORA_METRICS == set(LORA_METRIC_LABELS)
     assert lora - set(scraped["engine"]) == set()
+    assert {n: scraped["engine"][n].labels for n in lora} == LORA_METRIC_LABELS
 
 
 def test_the_latency_metrics_the_chart_takes_quantiles_of_are_histograms(

@@ -22,6 +22,8 @@ def test_the_flags_build_one_engine_config() -> None:
             "--max-num-batched-tokens", "4096", "--block-size", "32", "--kv-cache-memory", "8GiB",
             "--num-kv-blocks", "100", "--max-model-len", "4096", "--dtype", "bfloat16", "--attention", "triton",
             "--no-prefix-caching", "--scheduling-policy", "priority", "--seed", "3",
+            "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
+            "--max-lora-rank", "8", "--max-cpu-loras", "4",
         )
     )  # fmt: skip
     assert config.model_dump() == {
@@ -41,7 +43,13 @@ def test_the_flags_build_one_engine_config() -> None:
         "scheduling_policy": "priority",
         "attention_backend": "triton",
         "enable_chunked_prefill": True,
+        "enable_lora": False,
+        "lora_modules": {"sql": "/adapters/sql", "chat": "/adapters/chat"},
+        "max_loras": 2,
+        "max_lora_rank": 8,
+        "max_cpu_loras": 4,
     }
+    assert config.lora_enabled
 
 
 def test_byte_sizes_take_binary_and_decimal_units() -> None:

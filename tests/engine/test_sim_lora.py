@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from kvfleet.engine.sim_lora import SimAdapters, parse_lora_modules
+from kvfleet.engine.lora.config import parse_lora_modules
+from kvfleet.engine.sim_lora import SimAdapters
 from kvfleet.openai_api import APIError
 from kvfleet.protocol import EngineLoad
 from kvfleet.testing.processes import engine_process
@@ -69,7 +70,7 @@ async def test_bad_adapter_operations_are_refused_naming_the_adapter() -> None:
     with pytest.raises(APIError, match="'a' is in use") as busy:
         await lora.remove("a")
     assert busy.value.status_code == 409
-    with pytest.raises(ValueError, match="'x' is not NAME=PATH"):
+    with pytest.raises(ValueError, match="'x' is not name=path"):
         parse_lora_modules(["x"])
 
 

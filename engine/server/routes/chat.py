@@ -55,7 +55,7 @@ def chat_prompt_ids(state: ServerState, messages: list[dict[str, str]]) -> list[
 async def create_chat_completion(
     body: ChatCompletionRequest, state: State, request: Request
 ) -> ChatCompletionResponse | GenerationStream:
-    state.check_accepting(body.model)
+    lora = state.check_accepting(body.model)
     ids = chat_prompt_ids(state, body.message_dicts())
     gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
     max_tokens = gen.resolve_max_tokens(body.requested_max_tokens, len(ids), state.model.max_model_len)
@@ -71,6 +71,7 @@ async def create_chat_completion(
         priority=body.priority,
         stream_body=lambda sub: _stream(state, body, response_id, sub),
         collect=lambda sub: _collect(state, body, response_id, sub),
+        lora=lora,
     )
 
 
@@ -93,7 +94,7 @@ async def _collect(
     return ChatCompletionResponse(
         id=response_id,
         created=int(time.time()),
-        model=state.model.name,
+        model=body.model,
         choices=choices,
         usage=Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens),
     )
@@ -104,12 +105,12 @@ async def _stream(
 ) -> AsyncIterator[str]:
     created = int(time.time())
     cursor = gen.ChoiceCursor(body.n)
-    template = ChunkTemplate(response_id, "chat.completion.chunk", created, state.model.name, chat=True)
+    template = ChunkTemplate(response_id, "chat.completion.chunk", created, body.model, chat=True)
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
         return sse_event(
             ChatCompletionChunk(
-                id=response_id, created=created, model=state.model.name, choices=choices, usage=usage
+                id=response_id, created=created, model=body.model, choices=choices, usage=usage
             )
         )
 

@@ -44,7 +44,7 @@ def _tokenize(state: ServerState, req: CompletionRequest) -> list[list[int]]:
 async def create_completion(
     body: CompletionRequest, state: State, request: Request
 ) -> CompletionResponse | GenerationStream:
-    state.check_accepting(body.model)
+    lora = state.check_accepting(body.model)
     prompts = _tokenize(state, body)
     params = [
         gen.sampling_params(
@@ -66,6 +66,7 @@ async def create_completion(
         priority=body.priority,
         stream_body=lambda sub: _stream(state, body, response_id, sub),
         collect=lambda sub: _collect(state, body, response_id, sub),
+        lora=lora,
     )
 
 
@@ -90,7 +91,7 @@ async def _collect(
     return CompletionResponse(
         id=response_id,
         created=int(time.time()),
-        model=state.model.name,
+        model=body.model,
         choices=choices,
         usage=Usage(
             prompt_tokens=sum(sub.prompt_lens),
@@ -105,12 +106,12 @@ async def _stream(
 ) -> AsyncIterator[str]:
     created = int(time.time())
     cursor = gen.ChoiceCursor(body.n)
-    template = ChunkTemplate(response_id, "text_completion", created, state.model.name, chat=False)
+    template = ChunkTemplate(response_id, "text_completion", created, body.model, chat=False)
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         return sse_event(
             CompletionResponse(
-                id=response_id, created=created, model=state.model.name, choices=choices, usage=usage
+                id=response_id, created=created, model=body.model, choices=choices, usage=usage
             )
         )
 

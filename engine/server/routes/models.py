@@ -11,7 +11,7 @@ from fastapi import APIRouter
 
 from kvfleet.engine.server.routes.chat import chat_prompt_ids
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
-from kvfleet.engine.server.state import State
+from kvfleet.engine.server.state import ServerState, State
 from kvfleet.openai_api import ChatMessage, TokenizeRequest, model_not_found
 from kvfleet.openai_responses import ModelCard, ModelList, TokenizeResponse
 
@@ -20,7 +20,7 @@ router = APIRouter(tags=["models"])
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(state: State) -> ModelList:
-    return ModelList(data=[await retrieve_model(state.model.name, state)])
+    return ModelList(data=_cards(state))
 
 
 @router.get(
@@ -29,10 +29,21 @@ async def list_models(state: State) -> ModelList:
     responses={k: v for k, v in GENERATION_RESPONSES.items() if k == 404},
 )
 async def retrieve_model(model_id: str, state: State) -> ModelCard:
+    card = next((c for c in _cards(state) if c.id == model_id), None)
+    if card is None:
+        raise model_not_found(model_id, state.model.name)
+    return card
+
+
+def _cards(state: ServerState) -> list[ModelCard]:
+    """The base model, then each LoRA adapter (``parent``: the base model)."""
     m = state.model
-    if model_id != m.name:
-        raise model_not_found(model_id, m.name)
-    return ModelCard(id=m.name, created=m.created, max_model_len=m.max_model_len)
+    base = ModelCard(id=m.name, created=m.created, max_model_len=m.max_model_len, root=m.name)
+    adapters = [
+        ModelCard(id=name, created=m.created, max_model_len=m.max_model_len, root=path, parent=m.name)
+        for name, path in state.adapters.items()
+    ]
+    return [base, *adapters]
 
 
 @router.post(
@@ -41,7 +52,7 @@ async def retrieve_model(model_id: str, state: State) -> ModelCard:
     responses={k: v for k, v in GENERATION_RESPONSES.items() if k in (400, 404)},
 )
 async def tokenize(body: TokenizeRequest, state: State) -> TokenizeResponse:
-    if body.model is not None and body.model != state.model.name:
+    if body.model is not None and body.model != state.model.name and body.model not in state.adapters:
         raise model_not_found(body.model, state.model.name)
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from kvfleet.engine.server.state import State
-from kvfleet.protocol import EngineLoad
+from kvfleet.protocol import EngineLoad, LoraLoad
 
 router = APIRouter(tags=["operations"])
 
@@ -57,6 +57,14 @@ async def load(state: State) -> EngineLoad:
         block_size=state.model.block_size,
         num_kv_blocks=s.num_kv_blocks,
         prefix_cache_hit_rate=s.prefix_cache_hits / queries if queries else 0.0,
+        lora=None
+        if s.lora is None
+        else LoraLoad(
+            max_loras=s.lora.max_loras,
+            resident=list(s.lora.resident),
+            running=list(s.lora.running),
+            waiting=list(s.lora.waiting),
+        ),
     )
 
 

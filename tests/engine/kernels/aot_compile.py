@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvfleet.engine.kernels import kv_store, paged_attention
+from kvfleet.engine.kernels import kv_store, lora, paged_attention
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -83,6 +83,19 @@ def store(source: str, cache: str, kv_heads: int, head_dim: int, block_size: int
     return f"store_kv {source}->{cache} kv_heads={kv_heads} head_dim={head_dim} block={block_size}: {shared} B shared"
 
 
+def lora_delta(dtype: str, rank: int) -> str:
+    pointers = {name: f"*{dtype}" for name in ("x_ptr", "a_ptr", "b_ptr", "out_ptr")}
+    pointers["slots_ptr"] = "*i32"
+    constants = {
+        "RANK": rank,
+        "RANK_PAD": max(16, triton.next_power_of_2(rank)),
+        "BLOCK_K": 64,
+        "BLOCK_N": 64,
+    }
+    shared = compile_kernel(lora._lora_kernel, pointers, constants, 4)
+    return f"lora {dtype} rank={rank}: {shared} B shared"
+
+
 def main() -> int:
     lines = [
         attention("bf16", 4, 128, 16, 512),  # Llama-3-8B prefill / mixed step
@@ -90,6 +103,7 @@ def main() -> int:
         attention("fp16", 7, 256, 32, 64),  # group not a power of two, the widest head
         attention("bf16", 4, 128, 16, 512, window=True),  # Mistral-7B: a sliding window
         store("fp32", "bf16", 8, 128, 16),
+        lora_delta("bf16", 16),  # a LoRA delta (multi-LoRA, engine/kernels/lora.py)
     ]
     print("\n".join(lines))
     print(f"compiled {len(lines)} kernels")

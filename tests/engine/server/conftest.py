@@ -16,6 +16,7 @@ import uvicorn
 from kvfleet.engine import cli
 from kvfleet.engine.server.app import create_app
 from kvfleet.engine.server.state import ServerState
+from kvfleet.testing.faults import children
 
 
 def engine_args(*flags: str, simulate: bool = True) -> argparse.Namespace:
@@ -128,15 +129,7 @@ class Procs:
     @staticmethod
     def children_of(pid: int) -> list[int]:
         """Live (non-zombie) processes whose parent is ``pid``."""
-        out = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # it exited while we looked
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(stat.parent.name))
-        return out
+        return children(pid)
 
     @staticmethod
     def is_gone(pid: int) -> bool:
