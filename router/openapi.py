@@ -18,7 +18,12 @@ from pydantic.json_schema import models_json_schema
 
 from kvfleet.http_guard import document_errors
 from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
-from kvfleet.openai_responses import ChatCompletionResponse, CompletionResponse, ErrorResponse
+from kvfleet.openai_responses import (
+    SSE_EVENT_SCHEMA,
+    ChatCompletionResponse,
+    CompletionResponse,
+    ErrorResponse,
+)
 from kvfleet.router.requests import CHAT, COMPLETIONS
 
 _REF = "#/components/schemas/{model}"
@@ -53,7 +58,7 @@ def _operation(summary: str, request: type[BaseModel], response: type[BaseModel]
         "description": "JSON, or SSE when stream",
         "content": {
             "application/json": {"schema": _ref(response)},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": SSE_EVENT_SCHEMA},
         },
     }
     return {
