@@ -16,6 +16,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 if TYPE_CHECKING:
@@ -74,6 +75,12 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_stream_arguments(g)
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--max-request-bytes",
+        type=byte_size,
+        default=8 << 20,
+        help="request bodies over this size get a 413 before they are read (default 8MiB)",
+    )
     g.add_argument(
         "--engine-core",
         default="process",
@@ -262,14 +269,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         adapters = sim_adapters(args)
         state = build_server_state(args)
-    except (ValueError, OSError) as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
+    except (ValueError, OSError, ModelLoadError) as exc:  # a bad flag, an unknown GPU/model, a bad checkpoint
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
     state.stream_stall_timeout_s = args.stream_stall_timeout
     from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 
-    app = create_app(state)
+    app = create_app(state, max_body_bytes=args.max_request_bytes)
     if adapters is not None:
         from kvfleet.engine.sim_lora import SimLoraMiddleware
 

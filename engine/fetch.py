@@ -14,6 +14,7 @@ import sys
 
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.sources import resolve_model, served_name
+from kvfleet.engine.model.tokenizer import HFTokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         path = resolve_model(args.model)
+        if path.is_dir():
+            HFTokenizer(path)  # what every engine would load first: a folder without one fails here, once
     except (ModelLoadError, OSError, ValueError) as exc:
         print(f"kvfleet fetch: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

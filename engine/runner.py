@@ -177,7 +177,13 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self._forward(batch)
             requests = [
-                SampleRequest(s.seq.params, s.seq.index, s.seq.num_output_tokens)
+                SampleRequest(
+                    s.seq.params,
+                    s.seq.index,
+                    s.seq.num_output_tokens,
+                    s.seq.prompt_token_ids,
+                    s.seq.output_token_ids,
+                )
                 for s in plan.scheduled
                 if s.sample
             ]

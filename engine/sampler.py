@@ -2,8 +2,11 @@
 
 Where it sits: the last stage of ``ModelRunner.execute``: the model returns float32
 logits (N, vocab) for the N sequences that sample this step; :func:`sample` picks each
-sequence's token by its :class:`SamplingParams`. Order as vLLM: temperature, then the
-top-k cut, then the top-p cut, then a draw. Greedy (temperature 0 or top_k 1) is argmax.
+sequence's token by its :class:`SamplingParams`. Order as vLLM: the logit bias, the
+penalties (repetition over prompt and output, then frequency and presence over the output),
+temperature, then the top-k cut, then the top-p cut, then a draw. Greedy (temperature 0 or
+top_k 1) is the argmax after the bias and penalties. Logprobs are of the model's own
+distribution (before any of these), as vLLM's default.
 
 A seeded request draws from a generator seeded by (seed, sample index, output position),
 so its tokens do not depend on what else shares the batch nor on any state kept between
@@ -14,7 +17,8 @@ requests draw from the runner's one generator.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +33,8 @@ class SampleRequest:
     params: SamplingParams
     sample_index: int  # which of the request's n samples
     output_position: int  # how many tokens the sequence has generated before this one
+    prompt_token_ids: Sequence[int] = ()  # read only by the penalties
+    output_token_ids: Sequence[int] = field(default=())
 
 
 def request_seed(seed: int, sample_index: int, output_position: int) -> int:
@@ -55,6 +61,28 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = mass_before >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
+
+
+def apply_penalties(
+    logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]
+) -> torch.Tensor:
+    """One row's logits after the logit bias, the repetition penalty, then frequency and presence penalties."""
+    # Invariant: only the biased tokens and the tokens seen in the prompt or output change.
+    out = logits.clone()
+    vocab = out.shape[-1]
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long, device=out.device)
+        bias = torch.tensor([b for _, b in params.logit_bias], dtype=out.dtype, device=out.device)
+        out.index_add_(0, ids, bias)
+    counts = torch.bincount(torch.tensor(list(output_ids), dtype=torch.long), minlength=vocab)[:vocab]
+    counts = counts.to(out.device, out.dtype)
+    if params.repetition_penalty != 1.0:
+        seen = counts > 0
+        if prompt_ids:
+            seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=out.device)] = True
+        penalty = params.repetition_penalty
+        out = torch.where(seen, torch.where(out > 0, out / penalty, out * penalty), out)
+    return out - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(out.dtype)
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -102,10 +130,13 @@ class Sampler:
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         results = []
         for row, req in enumerate(requests):
-            if req.params.greedy:
-                token = int(greedy_ids[row])
+            p, values = req.params, logits[row]
+            if p.penalised:
+                values = apply_penalties(values, p, req.prompt_token_ids, req.output_token_ids)
+            if p.greedy:
+                token = int(torch.argmax(values)) if p.penalised else int(greedy_ids[row])
             else:
-                token = _draw(processed_logits(logits[row], req.params), self._generator_for(req))
+                token = _draw(processed_logits(values, p), self._generator_for(req))
             lp = None
             if logprobs is not None and req.params.logprobs is not None:
                 lp = _logprob(logprobs[row], token, req.params.logprobs)

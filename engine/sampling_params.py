@@ -50,6 +50,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's and the top-k logprobs
+    presence_penalty: float = 0.0  # OpenAI: minus this for every token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = (
+        1.0  # vLLM: a token in the prompt or output has its logit divided (> 0) or multiplied (< 0)
+    )
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.PER_STEP
@@ -63,6 +69,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -89,12 +97,37 @@ class SamplingParams:
             raise SamplingParamsError(
                 "output_kind", f"must be a RequestOutputKind ({kinds}), got {self.output_kind!r}"
             )
+        self._validate_penalties()
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise SamplingParamsError(
                 "cache_salt", f"must be a non-empty string if given, got {self.cache_salt!r}"
             )
         if any(t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SamplingParamsError(name, f"must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty < float("inf"):
+            raise SamplingParamsError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise SamplingParamsError("logit_bias", f"token ids must be >= 0, got {token}")
+            if not -100.0 <= bias <= 100.0:
+                raise SamplingParamsError(
+                    "logit_bias", f"biases must be in [-100, 100], got {bias} for token {token}"
+                )
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the sampler must change the logits before temperature (penalties or a bias)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
 
     @property
     def greedy(self) -> bool:

@@ -86,6 +86,9 @@ def errors_to_api_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
         message = message[named.end() :]
     if err["type"] == "missing":
         message = "field required"
+    elif err["type"] == "extra_forbidden":
+        name = loc[-1] if loc else ""
+        message = f"{UNSUPPORTED_FIELDS.get(name, 'not a field this server knows')}; remove it"
     elif err["type"] == "json_invalid":
         return APIError(
             400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', message)}"
@@ -113,9 +116,15 @@ M = TypeVar("M", bound=BaseModel)
 
 def parse_request(model: type[M], raw: bytes | str) -> M:
     """Parse a raw JSON body into ``model``; malformed JSON or a bad field raises :class:`APIError` (400)."""
+    try:  # strictly: no invalid bytes, no overlong forms, no encoded surrogates
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise APIError(
+            400, f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     return validate_request(model, data)
 
@@ -133,21 +142,89 @@ def validate_request(model: type[M], data: Any) -> M:
 # Requests
 # ---------------------------------------------------------------------------------------------
 
+
+class ResponseFormat(BaseModel):
+    """Only ``{"type": "text"}``: structured output (json_object, json_schema) is not implemented."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":
+            raise ValueError(f"only 'text' is implemented; structured output is not (got {v!r})")
+        return v
+
+
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 
 
+# Fields OpenAI or vLLM define that kvfleet does not implement: refused (400) naming the field, never ignored.
+UNSUPPORTED_FIELDS = {
+    "functions": "function calling is not implemented",
+    "function_call": "function calling is not implemented",
+    "parallel_tool_calls": "tool calling is not implemented",
+    "use_beam_search": "beam search is not implemented",
+    "length_penalty": "beam search is not implemented",
+    "prompt_logprobs": "prompt logprobs are not implemented",
+    "min_p": "min_p sampling is not implemented",
+    **{
+        f"guided_{kind}": "guided decoding (structured output) is not implemented"
+        for kind in ("json", "regex", "choice", "grammar", "decoding_backend", "whitespace_pattern")
+    },
+}
+FORBID_EXTRA = ConfigDict(strict=True, extra="forbid")
+
+
+def _first_lone_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string (or object, for a key) holding a lone UTF-16 surrogate (no encoder takes one)."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    items: Any = ()
+    if isinstance(value, dict):
+        items = value.items()
+        if any(isinstance(k, str) and _SURROGATE.search(k) for k in value):
+            return path or "body"  # a key: name the object that holds it
+    elif isinstance(value, list):
+        items = enumerate(value)
+    for key, item in items:
+        found = _first_lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Request(BaseModel):
+    """A request body: strict types, unknown fields refused, no lone surrogates in any string."""
+
+    model_config = FORBID_EXTRA
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        bad = _first_lone_surrogate(data, "")
+        if bad is not None:
+            raise ValueError(
+                f"{bad}: invalid unicode: a lone UTF-16 surrogate (\\ud800-\\udfff) is not a character"
+            )
+        return data
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = FORBID_EXTRA
 
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
-    """The fields completions and chat share; ranges as OpenAI documents them."""
-
-    model_config = ConfigDict(strict=True)
+class _SamplingFields(_Request):
+    """The fields completions and chat share; ranges as OpenAI (and vLLM, for its extensions) document them."""
 
     model: str = Field(min_length=1)
     temperature: Temperature | None = None  # None: 1.0
@@ -158,8 +235,18 @@ class _SamplingFields(BaseModel):
     seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, allow_inf_nan=False, description="vLLM extension; 1 or null: none"
+    )
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="token id (as a string) -> bias in [-100, 100] added to its logit"
+    )
+    include_stop_str_in_output: bool = Field(default=False, description="vLLM extension")
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     user: str | None = None
     priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31, description="extension: lower runs first")
     ignore_eos: bool = Field(default=False, description="vLLM extension")
@@ -187,18 +274,46 @@ class _SamplingFields(BaseModel):
             raise ValueError("stop sequences must be non-empty strings")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _penalties_are_not_supported(cls, v: float) -> float:
-        if v != 0.0:
-            raise ValueError(f"penalties are not supported by this engine; send 0 or omit it (got {v})")
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isascii() or not key.isdigit() or int(key) >= 1 << 31:
+                raise ValueError(f"keys must be token ids (integers >= 0 as strings), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError("tool calling is not implemented; remove tools")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_none(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if v is not None and v != "none":
+            raise ValueError(f"tool calling is not implemented; only 'none' is accepted (got {_short(v)})")
         return v
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _SamplingFields:
+    def _fields_that_depend_on_others(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        limit = self.requested_max_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens: must be at most max_tokens ({limit}), got {self.min_tokens}")
         return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
     @property
     def stop_list(self) -> list[str]:
@@ -212,12 +327,16 @@ class _SamplingFields(BaseModel):
 def _check_prompt(v: Any) -> Any:
     # The union, checked by hand so that a wrong shape gets one clear message, not four.
     if isinstance(v, str):
+        if not v:
+            raise ValueError("the prompt is empty")
         return v
     if not isinstance(v, list) or not v:
         raise ValueError(
             "must be a string, a list of strings, a list of token ids, or a list of token-id lists (non-empty)"
         )
     if all(isinstance(x, str) for x in v):
+        if not all(v):
+            raise ValueError(f"prompt {v.index('')} is empty")
         return v
     if all(_is_token_id(x) for x in v):
         return v
@@ -240,6 +359,18 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(
+        default=None, ge=1, le=MAX_N, description="only equal to n (no extra samples)"
+    )
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(
+                f"best_of: only best_of equal to n ({self.n}) is implemented (it ranks no extra samples), "
+                f"got {self.best_of}"
+            )
+        return self
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -275,14 +406,14 @@ class CompletionRequest(_SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = FORBID_EXTRA
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = FORBID_EXTRA
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -290,8 +421,9 @@ class ChatMessage(BaseModel):
 
     @property
     def text(self) -> str:
+        """The content; text parts joined with a newline, as vLLM joins them."""
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "\n".join(p.text for p in self.content)
         return self.content or ""
 
 
@@ -329,10 +461,8 @@ class ChatCompletionRequest(_SamplingFields):
         return [{"role": m.role, "content": m.text} for m in self.messages]
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Request):
     """``POST /tokenize`` (vLLM's shape): a prompt, or chat messages rendered by the chat template."""
-
-    model_config = ConfigDict(strict=True)
 
     model: str | None = None
     prompt: str | None = None

@@ -13,6 +13,13 @@ from pydantic import BaseModel, Field
 
 FinishReason = Literal["stop", "length", "abort"]
 
+# One server-sent event of a stream, as OpenAPI documents ``text/event-stream`` (and schemathesis
+# checks each event against it): its ``data`` is a chunk's JSON, or ``[DONE]``.
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"}},
+}
+
 
 class ErrorInfo(BaseModel):
     message: str

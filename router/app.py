@@ -22,18 +22,20 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 import httpx
 from fastapi import FastAPI
 
+from kvfleet.http_guard import RequestGuard, install_error_handlers
 from kvfleet.router.autoscaler import Autoscaler, ScaleInputs, Scaler
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery, Service, StaticDiscovery
 from kvfleet.router.errors import RouterError, router_error_handler
 from kvfleet.router.fleet import Fleet, poll_forever
 from kvfleet.router.metrics import RouterMetrics
+from kvfleet.router.openapi import install_openapi
 from kvfleet.router.quota import Clock, MemoryQuotaStore, QuotaStore
 from kvfleet.router.routes import completions, health, metrics, models
 from kvfleet.router.state import RouterState
@@ -124,7 +126,21 @@ def build_app(
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     app = FastAPI(title="kvfleet router", lifespan=lifespan)
+    install_error_handlers(app)
     app.add_exception_handler(RouterError, router_error_handler)
     for module in (completions, models, health, metrics):
         app.include_router(module.router)
+    app.add_middleware(RequestGuard, max_body_bytes=config.max_request_bytes, on_error=_count_unexpected(app))
+    install_openapi(app)
     return app
+
+
+def _count_unexpected(app: FastAPI) -> Callable[[Any, int], None]:
+    """A 500 from a bug outside an admitted request (whose own settlement counts it) is counted as one."""
+
+    def count(_: Any, status: int) -> None:
+        state: RouterState | None = getattr(app.state, "router", None)
+        if state is not None:
+            state.metrics.reject("unknown", "unknown", "internal_error", status)
+
+    return count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -69,7 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "Envoy gateway (docs/architecture.md §6; the other --envoy-* flags take effect with --envoy-xds-port)"
         )
     )
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 << 20,  # kvfleet.http_guard.DEFAULT_MAX_BODY_BYTES (not imported: this module stays light)
+        help="request bodies over this many bytes get a 413 before they are read (default 8 MiB)",
+    )
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
 def _add_envoy_arguments(group: argparse._ArgumentGroup) -> None:
@@ -146,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         max_engine_queue=args.max_engine_queue,
         chars_per_token=args.chars_per_token,
         prefix_chunk_chars=args.prefix_chunk_chars,
+        max_request_bytes=args.max_request_bytes,
         shared_prefix_cache=args.shared_prefix_cache,
         **stream_bounds(args),
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
@@ -177,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
     if config.envoy is not None and config.port in (config.envoy.xds_port, config.envoy.listen_port):
         print(f"kvfleet router: --port {config.port} is also one of Envoy's ports", file=sys.stderr)
         return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     app = build_app(config)
     if config.envoy is not None:
         from kvfleet.router.gateway.server import attach

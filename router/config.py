@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES
 from kvfleet.resources import SLOSpec, TenantLimits, TenantSpec
 from kvfleet.router.gateway.config import GatewayConfig
 
@@ -73,6 +74,9 @@ class RouterConfig(BaseModel):
         default=100.0, gt=0, description="prompt tokens/s an engine prefills, until a first byte says"
     )
     default_max_tokens: int = Field(default=256, ge=1)
+    max_request_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1, description="a larger request body gets a 413 before it is read"
+    )
     load_interval_s: float = Field(default=0.2, gt=0)
     adapters_interval_s: float = Field(
         default=10.0, gt=0, description="how often an engine's adapters are re-read"

@@ -33,9 +33,10 @@ from typing import Any
 
 import httpx
 
+from kvfleet import capacity
 from kvfleet.oslib import describe_exit, free_port
 from kvfleet.resources import AutoscalingSpec
-from kvfleet.router.config import RouterConfig, TenantEntry, load_tenants_file, stream_bounds
+from kvfleet.router.config import ConfigError, RouterConfig, TenantEntry, load_tenants_file, stream_bounds
 from kvfleet.router.discovery import Endpoint, Service, StaticDiscovery
 from kvfleet.streaming import add_stream_arguments, listen_socket
 
@@ -276,10 +277,33 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "need --max-replicas >= 1 (an InferenceService's maxReplicas): 0 engines could never serve"
     if not low <= args.replicas <= high:
         return f"--replicas {args.replicas} is outside [{low}, {high}]"
+    if args.simulate:
+        return _simulated_model_error(args)
     named = args.model in ("tiny", "smollm2") or Path(args.model).expanduser().is_dir()
-    if not (args.simulate or named or Path(args.model).expanduser().is_file()):
+    if not (named or Path(args.model).expanduser().is_file()):
         return f"--model {args.model!r} is neither 'tiny', 'smollm2', a .gguf file nor a checkpoint folder"
     return None
+
+
+def _simulated_model_error(args: argparse.Namespace) -> str | None:
+    """What a simulated engine would refuse at start (its timing model needs the model's shape), said once."""
+    if args.model == "tiny" or any(a.startswith("--sim-model") for a in args.engine_arg):
+        return None
+    try:
+        capacity.resolve_model(args.model)
+    except capacity.CapacityError as exc:
+        return f"--model with --simulate: {exc}"
+    return None
+
+
+def _tenants(args: argparse.Namespace) -> tuple[list[TenantEntry], str | None]:
+    """The tenants file's entries (or the one local tenant), or why the file cannot be used."""
+    if not args.tenants:
+        return [TenantEntry.model_validate({"tenant": LOCAL_TENANT, "apiKey": LOCAL_API_KEY})], None
+    try:
+        return load_tenants_file(args.tenants), None
+    except ConfigError as exc:
+        return [], str(exc)
 
 
 def fetch_model(model: str, timeout_s: float = 900.0) -> str | None:
@@ -297,7 +321,10 @@ def fetch_model(model: str, timeout_s: float = 900.0) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    tenants: list[TenantEntry] = []
     error = _validate(args)
+    if error is None:
+        tenants, error = _tenants(args)
     if error is None and not args.simulate:
         if args.model == "smollm2":
             print("kvfleet up: fetching smollm2 (first run only) ...", file=sys.stderr, flush=True)
@@ -310,19 +337,19 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(args))
+            asyncio.run(_serve(args, tenants))
     except OSError as exc:  # the router's port taken
         print(f"kvfleet up: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, tenants: list[TenantEntry]) -> None:
     import uvicorn
 
     from kvfleet.router.app import build_app
 
-    config, fleet, discovery = _build(args)
+    config, fleet, discovery = _build(args, tenants)
     app = build_app(config, scaler=fleet, discovery=discovery)
     sock = listen_socket(args.host, args.port, config.stream_send_buffer_kib)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
@@ -363,7 +390,9 @@ def _start_roll(rolls: list[asyncio.Task[None]], roll: Callable[[], Coroutine[An
     rolls.append(asyncio.create_task(roll()))
 
 
-def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDiscovery]:
+def _build(
+    args: argparse.Namespace, tenants: list[TenantEntry]
+) -> tuple[RouterConfig, LocalFleet, StaticDiscovery]:
     name = _served_name(args)
     low = args.replicas if args.min_replicas is None else args.min_replicas
     high = max(args.replicas, low) if args.max_replicas is None else args.max_replicas
@@ -374,10 +403,6 @@ def _build(args: argparse.Namespace) -> tuple[RouterConfig, LocalFleet, StaticDi
         target_queue_depth=args.target_queue_depth,
     )
     service = Service(name=name, model=name, namespace="local", policy=args.policy, autoscaling=autoscaling)
-    if args.tenants:
-        tenants = load_tenants_file(args.tenants)
-    else:
-        tenants = [TenantEntry.model_validate({"tenant": LOCAL_TENANT, "apiKey": LOCAL_API_KEY})]
     config = RouterConfig(
         tenants=tenants,
         host=args.host,

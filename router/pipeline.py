@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,6 +38,8 @@ from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
+
+log = logging.getLogger(__name__)
 
 _REASON = {
     "requestsPerMinute": "requests_per_minute",
@@ -62,7 +65,19 @@ def authenticate(state: RouterState, authorization: str | None) -> Tenant:
 def models_listing(state: RouterState, tenant: Tenant) -> dict[str, Any]:
     """``GET /v1/models``: the models this tenant may use that the fleet serves."""
     names = sorted(m for m in state.fleet.models() if may_use(state, tenant, m))
-    return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "kvfleet"} for m in names]}
+    return {"object": "list", "data": [_model_card(state, m) for m in names]}
+
+
+def model_card(state: RouterState, tenant: Tenant, model: str) -> dict[str, Any]:
+    """``GET /v1/models/{model}``: one of them, or a 404 (also for a model the tenant may not use)."""
+    if not may_use(state, tenant, model) or model not in state.fleet.models():
+        raise RouterError(404, "model_not_found", f"model {model!r} is not served here", param="model")
+    return _model_card(state, model)
+
+
+def _model_card(state: RouterState, model: str) -> dict[str, Any]:
+    created = state.models_created.setdefault(model, int(state.clock()))  # when this router first served it
+    return {"id": model, "object": "model", "created": created, "owned_by": "kvfleet"}
 
 
 def may_use(state: RouterState, tenant: Tenant, model: str) -> bool:
@@ -159,6 +174,10 @@ async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
     except RouterError as err:
         await ex.finish(err.status, used=None, reason=err.code)
         raise
+    except Exception as exc:  # a bug: a 500 in the OpenAI error shape, counted as one
+        log.exception("unexpected error admitting a request of tenant %s", ex.tenant.name)
+        await ex.finish(500, used=None, reason="internal_error")
+        raise RouterError(500, "internal_error", f"internal error: {type(exc).__name__}") from exc
     except BaseException:  # the client left (or Envoy gave up) while queued or connecting
         with anyio.CancelScope(shield=True):
             await ex.finish(499, used=None, reason="client_disconnected")

@@ -24,7 +24,7 @@ def prompt_text(body: Mapping[str, Any]) -> str:
         for message in body.get("messages") or []:
             content = message.get("content") if isinstance(message, Mapping) else None
             if isinstance(content, list):
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+                content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
             parts.append(
                 f"{message.get('role', '') if isinstance(message, Mapping) else ''}\n{content or ''}\n"
             )
@@ -67,7 +67,7 @@ def block_hashes(text: str, chunk_chars: int, namespace: str = "") -> list[int]:
     # Invariant: hashes[i] = H(hashes[i-1], text[i*c:(i+1)*c]) over full chunks only, so
     # hashes[i] identifies the whole prefix text[: (i+1)*c] within its namespace (the
     # engine's cache namespace: a tenant's cache salt, a LoRA adapter; "" is shared).
-    data = text.encode()
+    data = text.encode("utf-8", "surrogatepass")  # validation refuses lone surrogates; never crash on one
     hashes: list[int] = []
     parent = hashlib.blake2b(namespace.encode(), digest_size=8).digest() if namespace else b""
     for start in range(0, len(data) - chunk_chars + 1, chunk_chars):

@@ -168,6 +168,9 @@ async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncI
     except (aiohttp.ClientError, TimeoutError):
         outcome = "engine_failed"
         yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
+    except Exception:  # a bug mid-stream: counted as the 500 it is, not as a client that left
+        outcome = "internal_error"
+        raise
     finally:
         with anyio.CancelScope(shield=True):
             if outcome == "ok":
@@ -178,5 +181,7 @@ async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncI
                 await ex.finish(200, used=ex.used_tokens(), reason=None)
             elif outcome == "engine_failed":
                 await ex.engine_failed()
+            elif outcome == "internal_error":
+                await ex.finish(500, used=ex.used_tokens(), reason="internal_error")
             else:
                 await ex.finish(499, used=ex.used_tokens(), reason="client_disconnected")

@@ -40,6 +40,7 @@ class RouterState:
     queues: dict[str, AdmissionQueue[Placement]] = field(default_factory=dict)
     autoscaler: Autoscaler | None = None
     queue_slots: QueueSlots | None = None  # shared maxQueuedRequests (the Redis store); None: per replica
+    models_created: dict[str, int] = field(default_factory=dict)  # model -> when this router first listed it
 
     def __post_init__(self) -> None:
         self.fleet.on_change = self.pump

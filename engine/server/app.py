@@ -24,6 +24,7 @@ from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.engine.server.routes import chat, completions, lora, models, ops
 from kvfleet.engine.server.state import ServedModel, ServerState
+from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
 
 
 def build_state(
@@ -43,7 +44,9 @@ def build_state(
     return ServerState(engine=async_engine, tokenizer=tokenizer, model=model, metrics=metrics)
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The app over ``state``; request bodies over ``max_body_bytes`` get a 413 (``kvfleet.http_guard``)."""
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
@@ -57,6 +60,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvfleet engine", version=__version__, lifespan=lifespan)
     app.state.kvfleet = state
     install_error_handlers(app)
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     for module in (completions, chat, models, ops, lora):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -66,22 +70,5 @@ def create_app(state: ServerState) -> FastAPI:
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document, with its 422 replaced by the 400 OpenAI error body the server really sends."""
     if app.openapi_schema is None:
-        schema = FastAPI.openapi(app)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for path in schema.get("paths", {}).values():
-            for op in path.values():
-                responses = op.get("responses", {})
-                if responses.pop("422", None) is not None:
-                    responses.setdefault(
-                        "400",
-                        {
-                            "description": "bad input, naming the field",
-                            "content": {
-                                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
-                            },
-                        },
-                    )
-        for name in ("HTTPValidationError", "ValidationError"):
-            components.pop(name, None)
-        app.openapi_schema = schema
+        app.openapi_schema = document_errors(FastAPI.openapi(app))
     return app.openapi_schema

@@ -64,8 +64,17 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 
 
 def sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
+    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None, vocab_size: int
 ) -> SamplingParams:
+    """The request's sampling settings; a logit_bias id outside the vocabulary or min_tokens over the budget is a 400."""
+    bias = req.logit_bias_ids
+    bad = next((t for t in bias if t >= vocab_size), None)
+    if bad is not None:
+        raise APIError(
+            400,
+            f"logit_bias: token id {bad} is outside the vocabulary (size {vocab_size})",
+            param="logit_bias",
+        )
     try:
         return SamplingParams(
             n=req.n,
@@ -74,10 +83,15 @@ def sampling_params(
             top_k=None if req.top_k in (None, -1) else req.top_k,
             seed=req.seed,
             max_tokens=max_tokens,
-            min_tokens=min(req.min_tokens, max_tokens),
+            min_tokens=req.min_tokens,
             stop=tuple(req.stop_list),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=tuple(bias.items()),
+            include_stop_str_in_output=req.include_stop_str_in_output,
             cache_salt=req.cache_salt,
         )
     except SamplingParamsError as exc:

@@ -23,14 +23,14 @@ from kvfleet.engine.async_engine import EngineDeadError
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.errors import engine_dead_error
 from kvfleet.engine.server.state import ServerState
-from kvfleet.openai_responses import ErrorResponse
+from kvfleet.openai_responses import SSE_EVENT_SCHEMA, ErrorResponse
 from kvfleet.streaming import StallBoundedStream
 
 _ERROR = {"model": ErrorResponse}
 # Documented for every generation route (the OpenAPI document schemathesis checks against).
 GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
         "description": "JSON, or SSE when stream",
     },
     400: {**_ERROR, "description": "bad input, naming the field"},

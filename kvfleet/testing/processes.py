@@ -153,12 +153,23 @@ class RouterProcess(NamedTuple):
 
 
 def spawn_router(
-    port: int, engine_urls: Sequence[str], tenants: Path, extra: Sequence[str] = (), cpus: str | None = None
+    port: int,
+    engine_urls: Sequence[str],
+    tenants: Path,
+    extra: Sequence[str] = (),
+    cpus: str | None = None,
+    log: Path | None = None,
 ) -> RouterProcess:
-    """Start one ``kvfleet router`` on ``port`` in front of ``engine_urls`` (not waited for)."""
+    """Start one ``kvfleet router`` on ``port`` in front of ``engine_urls`` (not waited for).
+
+    With ``log``, its whole output (stdout and stderr) is appended to that file, else stdout is
+    dropped and stderr stays visible."""
     argv = kvfleet_argv("router", "--engines", ",".join(engine_urls), "--port", str(port),
                         "--tenants", str(tenants), *extra, cpus=cpus)  # fmt: skip
-    return RouterProcess(f"http://127.0.0.1:{port}", subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+    out = log.open("ab") if log is not None else None
+    with out or contextlib.nullcontext():
+        proc = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=out)
+    return RouterProcess(f"http://127.0.0.1:{port}", proc)
 
 
 @contextlib.contextmanager
@@ -169,13 +180,17 @@ def routers(
     extra: Sequence[str] = (),
     cpus: str | None = None,
     timeout_s: float = 30.0,
+    log: Path | None = None,
 ) -> Iterator[list[RouterProcess]]:
-    """``n`` ``kvfleet router`` processes, started together; yields once each has read every engine's load."""
+    """``n`` ``kvfleet router`` processes, started together; yields once each has read every engine's load.
+
+    With ``log``, each one's whole output (stdout and stderr) goes to that file (appended), else
+    stdout is dropped and stderr stays visible."""
     ports = [free_port() for _ in range(n)]
     started: list[RouterProcess] = []
     try:
         for port in ports:
-            started.append(spawn_router(port, engine_urls, tenants, extra, cpus))
+            started.append(spawn_router(port, engine_urls, tenants, extra, cpus, log))
         for url, proc in started:
             wait_http(url + "/ready", proc)
             deadline = time.monotonic() + timeout_s

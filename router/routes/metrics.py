@@ -10,7 +10,7 @@ from kvfleet.router.deps import State
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(state: State) -> Response:
     fleet = state.fleet
     state.metrics.engine_up.clear()

@@ -86,3 +86,37 @@ def test_model_tiny_builds_into_the_kvfleet_cache_and_generates(
         "length",
     )
     assert llm.engine.model_name == "tiny" and llm.engine.max_model_len == 2048
+
+
+def test_greedy_with_penalties_and_a_bias_equals_transformers_with_the_same_processing(tiny: Path) -> None:
+    # transformers' own repetition-penalty processor (vLLM's semantics: prompt and output tokens),
+    # then OpenAI's frequency and presence penalties over the output and the logit bias, by hand.
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=10,
+        ignore_eos=True,
+        repetition_penalty=1.8,
+        frequency_penalty=0.6,
+        presence_penalty=0.4,
+        logit_bias={70: -50.0, 101: 2.0},  # 70: the third token greedy picks without it
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny).eval()
+    repetition = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)
+    llm = LLM(model=str(tiny), num_kv_blocks=64, block_size=4, max_model_len=128)
+    plain = llm.generate(PROMPTS[0], GREEDY)[0].outputs[0].token_ids
+    (out,) = llm.generate(PROMPTS[0], params)
+    ids = torch.tensor([out.prompt_token_ids])
+    with torch.no_grad():
+        for _ in range(params.max_tokens):
+            logits = model(ids).logits[:, -1].float()
+            for token, bias in params.logit_bias:
+                logits[0, token] += bias
+            logits = repetition(ids, logits)
+            output = ids[0, len(out.prompt_token_ids) :].tolist()
+            for token in set(output):
+                logits[0, token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    assert out.outputs[0].token_ids == ids[0, len(out.prompt_token_ids) :].tolist()
+    assert out.outputs[0].token_ids[:6] != plain  # the processing changed what greedy picks

@@ -1,13 +1,22 @@
-"""The sampler on crafted logits: exact masks, argmax for greedy, reproducible seeded draws."""
+"""The sampler on crafted logits: exact masks, argmax for greedy, reproducible seeded draws, penalties as defined."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import pytest
 import torch
 
-from kvfleet.engine.sampler import Sampler, SampleRequest, apply_top_k, apply_top_p, request_seed
-from kvfleet.engine.sampling_params import SamplingParams
+from kvfleet.engine.sampler import (
+    Sampler,
+    SampleRequest,
+    apply_penalties,
+    apply_top_k,
+    apply_top_p,
+    request_seed,
+)
+from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
 
 NEG_INF = float("-inf")
 
@@ -88,3 +97,81 @@ def test_no_logprobs_are_computed_unless_asked() -> None:
         torch.zeros(1, 4), [SampleRequest(SamplingParams(temperature=0.0), 0, 0)]
     )
     assert result.logprob is None
+
+
+def reference_penalised(
+    logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]
+) -> torch.Tensor:
+    """vLLM's and OpenAI's definitions, token by token: bias, repetition (prompt + output), frequency, presence."""
+    out = logits.clone()
+    for token, bias in params.logit_bias:
+        out[token] += bias
+    for token in set(prompt) | set(output):
+        value = out[token]
+        out[token] = value / params.repetition_penalty if value > 0 else value * params.repetition_penalty
+    for token in set(output):
+        out[token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+    return out
+
+
+def test_bias_and_penalties_change_exactly_the_logits_their_definitions_name() -> None:
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(40, generator=gen) * 3
+    prompt, output = [1, 2, 2, 7, 30], [7, 7, 7, 3, 39, 3, 1]
+    params = SamplingParams(
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.3,
+        logit_bias={3: 5.0, 11: -100.0, 39: 0.5},
+    )
+    got = apply_penalties(logits, params, prompt, output)
+    want = reference_penalised(logits, params, prompt, output)
+    assert torch.allclose(got, want, rtol=0, atol=1e-6)
+    untouched = [t for t in range(40) if t not in {1, 2, 3, 7, 11, 30, 39}]
+    assert torch.equal(got[untouched], logits[untouched])
+
+
+def test_a_repetition_penalty_below_one_favours_seen_tokens_by_sign() -> None:
+    logits = torch.tensor([2.0, -2.0, 2.0, -2.0])
+    got = apply_penalties(logits, SamplingParams(repetition_penalty=0.5), [0, 1], [])
+    assert got.tolist() == [4.0, -1.0, 2.0, -2.0]
+
+
+def test_greedy_takes_the_argmax_after_the_bias_and_penalties() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
+    sampler = Sampler(0, torch.device("cpu"))
+
+    def pick(params: SamplingParams, output: list[int]) -> int:
+        return sampler.sample(logits, [SampleRequest(params, 0, len(output), [], output)])[0].token_id
+
+    assert pick(SamplingParams(temperature=0.0), [1, 1]) == 1
+    assert pick(SamplingParams(temperature=0.0, frequency_penalty=1.0), [1, 1]) == 2
+    assert pick(SamplingParams(temperature=0.0, presence_penalty=1.5), [1]) == 2
+    assert pick(SamplingParams(temperature=0.0, logit_bias={0: 100.0}), []) == 0
+    assert pick(SamplingParams(temperature=0.0, repetition_penalty=2.0), [1]) == 2
+
+
+def test_a_random_draw_samples_from_the_penalised_distribution() -> None:
+    logits = torch.zeros(1, 4).repeat(300, 1)
+    params = SamplingParams(temperature=1.0, logit_bias={0: -100.0, 1: -100.0}, seed=9)
+    requests = [SampleRequest(params, 0, i, [], []) for i in range(300)]
+    tokens = {r.token_id for r in Sampler(0, torch.device("cpu")).sample(logits, requests)}
+    assert tokens == {2, 3}
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("presence_penalty", {"presence_penalty": 2.5}),
+        ("frequency_penalty", {"frequency_penalty": -3.0}),
+        ("repetition_penalty", {"repetition_penalty": 0.0}),
+        ("logit_bias", {"logit_bias": {5: 101.0}}),
+        ("logit_bias", {"logit_bias": {-1: 1.0}}),
+    ],
+)
+def test_out_of_range_penalties_and_biases_are_refused_naming_the_field(
+    field: str, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(SamplingParamsError) as info:
+        SamplingParams(**kwargs)
+    assert info.value.field == field

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -113,12 +114,136 @@ def test_ranges_of_the_sampling_fields_are_checked() -> None:
     )
 
 
-def test_penalties_are_accepted_at_zero_and_rejected_clearly_otherwise() -> None:
+def test_penalties_and_logit_bias_are_read_and_their_ranges_named() -> None:
     base = {"model": "m", "prompt": "x"}
-    assert validate_request(CompletionRequest, base | {"presence_penalty": 0, "frequency_penalty": 0.0})
-    err = _error(CompletionRequest, base | {"frequency_penalty": 0.5})
-    assert err["param"] == "frequency_penalty"
-    assert "not supported" in err["message"]
+    req = validate_request(
+        CompletionRequest,
+        base
+        | {
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"5": 100, "17": -3.5},
+            "include_stop_str_in_output": True,
+        },
+    )
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty) == (0.5, -1, 1.2)
+    assert req.logit_bias_ids == {5: 100, 17: -3.5}
+    assert req.include_stop_str_in_output
+    assert _error(CompletionRequest, base | {"frequency_penalty": 2.5})["param"] == "frequency_penalty"
+    assert _error(CompletionRequest, base | {"repetition_penalty": 0})["param"] == "repetition_penalty"
+    err = _error(CompletionRequest, base | {"logit_bias": {"abc": 1}})
+    assert (err["param"], err["message"]) == (
+        "logit_bias",
+        "logit_bias: keys must be token ids (integers >= 0 as strings), got 'abc'",
+    )
+    err = _error(CompletionRequest, base | {"logit_bias": {"3": 101}})
+    assert err["message"] == "logit_bias: biases must be in [-100, 100], got 101.0 for token 3"
+
+
+def test_min_tokens_over_max_tokens_is_a_400_not_a_clamp() -> None:
+    err = _error(CompletionRequest, {"model": "m", "prompt": "x", "max_tokens": 4, "min_tokens": 5})
+    assert (err["param"], err["message"]) == (
+        "min_tokens",
+        "min_tokens: must be at most max_tokens (4), got 5",
+    )
+    msgs = [{"role": "user", "content": "x"}]
+    body = {"model": "m", "messages": msgs, "max_completion_tokens": 2, "min_tokens": 3}
+    assert _error(ChatCompletionRequest, body)["param"] == "min_tokens"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "message"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format.type", "structured output is not"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.type", "'json_schema'"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling is not implemented"),
+        ({"tool_choice": "auto"}, "tool_choice", "only 'none' is accepted"),
+        ({"functions": [{"name": "f"}]}, "functions", "function calling is not implemented; remove it"),
+        ({"guided_json": {"type": "object"}}, "guided_json", "guided decoding"),
+        ({"use_beam_search": True}, "use_beam_search", "beam search is not implemented"),
+        ({"frobnicate": 1}, "frobnicate", "frobnicate: not a field this server knows; remove it"),
+    ],
+)  # fmt: skip
+def test_fields_kvfleet_does_not_implement_are_refused_naming_the_field(
+    extra: dict[str, Any], param: str, message: str
+) -> None:
+    for model, base in (
+        (CompletionRequest, {"model": "m", "prompt": "x"}),
+        (ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    ):
+        err = _error(model, base | extra)
+        assert err["param"] == param
+        assert message in err["message"]
+
+
+def test_the_harmless_forms_of_unimplemented_fields_are_accepted() -> None:
+    body = {"model": "m", "prompt": "x", "n": 2, "best_of": 2, "echo": False, "suffix": None}
+    body |= {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}
+    assert validate_request(CompletionRequest, body).n == 2
+    err = _error(CompletionRequest, body | {"best_of": 3})
+    assert (err["param"], err["message"]) == (
+        "best_of",
+        "best_of: only best_of equal to n (2) is implemented (it ranks no extra samples), got 3",
+    )
+    assert _error(CompletionRequest, body | {"echo": True})["param"] == "echo"
+    assert _error(CompletionRequest, body | {"suffix": "x"})["param"] == "suffix"
+
+
+def test_unknown_fields_inside_messages_and_stream_options_are_refused() -> None:
+    msgs = [{"role": "user", "content": "x", "tool_calls": []}]
+    assert _error(ChatCompletionRequest, {"model": "m", "messages": msgs})["param"] == "messages.0.tool_calls"
+    body = {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True, "x": 1}}
+    assert _error(CompletionRequest, body)["param"] == "stream_options.x"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "prompt": "a\ud800b"}, "prompt"),
+        ({"model": "m", "prompt": ["ok", "\udfff"]}, "prompt.1"),
+        ({"model": "m\ud800", "prompt": "x"}, "model"),
+        ({"model": "m", "prompt": "x", "stop": ["\udc00"]}, "stop.0"),
+        ({"model": "m", "prompt": "x", "logit_bias": {"\ud800": 1}}, "logit_bias"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_where(body: dict[str, Any], param: str) -> None:
+    raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as a \\u escape
+    with pytest.raises(APIError) as info:
+        parse_request(CompletionRequest, raw)
+    assert (info.value.status_code, info.value.param) == (400, param)
+    assert "lone UTF-16 surrogate" in info.value.message
+
+
+def test_a_lone_surrogate_in_a_chat_message_is_a_400() -> None:
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udbff"}]}]}'
+    with pytest.raises(APIError) as info:
+        parse_request(ChatCompletionRequest, raw)
+    assert info.value.param == "messages.0.content.0.text"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "prompt": "\xff"}',
+        b'{"model": "m", "prompt": "\xc0\xaf"}',
+        b'{"model": "m", "prompt": "\xed\xa0\x80"}',
+    ],
+    ids=["invalid-byte", "overlong", "encoded-surrogate"],
+)
+def test_invalid_utf8_is_a_400(raw: bytes) -> None:
+    with pytest.raises(APIError) as info:
+        parse_request(CompletionRequest, raw)
+    assert info.value.status_code == 400
+    assert "not valid UTF-8" in info.value.message
+
+
+def test_empty_prompts_are_refused() -> None:
+    assert _error(CompletionRequest, {"model": "m", "prompt": ""})["message"] == "prompt: the prompt is empty"
+    assert (
+        _error(CompletionRequest, {"model": "m", "prompt": ["a", ""]})["message"]
+        == "prompt: prompt 1 is empty"
+    )
 
 
 def test_stream_options_without_stream_name_the_field() -> None:
@@ -134,7 +259,7 @@ def test_an_empty_message_list_is_rejected() -> None:
     assert (err["param"], err["message"]) == ("messages", "messages: must contain at least one message")
 
 
-def test_chat_content_may_be_text_parts_but_not_images() -> None:
+def test_chat_content_may_be_text_parts_joined_by_newlines_but_not_images() -> None:
     req = validate_request(
         ChatCompletionRequest,
         {
@@ -144,7 +269,7 @@ def test_chat_content_may_be_text_parts_but_not_images() -> None:
             ],
         },
     )
-    assert req.message_dicts() == [{"role": "user", "content": "ab"}]
+    assert req.message_dicts() == [{"role": "user", "content": "a\nb"}]  # as vLLM joins them
     err = _error(
         ChatCompletionRequest,
         {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kvfleet.router.local import LocalFleet, _validate, add_arguments, run
+from kvfleet.testing.processes import free_port, kvfleet_argv
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -99,3 +102,34 @@ async def test_an_engine_that_dies_on_its_own_is_no_longer_counted() -> None:
         assert fleet.urls() == []
     finally:
         await fleet.close()
+
+
+def _bad_tenants(tmp_path: Path) -> list[str]:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - tenant: a\n    apiKey: 1\n")
+    return ["--simulate", "--tenants", str(path)]
+
+
+def _folder_without_tokenizer(tmp_path: Path) -> list[str]:
+    (tmp_path / "config.json").write_text("{}")
+    return ["--model", str(tmp_path)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (_bad_tenants, "kvfleet up: tenants file {tmp}/tenants.yaml: tenants[0].apiKey: Input should be a valid string"),
+        (lambda _: ["--model", "/missing"], "kvfleet up: --model '/missing' is neither 'tiny', 'smollm2', a .gguf file nor a checkpoint folder"),
+        (lambda _: ["--simulate", "--model", "/missing"], "kvfleet up: --model with --simulate: unknown model '/missing'"),
+        (_folder_without_tokenizer, "kvfleet up: {tmp}/tokenizer.json: tokenizer.json is missing"),
+    ],
+    ids=["bad-tenants-file", "missing-model", "missing-simulated-model", "folder-without-tokenizer"],
+)  # fmt: skip
+def test_kvfleet_up_says_what_is_wrong_in_one_line_and_exits_2(
+    tmp_path: Path, argv: Callable[[Path], list[str]], line: str
+) -> None:
+    cmd = kvfleet_argv("up", "--port", str(free_port()), *argv(tmp_path))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(line.format(tmp=tmp_path))

@@ -12,6 +12,8 @@ import httpx
 import openai
 import pytest
 
+from kvfleet.router import pipeline
+from kvfleet.router.accounting import Exchange
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
 from kvfleet.testing.processes import free_port
@@ -322,3 +324,77 @@ async def test_the_metrics_endpoint_exports_the_design_names() -> None:
     ]:
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
     assert 'kvfleet_router_requests_total{code="200",model="tiny",tenant="alice"} 1.0' in text
+
+
+async def test_a_bug_while_admitting_is_a_500_error_body_counted_as_500_on_a_kept_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken_place(*_: Any) -> None:
+        raise RuntimeError("a bug")
+
+    async with router([FakeEngine()], [tenant()]) as (url, state):
+        monkeypatch.setattr(pipeline, "place", broken_place)
+        auth = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=1)) as http:
+            resp = await http.post("/v1/completions", json={"model": "tiny", "prompt": "x"}, headers=auth)
+            assert resp.status_code == 500
+            assert resp.json()["error"] == {
+                "message": "internal error: RuntimeError",
+                "type": "server_error",
+                "param": None,
+                "code": "internal_error",
+            }
+            first = resp.extensions["network_stream"].get_extra_info("client_addr")
+            monkeypatch.undo()
+            ok = await http.post("/v1/completions", json={"model": "tiny", "prompt": "x"}, headers=auth)
+            assert ok.status_code == 200
+            assert ok.extensions["network_stream"].get_extra_info("client_addr") == first
+        rejected = state.metrics.rejections.labels(model="tiny", tenant="alice", reason="internal_error")
+        assert rejected._value.get() == 1
+        assert state.metrics.requests.labels(model="tiny", tenant="alice", code="499")._value.get() == 0
+
+
+async def test_a_bug_before_admission_is_a_500_error_body_counted_as_500(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken_parse(*_: Any) -> None:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    async with router([FakeEngine()], [tenant()]) as (url, state):
+        monkeypatch.setattr(pipeline, "parse_request", broken_parse)
+        async with httpx.AsyncClient(base_url=url) as http:
+            resp = await http.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": "x"},
+                headers={"Authorization": f"Bearer {KEY}"},
+            )
+        assert resp.status_code == 500 and resp.headers["content-type"] == "application/json"
+        assert resp.json()["error"] == {
+            "message": "internal error: UnicodeEncodeError",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+        }
+        rejected = state.metrics.rejections.labels(model="unknown", tenant="unknown", reason="internal_error")
+        assert rejected._value.get() == 1
+
+
+async def test_a_bug_mid_stream_is_counted_as_500_not_as_a_client_that_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken_event(*_: Any) -> None:
+        raise RuntimeError("a bug")
+
+    async with router([FakeEngine()], [tenant()]) as (url, state):
+        monkeypatch.setattr(Exchange, "on_event", broken_event)
+        body = {"model": "tiny", "prompt": "x", "stream": True}
+        async with httpx.AsyncClient(base_url=url) as http:
+            with pytest.raises(httpx.RemoteProtocolError):
+                async with http.stream(
+                    "POST", "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+                ) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+        requests = state.metrics.requests
+        assert requests.labels(model="tiny", tenant="alice", code="500")._value.get() == 1
+        assert requests.labels(model="tiny", tenant="alice", code="499")._value.get() == 0

@@ -11,8 +11,20 @@ from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
 
 
 def test_a_plain_request_is_forwarded_byte_for_byte() -> None:
-    raw = b'{"model": "tiny",   "prompt": "hi", "max_tokens": 3, "x_vendor": 1}'
+    raw = b'{"model": "tiny",   "prompt": "hi", "max_tokens": 3, "user": "u-1"}'
     assert parse_request(COMPLETIONS, raw, 256).upstream_content() is raw
+
+
+def test_a_field_no_part_of_kvfleet_implements_is_refused_before_it_is_forwarded() -> None:
+    with pytest.raises(RouterError) as info:
+        parse_request(COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "x_vendor": 1}', 256)
+    assert (info.value.status, info.value.param) == (400, "x_vendor")
+    assert info.value.message == "x_vendor: not a field this server knows; remove it"
+
+
+def test_text_parts_are_joined_by_newlines_in_the_prompt_the_router_hashes() -> None:
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]}'
+    assert parse_request(CHAT, raw, 256).prompt == "user\nhi\nthere\n"
 
 
 def test_a_stream_that_already_asks_for_usage_is_forwarded_byte_for_byte() -> None:

@@ -59,7 +59,7 @@ async def create_chat_completion(
     ids = chat_prompt_ids(state, body.message_dicts())
     gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
     max_tokens = gen.resolve_max_tokens(body.requested_max_tokens, len(ids), state.model.max_model_len)
-    params = gen.sampling_params(body, max_tokens, body.num_logprobs)
+    params = gen.sampling_params(body, max_tokens, body.num_logprobs, state.tokenizer.vocab_size)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     return await generation_response(
         state,

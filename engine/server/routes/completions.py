@@ -48,7 +48,10 @@ async def create_completion(
     prompts = _tokenize(state, body)
     params = [
         gen.sampling_params(
-            body, gen.resolve_max_tokens(body.max_tokens, len(p), state.model.max_model_len), body.logprobs
+            body,
+            gen.resolve_max_tokens(body.max_tokens, len(p), state.model.max_model_len),
+            body.logprobs,
+            state.tokenizer.vocab_size,
         )
         for p in prompts
     ]

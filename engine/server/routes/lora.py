@@ -22,8 +22,12 @@ from kvfleet.engine.server.state import State
 from kvfleet.openai_api import APIError
 
 router = APIRouter(tags=["lora"])
+# The errors are JSON although the success is plain text: say so, else FastAPI documents them as text/plain.
+_JSON_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
 RESPONSES: dict[int | str, dict[str, Any]] = {
-    k: v for k, v in GENERATION_RESPONSES.items() if k in (400, 404, 503)
+    k: {"description": v["description"], "content": _JSON_ERROR}
+    for k, v in GENERATION_RESPONSES.items()
+    if k in (400, 404, 503)
 }
 RESPONSES[404] = {**RESPONSES[404], "description": "unknown adapter"}
 RESPONSES[409] = {**RESPONSES[400], "description": "the adapter is in use by a request"}

@@ -118,3 +118,113 @@ def test_bad_requests_leave_the_engine_idle_and_good_ones_served(fast_server: Li
     ok = _post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": "x", "max_tokens": 2})
     assert ok.status_code == 200
     assert ok.json()["choices"][0]["text"] == "ab"
+
+
+def _same_connection_pair(live: LiveServer, bad: bytes, path: str = COMPLETIONS) -> tuple[int, int]:
+    """A bad body then a good one through one client holding one connection; the local ports used."""
+    ports = []
+    with httpx.Client(base_url=live.url, timeout=10, limits=httpx.Limits(max_connections=1)) as c:
+        for content in (bad, b'{"model": "tiny", "prompt": "x", "max_tokens": 2}'):
+            resp = c.post(path, content=content, headers={"content-type": "application/json"})
+            assert resp.status_code == (
+                200 if content.startswith(b'{"model": "tiny", "prompt": "x"') else 400
+            )
+            ports.append(resp.extensions["network_stream"].get_extra_info("client_addr")[1])
+    return ports[0], ports[1]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b'{"model": "tiny", "prompt": "\\ud800"}', b'{"model": "tiny", "prompt": "\xff"}', b'{"model": '],
+    ids=["lone-surrogate", "invalid-utf8", "malformed"],
+)
+def test_an_error_keeps_the_keep_alive_connection_for_the_next_request(
+    fast_server: LiveServer, bad: bytes
+) -> None:
+    first, second = _same_connection_pair(fast_server, bad)
+    assert first == second
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        (COMPLETIONS, b'{"model": "tiny", "prompt": "a\\ud800"}', "prompt"),
+        (
+            CHAT,
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}',
+            "messages.0.content",
+        ),
+        ("/tokenize", b'{"prompt": "\\udbff\\udbff"}', "prompt"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(
+    fast_server: LiveServer, path: str, raw: bytes, param: str
+) -> None:
+    err = _error(_post(fast_server, path, content=raw), 400)
+    assert err["param"] == param
+    assert "lone UTF-16 surrogate" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"prompt": "\xff"}', b'{"prompt": "\xc0\xaf"}', b'{"prompt": "\xed\xa0\x80"}']
+)
+def test_invalid_utf8_is_a_400_naming_the_byte(fast_server: LiveServer, raw: bytes) -> None:
+    err = _error(_post(fast_server, COMPLETIONS, content=raw), 400)
+    assert err["message"].startswith("the request body is not valid UTF-8: invalid")
+    assert err["code"] == "invalid_utf8"
+
+
+def test_a_body_over_the_limit_is_a_413_and_the_server_stays_up(fast_server: LiveServer) -> None:
+    body = b'{"model": "tiny", "prompt": "' + b"x" * (8 << 20) + b'"}'
+    err = _error(_post(fast_server, COMPLETIONS, content=body), 413)
+    assert err["message"] == (
+        f"the request body is too large: Content-Length is {len(body)}, over the limit of {8 << 20} bytes"
+    )
+    assert err["code"] == "request_too_large"
+    assert (
+        _post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": "x", "max_tokens": 1}).status_code
+        == 200
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format.type", "structured output is not"),
+        ({"tools": [{"type": "function"}]}, "tools", "tool calling is not implemented"),
+        ({"guided_regex": "a+"}, "guided_regex", "guided decoding"),
+        ({"best_of": 4}, "best_of", "only best_of equal to n"),
+        ({"extra_thing": 1}, "extra_thing", "not a field this server knows"),
+        ({"logit_bias": {"300": 5}}, "logit_bias", "logit_bias: token id 300 is outside the vocabulary (size 259)"),
+        ({"max_tokens": 3, "min_tokens": 4}, "min_tokens", "must be at most max_tokens (3)"),
+    ],
+)  # fmt: skip
+def test_what_the_engine_does_not_implement_is_refused_naming_the_field(
+    fast_server: LiveServer, body: dict[str, Any], param: str, message: str
+) -> None:
+    err = _error(_post(fast_server, COMPLETIONS, json={"model": "tiny", "prompt": "x"} | body), 400)
+    assert err["param"] == param
+    assert message in err["message"]
+
+
+def test_chat_min_tokens_over_what_the_context_leaves_is_a_400(fast_server: LiveServer) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "min_tokens": 1000}
+    err = _error(_post(fast_server, CHAT, json=body), 400)
+    assert err["param"] == "min_tokens"
+    assert err["message"].startswith("min_tokens: must be in [0, max_tokens=")
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(fast_server: LiveServer) -> None:
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 8, "stop": "cd"}
+    assert _post(fast_server, COMPLETIONS, json=body).json()["choices"][0]["text"] == "ab"
+    kept = _post(fast_server, COMPLETIONS, json=body | {"include_stop_str_in_output": True})
+    assert kept.json()["choices"][0]["text"] == "abcd"
+
+
+def test_one_model_is_retrieved_by_its_id_and_an_unknown_one_is_a_404(fast_server: LiveServer) -> None:
+    with fast_server.client() as c:
+        card = c.get("/v1/models/tiny").json()
+        assert (card["id"], card["object"], card["owned_by"]) == ("tiny", "model", "kvfleet")
+        assert card["created"] == c.get("/v1/models").json()["data"][0]["created"]
+        err = _error(c.get("/v1/models/gpt-4"), 404)
+    assert (err["code"], err["param"]) == ("model_not_found", "model")
