@@ -107,6 +107,7 @@ def build_app(
             if config.redis_url is not None:
                 state.queue_slots = cast("RedisQuotaStore", quota)
             app.state.router = state
+            state.fleet.first_poll = asyncio.Event()
             tasks = [asyncio.create_task(poll_forever(state.fleet, disc, client))]
             if scl is not None:
                 auto = Autoscaler(

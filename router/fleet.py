@@ -19,6 +19,7 @@ goes only to the engines configured with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -104,6 +105,9 @@ class Fleet:
     _tickets: Iterator[int] = field(default_factory=itertools.count)
     prefill_rate: float = 0.0  # uncached tokens per second to the first byte: the prior, then averaged
     rate_measured: bool = False  # the first sample replaces the prior outright
+    # Set once the poller's first round is done (None: no poller, as in unit tests). Until then the
+    # router knows no engine's models, and a request waits for that round instead of a false 404.
+    first_poll: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         self.prefix = PrefixIndex(self.config.prefix_index_blocks)
@@ -336,6 +340,16 @@ async def poll_once(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClien
     if fleet.on_change is not None:
         for model in fleet.models():
             fleet.on_change(model)
+    if fleet.first_poll is not None:
+        fleet.first_poll.set()
+
+
+async def first_poll_done(fleet: Fleet) -> None:
+    """Wait (boundedly) for the poller's first round: a router just started knows no model yet."""
+    if fleet.first_poll is None or fleet.first_poll.is_set():
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(fleet.first_poll.wait(), fleet.config.load_timeout_s + 1.0)
 
 
 async def poll_forever(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClient) -> None:

@@ -32,7 +32,7 @@ import anyio
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
-from kvfleet.router.fleet import Placement
+from kvfleet.router.fleet import Placement, first_poll_done
 from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
 from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
@@ -203,6 +203,7 @@ async def admit(state: RouterState, authorization: str | None, path: str, body: 
     tenant = authenticate(state, authorization)
     req = salted(state, tenant, _parse(state, tenant, path, body))
     prompt_estimate = req.prompt_tokens_estimate(state.config.chars_per_token)
+    await first_poll_done(state.fleet)
     estimate = check_request(state, tenant, req, prompt_estimate)
     ex = Exchange(state, tenant, req, prompt_estimate=prompt_estimate)
     async with settled_on_error(ex):

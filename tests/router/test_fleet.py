@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from kvfleet.protocol import EngineLoad
 from kvfleet.router.config import RouterConfig
-from kvfleet.router.discovery import Endpoint, FleetView
-from kvfleet.router.fleet import Fleet, PollMiss, fetch_load
+from kvfleet.router.discovery import Endpoint, FleetView, StaticDiscovery
+from kvfleet.router.fleet import Fleet, PollMiss, fetch_load, first_poll_done, poll_once
 from kvfleet.testing.processes import free_port
 
 from .conftest import FakeClock
@@ -122,3 +124,22 @@ def test_a_request_released_before_its_first_byte_leaves_no_backlog(clock: FakeC
     assert placed is not None
     fleet.release(placed)
     assert (fleet.backlog(fleet.engines[A]), fleet.prefill_rate) == (0, 100.0)
+
+
+async def test_a_router_just_started_waits_for_its_first_poll_before_it_says_a_model_is_unknown(
+    clock: FakeClock,
+) -> None:
+    fleet = fleet_of(clock)
+    fleet.first_poll = asyncio.Event()
+    waiter = asyncio.create_task(first_poll_done(fleet))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # no round yet: the models are not known, a 404 would be false
+    async with httpx.AsyncClient() as client:
+        await poll_once(fleet, StaticDiscovery([]), client)
+    await asyncio.wait_for(waiter, 1.0)
+    assert fleet.first_poll.is_set()
+    await asyncio.wait_for(first_poll_done(fleet), 0.01)  # later requests do not wait
+
+
+async def test_without_a_poller_nothing_waits_for_a_first_poll(clock: FakeClock) -> None:
+    await asyncio.wait_for(first_poll_done(fleet_of(clock)), 0.01)
