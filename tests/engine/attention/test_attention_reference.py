@@ -2,7 +2,7 @@
 
 import torch
 
-from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
+from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV, get_backend
 
 
 def _dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -16,6 +16,21 @@ def _dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
+def _stored_sequences(
+    backend: AttentionBackend, layer: LayerKV, tables: torch.Tensor, lens: list[int]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Random keys and values for each sequence, stored through ``backend`` at its block table's slots."""
+    block_size, kv_heads, dim = layer.k_cache.shape[1:]
+    ks = [torch.randn(n, kv_heads, dim) for n in lens]
+    vs = [torch.randn(n, kv_heads, dim) for n in lens]
+    for s, n in enumerate(lens):
+        slots = torch.tensor(
+            [int(tables[s, i // block_size]) * block_size + i % block_size for i in range(n)]
+        )
+        backend.store_kv(ks[s], vs[s], layer, slots)
+    return ks, vs
+
+
 def test_paged_reference_equals_dense_attention_for_a_prefill_and_a_decode_sequence() -> None:
     torch.manual_seed(0)
     heads, kv_heads, dim, block_size = 4, 2, 8, 4
@@ -25,13 +40,7 @@ def test_paged_reference_equals_dense_attention_for_a_prefill_and_a_decode_seque
     # seq 0: 6 tokens, all new (prefill) in blocks [3, 7]; seq 1: 9 tokens, 1 new (decode) in [1, 2, 5]
     tables = torch.tensor([[3, 7, 0], [1, 2, 5]], dtype=torch.int32)
     lens, q_lens = [6, 9], [6, 1]
-    ks = [torch.randn(n, kv_heads, dim) for n in lens]
-    vs = [torch.randn(n, kv_heads, dim) for n in lens]
-    for s, n in enumerate(lens):
-        slots = torch.tensor(
-            [int(tables[s, i // block_size]) * block_size + i % block_size for i in range(n)]
-        )
-        backend.store_kv(ks[s], vs[s], LayerKV(k_cache, v_cache, 1.0), slots)
+    ks, vs = _stored_sequences(backend, LayerKV(k_cache, v_cache, 1.0), tables, lens)
     q = torch.randn(sum(q_lens), heads, dim)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
@@ -70,13 +79,7 @@ def test_a_sliding_window_masks_exactly_as_transformers_mask_for_prefill_and_bat
     # a 6-token prefill and two decodes (9 and 7 tokens of context): the decodes run batched
     tables = torch.tensor([[3, 7, 0], [1, 2, 5], [8, 9, 0]], dtype=torch.int32)
     lens, q_lens = [6, 9, 7], [6, 1, 1]
-    ks = [torch.randn(n, kv_heads, dim) for n in lens]
-    vs = [torch.randn(n, kv_heads, dim) for n in lens]
-    for s, n in enumerate(lens):
-        slots = torch.tensor(
-            [int(tables[s, i // block_size]) * block_size + i % block_size for i in range(n)]
-        )
-        backend.store_kv(ks[s], vs[s], LayerKV(k_cache, v_cache, 1.0), slots)
+    ks, vs = _stored_sequences(backend, LayerKV(k_cache, v_cache, 1.0), tables, lens)
     q = torch.randn(sum(q_lens), heads, dim)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
