@@ -46,6 +46,8 @@ class AdsServer(AggregatedDiscoveryServiceBase):
         self.acked: dict[str, str] = {}
         self.acked_names: dict[str, frozenset[str]] = {}  # of the resources of each type acked last
         self.rejected: dict[str, str] = {}
+        self.streams = 0  # opened so far, and requests received on them: what a stuck start shows
+        self.requests = 0
         self._changed = asyncio.Event()
         self._acked = asyncio.Event()
         self._take(snapshot)
@@ -135,6 +137,7 @@ class AdsServer(AggregatedDiscoveryServiceBase):
         # each type URL Envoy asked for at the latest version.
         sent: dict[str, str] = {}
         versions: dict[str, str] = {}
+        self.streams += 1
         inbox: asyncio.Queue[DiscoveryRequest | None] = asyncio.Queue()
         reader = asyncio.create_task(_pump(messages, inbox))
         try:
@@ -147,6 +150,7 @@ class AdsServer(AggregatedDiscoveryServiceBase):
                     request = got.result()
                     if request is None:
                         return
+                    self.requests += 1
                     reply = self.answer(request, sent)
                     if reply is not None:
                         versions[request.type_url] = reply.version_info

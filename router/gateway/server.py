@@ -67,7 +67,8 @@ def attach(app: FastAPI, config: GatewayConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with inner(app), serve(RouterGate(app.state.router, config.num_retries), config):
+        async with inner(app), serve(RouterGate(app.state.router, config.num_retries), config) as ads:
+            app.state.ads = ads
             yield
 
     app.router.lifespan_context = lifespan
