@@ -56,6 +56,9 @@ class Sequence:
     # Seeds the prefix-cache hash chain (kv.block_hash.cache_namespace): b"" is shared by all.
     cache_namespace: bytes = b""
     lora_name: str | None = None  # the LoRA adapter it runs under (engine/lora); None: the base model
+    # The prefix-cache hash chain of its full blocks so far, filled lazily by the KV cache manager
+    # (a full block's hash never changes: tokens are only appended).
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
 
     @property
     def all_token_ids(self) -> list[int]:

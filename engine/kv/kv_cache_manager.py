@@ -12,6 +12,11 @@ last token is always recomputed so the step has logits to sample from. Blocks ar
 registered after the step that computed them (``cache_computed_blocks``), never at
 allocation, so a hit always points at KV that is really in the cache. The
 ``prefix_cache_queries`` and ``prefix_cache_hits`` counters are in tokens, as in vLLM.
+
+In flight: the prompt blocks a started sequence will compute but has not yet are indexed
+by hash too, so the scheduler can see that a waiting sequence's prefix is being computed
+right now by another one (``in_flight_tokens``) and let it wait for the hit instead of
+computing the same KV a second time.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class CachedPrefix:
 @dataclass
 class _SeqBlocks:
     hashes: list[BlockHash] = field(default_factory=list)  # hash chain of its computed full blocks
+    in_flight: list[BlockHash] = field(default_factory=list)  # prompt blocks it registered as in flight
 
 
 NO_PREFIX = CachedPrefix()
@@ -52,6 +58,7 @@ class KVCacheManager:
         self._seqs: dict[int, _SeqBlocks] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens served from the cache
+        self._in_flight: dict[BlockHash, int] = {}  # prompt block being computed → the seq_id computing it
 
     @property
     def num_blocks(self) -> int:
@@ -68,24 +75,56 @@ class KVCacheManager:
         """The most tokens one sequence can ever hold (the whole cache)."""
         return self.pool.num_blocks * self.block_size
 
+    def _chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
+        """The hash chain of ``seq``'s first ``num_blocks`` full blocks (memoised on the sequence)."""
+        chain = seq.block_hashes
+        bs = self.block_size
+        parent = BlockHash(chain[-1]) if chain else None
+        for i in range(len(chain), num_blocks):
+            parent = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.cache_namespace)
+            chain.append(parent)
+        return [BlockHash(h) for h in chain[:num_blocks]]
+
     # Invariant: the result covers whole blocks only and at most num_tokens - 1 tokens.
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         """The longest cached run of full blocks that starts ``seq``'s tokens; changes nothing."""
         if not self.enable_prefix_caching or seq.block_ids:
             return NO_PREFIX
-        tokens = seq.all_token_ids
-        bs = self.block_size
         ids: list[int] = []
         hashes: list[BlockHash] = []
-        parent: BlockHash | None = None
-        for i in range((len(tokens) - 1) // bs):
-            parent = hash_block(parent, tokens[i * bs : (i + 1) * bs], seq.cache_namespace)
-            block_id = self.pool.lookup(parent)
+        for block_hash in self._chain(seq, (seq.num_tokens - 1) // self.block_size):
+            block_id = self.pool.lookup(block_hash)
             if block_id is None:
                 break
             ids.append(block_id)
-            hashes.append(parent)
-        return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * bs)
+            hashes.append(block_hash)
+        return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * self.block_size)
+
+    def in_flight_tokens(self, seq: Sequence, cached: CachedPrefix) -> int:
+        """Tokens right after ``cached`` whose blocks another started sequence is computing now."""
+        if not self.enable_prefix_caching or not self._in_flight:
+            return 0
+        chain = self._chain(seq, (seq.num_tokens - 1) // self.block_size)
+        run = 0
+        for block_hash in chain[len(cached.hashes) :]:
+            owner = self._in_flight.get(block_hash)
+            if owner is None or owner == seq.seq_id:
+                break
+            run += 1
+        return run * self.block_size
+
+    def _mark_in_flight(self, seq: Sequence, state: _SeqBlocks, num_cached: int) -> None:
+        """Index the full prompt blocks ``seq`` is about to compute (those after its cached prefix)."""
+        if not self.enable_prefix_caching:
+            return
+        for block_hash in self._chain(seq, (seq.num_prompt_tokens - 1) // self.block_size)[num_cached:]:
+            if self._in_flight.setdefault(block_hash, seq.seq_id) == seq.seq_id:
+                state.in_flight.append(block_hash)
+
+    def _unmark_in_flight(self, seq_id: int, hashes: list[BlockHash]) -> None:
+        for block_hash in hashes:
+            if self._in_flight.get(block_hash) == seq_id:
+                del self._in_flight[block_hash]
 
     # Invariant: on success seq holds exactly cdiv(num_computed + num_new_tokens, block_size)
     # blocks; on failure (None) nothing changed.
@@ -122,6 +161,9 @@ class KVCacheManager:
             state.hashes = list(cached.hashes)
             seq.num_computed_tokens = cached.num_tokens
             seq.num_cached_tokens = cached.num_tokens
+            self._unmark_in_flight(seq.seq_id, state.in_flight)
+            state.in_flight = []
+            self._mark_in_flight(seq, state, len(cached.hashes))
         seq.block_ids.extend(cached.block_ids)
         seq.block_ids.extend(new_blocks)
         return new_blocks
@@ -144,11 +186,12 @@ class KVCacheManager:
         num_full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
         if num_full <= len(state.hashes):
             return
-        parent = state.hashes[-1] if state.hashes else None
+        chain = self._chain(seq, num_full)
         for i in range(len(state.hashes), num_full):
-            parent = hash_block(parent, seq.tokens(i * bs, (i + 1) * bs), seq.cache_namespace)
-            self.pool.cache(seq.block_ids[i], parent)
-            state.hashes.append(parent)
+            self.pool.cache(seq.block_ids[i], chain[i])
+            state.hashes.append(chain[i])
+            if self._in_flight.get(chain[i]) == seq.seq_id:
+                del self._in_flight[chain[i]]
 
     def fork(self, parent: Sequence, child: Sequence) -> int:
         """Share the parent's computed prompt blocks with a fresh child (n > 1 sampling).
@@ -177,4 +220,6 @@ class KVCacheManager:
         self.pool.free(reversed(seq.block_ids))
         seq.block_ids = []
         seq.num_computed_tokens = 0
-        self._seqs.pop(seq.seq_id, None)
+        state = self._seqs.pop(seq.seq_id, None)
+        if state is not None:
+            self._unmark_in_flight(seq.seq_id, state.in_flight)

@@ -23,6 +23,10 @@ from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sched.policy import SchedulingPolicy, make_policy
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
+# A waiting sequence waits for another's in-flight prefix when at least this many of its
+# tokens would otherwise be computed twice (SGLang's in-batch prefix threshold is 32 too).
+SHARED_PREFIX_WAIT_TOKENS = 32
+
 
 class Sampled(NamedTuple):
     seq: Sequence
@@ -122,8 +126,9 @@ class Scheduler:
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
         """Move waiting sequences into the running list while budget, blocks and max_num_seqs allow.
 
-        A sequence whose adapter would make more than ``max_loras`` distinct adapters run at once
-        waits (keeping its place) while the ones behind it may go.
+        A sequence whose adapter would make more than ``max_loras`` distinct adapters run at once,
+        or whose prefix another running sequence is computing right now, waits (keeping its
+        place) while the ones behind it may go.
         """
         self.policy.order_waiting(self.waiting)
         adapters = self._running_adapters()
@@ -139,6 +144,9 @@ class Scheduler:
                 self._start(seq)  # static batching: joins now, computes in later steps
                 continue
             cached = self._cached_prefix(seq)
+            if self._awaits_shared_prefix(seq, cached):
+                held_back.append(self.waiting.popleft())
+                continue
             num_new = seq.num_tokens - seq.num_computed_tokens - cached.num_tokens
             if num_new > budget and not self.enable_chunked_prefill and scheduled:
                 break
@@ -151,6 +159,17 @@ class Scheduler:
             budget = max(0, budget - num_new)
         self.waiting.extendleft(reversed(held_back))
         return budget
+
+    def _awaits_shared_prefix(self, seq: Sequence, cached: CachedPrefix) -> bool:
+        """Whether ``seq`` should wait for a prefix another running sequence is computing now.
+
+        Computing it twice costs the step budget and TTFT of everyone; waiting costs this
+        sequence the steps until those blocks are cached, after which it starts from the
+        hit. Short overlaps (a chat template's first block) are not worth a wait.
+        """
+        if self.policy.admits_whole_batch:
+            return False
+        return self.kv.in_flight_tokens(seq, cached) >= SHARED_PREFIX_WAIT_TOKENS
 
     def _running_adapters(self) -> set[str] | None:
         if self.max_loras is None:
