@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kvfleet.engine.kernels.cpu_fused import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
+from kvfleet.engine.kernels.cpu_linear import linear, load_linear
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
@@ -96,8 +96,19 @@ def column_major(weight: torch.Tensor) -> torch.Tensor:
     return weight.t().contiguous().t()
 
 
-def store_column_major(linear: nn.Linear) -> None:
-    linear.weight = nn.Parameter(column_major(linear.weight.detach()), requires_grad=False)
+def matmul_layout(weight: torch.Tensor) -> torch.Tensor:
+    """The layout the model's matmuls read fastest here: as stored (row-major) where the native
+    few-row kernel runs the decode steps (``kernels/cpu_linear.py``), else :func:`column_major`."""
+    if weight.device.type == "cpu" and load_linear() is None:
+        return column_major(weight)
+    return weight.contiguous()
+
+
+def store_for_matmul(linear: nn.Linear) -> None:
+    weight = linear.weight.detach()
+    laid_out = matmul_layout(weight)
+    if laid_out is not weight:
+        linear.weight = nn.Parameter(laid_out, requires_grad=False)
 
 
 class Packed(NamedTuple):
@@ -119,7 +130,7 @@ def pack_linears(owner: nn.Module, names: tuple[str, ...]) -> Packed:
     and ``state_dict`` keeps the checkpoint's names.
     """
     linears = [getattr(owner, name) for name in names]
-    weight = column_major(torch.cat([lin.weight.detach() for lin in linears]))
+    weight = matmul_layout(torch.cat([lin.weight.detach() for lin in linears]))
     biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
     if biases and len(biases) != len(linears):
         raise ValueError("packed linears must all have a bias or none")
@@ -165,7 +176,7 @@ class Attention(nn.Module):
             self.pack()
         assert self.qkv is not None
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, self.qkv.weight, self.qkv.bias)
+        qkv = linear(x, self.qkv.weight, self.qkv.bias)
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
@@ -176,7 +187,7 @@ class Attention(nn.Module):
         backend.store_kv(k, v, layer, meta.slot_mapping)
         out = backend.forward(q, layer, meta)
         attn = out.reshape(t, self.num_heads * self.head_dim)
-        o = self.o_proj(attn)
+        o = linear(attn, self.o_proj.weight, self.o_proj.bias)
         if meta.lora is not None:
             meta.lora.add(attn, o, self.layer, O_PROJ)
         return o
@@ -200,12 +211,13 @@ class MLP(nn.Module):
         if self.gate_up is None:
             self.pack()
         assert self.gate_up is not None
-        gate_up = F.linear(x, self.gate_up.weight, self.gate_up.bias)
+        gate_up = linear(x, self.gate_up.weight, self.gate_up.bias)
+        down_proj = self.down_proj
         if lora is None:
-            return self.down_proj(silu_mul(gate_up))
+            return linear(silu_mul(gate_up), down_proj.weight, down_proj.bias)
         lora.add(x, gate_up, self.layer, GATE_UP)
         h = silu_mul(gate_up)
-        down = self.down_proj(h)
+        down = linear(h, down_proj.weight, down_proj.bias)
         lora.add(h, down, self.layer, DOWN_PROJ)
         return down
 
@@ -265,16 +277,17 @@ class LlamaForCausalLM(nn.Module):
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
-        store every matmul's weight column-major (:func:`column_major`). A tied LM head gets a copy
-        of its own: the embedding looks rows up, which wants them contiguous."""
+        store every matmul's weight in :func:`matmul_layout`. A tied LM head stays tied while that
+        layout is the stored one; column-major, it gets a copy of its own (the embedding looks
+        rows up, which wants them contiguous)."""
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
                 layer.self_attn.pack()
                 layer.mlp.pack()
-                store_column_major(layer.self_attn.o_proj)
-                store_column_major(layer.mlp.down_proj)
-            store_column_major(self.lm_head)
+                store_for_matmul(layer.self_attn.o_proj)
+                store_for_matmul(layer.mlp.down_proj)
+            store_for_matmul(self.lm_head)
 
     def forward(
         self,
@@ -291,4 +304,4 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, rope, kv_cache, meta, backend, residual)
         last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
-        return self.lm_head(self.model.norm(last)).float()
+        return linear(self.model.norm(last), self.lm_head.weight).float()

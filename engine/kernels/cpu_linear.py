@@ -1,0 +1,78 @@
+"""The model's matmuls on the CPU: the native few-row kernel for decode steps, torch's GEMM otherwise.
+
+Where it sits: every linear of the model (``engine/model/llama.py``: packed q/k/v, o_proj,
+packed gate/up, down_proj, the LM head) calls :func:`linear`. A float32 CPU input of at
+most ``SKINNY_MAX_ROWS`` rows (a decode step's batch) runs ``csrc/skinny_gemm.c``, which
+streams the weight once, in memory order, with every weight vector used for all rows; a
+prefill chunk, another dtype or device, or a machine where the native library does not
+build, runs ``F.linear``. Both read the weight as nn.Linear stores it, (out, in) row-major.
+
+Measured on SmolLM2's layer shapes, 2 threads, weights streamed from memory (bench/
+skinny_linear_micro.py): 8 rows 22 ms against torch's 38 ms per 30 layers; 16 rows 31 vs
+44 ms; 1 row the same. From 32 rows on torch's GEMM is faster, hence the threshold.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.kernels.cpu_decode import FLAGS, build_library
+
+SKINNY_MAX_ROWS = 16
+
+
+class NativeLinear:
+    """``skinny_linear_f32`` behind a typed call on contiguous float32 CPU tensors."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        self._fn = lib.skinny_linear_f32
+        self._fn.argtypes = [p, i64, i64, p, i64, p, p, i32]
+        self._fn.restype = None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows, k = x.shape
+        n = weight.shape[0]
+        out = x.new_empty(rows, n)
+        bias_ptr = None if bias is None else bias.data_ptr()
+        self._fn(
+            x.data_ptr(), rows, k, weight.data_ptr(), n, bias_ptr, out.data_ptr(), torch.get_num_threads()
+        )
+        return out
+
+
+@functools.cache
+def load_linear() -> NativeLinear | None:
+    """The native kernel, built on first use (None where the library does not build: torch then)."""
+    lib = build_library(FLAGS).library
+    return None if lib is None else NativeLinear(lib)
+
+
+def skinny_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the native kernel takes this call: few float32 CPU rows, contiguous operands."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= SKINNY_MAX_ROWS
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and weight.shape[1] == x.shape[1]
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and not torch.is_grad_enabled()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: through the native kernel when :func:`skinny_ok`."""
+    if skinny_ok(x, weight, bias):
+        native = load_linear()
+        if native is not None:
+            return native(x, weight, bias)
+    return F.linear(x, weight, bias)

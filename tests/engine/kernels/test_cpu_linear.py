@@ -1,0 +1,98 @@
+"""The native few-row matmul (csrc/skinny_gemm.c) against ``F.linear``, and when it is used.
+
+Built with the machine's C compiler like the decode kernel (one library); with no compiler
+the native tests skip and the fallback tests still run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.kernels import cpu_linear
+
+HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+# float32 sums in another order than MKL's: relative to the size of the terms
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def native() -> cpu_linear.NativeLinear:
+    kernel = cpu_linear.load_linear()
+    assert kernel is not None, "a C compiler is present but the linear kernel did not build"
+    return kernel
+
+
+@pytest.fixture(params=[1, 2, 3], ids=["1-thread", "2-threads", "3-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 9, 15, 16])
+@pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33), (8, 49)])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_every_row_count_and_ragged_shape_matches_f_linear(
+    native: cpu_linear.NativeLinear, threads: int, rows: int, k: int, n: int, bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
+    x = torch.randn(rows, k, generator=gen)
+    weight = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    torch.testing.assert_close(native(x, weight, b), F.linear(x, weight, b), **TOL)
+
+
+@needs_kernel
+def test_each_output_is_written_once_whatever_was_in_the_buffer(native: cpu_linear.NativeLinear) -> None:
+    x, weight = torch.randn(4, 40), torch.randn(70, 40)
+    with mock.patch.object(torch.Tensor, "new_empty", lambda self, *s: torch.full(s, float("nan"))):
+        out = native(x, weight, None)
+    torch.testing.assert_close(out, F.linear(x, weight), **TOL)
+
+
+@needs_kernel
+def test_a_decode_batch_goes_native_and_a_prefill_chunk_goes_to_torch(
+    native: cpu_linear.NativeLinear,
+) -> None:
+    weight = torch.randn(32, 16)
+    with torch.inference_mode(), mock.patch.object(cpu_linear.F, "linear", wraps=F.linear) as torch_linear:
+        cpu_linear.linear(torch.randn(cpu_linear.SKINNY_MAX_ROWS, 16), weight)
+        assert torch_linear.call_count == 0
+        cpu_linear.linear(torch.randn(cpu_linear.SKINNY_MAX_ROWS + 1, 16), weight)
+        assert torch_linear.call_count == 1
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["transposed weight", "float64", "strided input", "grad enabled", "3-d input"],
+)
+def test_what_the_kernel_cannot_take_falls_back_to_f_linear_with_the_same_result(case: str) -> None:
+    x, weight, bias = torch.randn(4, 24), torch.randn(10, 24), torch.randn(10)
+    if case == "transposed weight":
+        weight = weight.t().contiguous().t()
+    elif case == "float64":
+        x, weight, bias = x.double(), weight.double(), bias.double()
+    elif case == "strided input":
+        x = torch.randn(4, 48)[:, ::2]
+    elif case == "3-d input":
+        x = x[None]
+    grad = case == "grad enabled"
+    with torch.set_grad_enabled(grad):
+        assert not cpu_linear.skinny_ok(x, weight, bias)
+        torch.testing.assert_close(cpu_linear.linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+def test_without_the_native_library_every_call_is_f_linear() -> None:
+    x, weight = torch.randn(2, 8), torch.randn(3, 8)
+    with torch.inference_mode(), mock.patch.object(cpu_linear, "load_linear", return_value=None):
+        torch.testing.assert_close(cpu_linear.linear(x, weight), F.linear(x, weight))
