@@ -53,12 +53,12 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(rows, k) for k, _ in SHAPES}
 
-        def torch_pass(layers: list[list[torch.Tensor]]) -> None:
+        def torch_pass(layers: list[list[torch.Tensor]], xs: dict[int, torch.Tensor] = xs) -> None:
             for layer in layers:
                 for w in layer:
                     F.linear(xs[w.shape[1]], w)
 
-        def native_pass() -> None:
+        def native_pass(xs: dict[int, torch.Tensor] = xs) -> None:
             for layer in weights:
                 for w in layer:
                     native(xs[w.shape[1]], w, None)
