@@ -71,7 +71,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 scale,
                 sliding_window,
             )
-        if layout.groups:
+        if layout.has_prefill:
             self._prefill.forward(q, layer, meta, out=out)
         return out
 

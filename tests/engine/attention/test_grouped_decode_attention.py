@@ -76,3 +76,40 @@ def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_ref
     k2, v2 = k_cache.flip(0), v_cache.flip(0)
     again = backend.forward(q, LayerKV(k2, v2, dim**-0.5, 5), meta)
     torch.testing.assert_close(again, paged_attention_reference(q, k2, v2, meta, dim**-0.5, 5))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("window", [None, 2, 90])
+def test_prompts_from_their_first_token_are_attended_in_tiles_and_match_the_reference(
+    backend: str, window: int | None
+) -> None:
+    from kvfleet.engine.attention.torch_batched import FRESH_TILE, BatchedAttention, plan_step
+
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, block = 6, 2, 16, 16
+    k_cache = torch.randn(40, block, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(40, block, kv_heads, dim, generator=gen)
+    # fresh prompts of 7 and 150 rows (3 tiles), a chunk of 6 rows on 20 cached ones, a decode
+    seq_lens, query_lens = [7, 150, 26, 5], [7, 150, 6, 1]
+    perm = torch.randperm(40, generator=gen).tolist()
+    tables = torch.tensor([perm[0:10], perm[10:20], perm[20:30], perm[30:40]], dtype=torch.int32)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
+        block_tables=tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=150,
+        max_seq_len=150,
+    )
+    q = torch.randn(starts[-1], heads, dim, generator=gen)
+    layout = plan_step(meta, BatchedAttention.geometry(q, k_cache), sdpa_decodes=False)
+    assert [(f.first_row, f.num_rows) for f in layout.fresh] == [(0, 7), (7, 150)]
+    assert layout.fresh[1].tiles() == [(0, FRESH_TILE), (FRESH_TILE, 2 * FRESH_TILE), (2 * FRESH_TILE, 150)]
+    assert layout.fresh[1].key_slots[:3].tolist() == [perm[10] * block + i for i in range(3)]
+    assert layout.fresh[1].key_slots[16].item() == perm[11] * block
+    assert [g.num_seqs for g in layout.groups] == [1]  # the chunk on cached context: as before
+    ours = get_backend(backend).forward(q, LayerKV(k_cache, v_cache, dim**-0.5, window), meta)
+    torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))
