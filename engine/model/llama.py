@@ -171,7 +171,10 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The layer's attention output: for every row, or for the rows ``keep`` only (after the
+        attention itself, which stores every row's K/V and sees every row)."""
         if self.qkv is None:
             self.pack()
         assert self.qkv is not None
@@ -187,6 +190,8 @@ class Attention(nn.Module):
         backend.store_kv(k, v, layer, meta.slot_mapping)
         out = backend.forward(q, layer, meta)
         attn = out.reshape(t, self.num_heads * self.head_dim)
+        if keep is not None:
+            attn = attn[keep]
         o = linear(attn, self.o_proj.weight, self.o_proj.bias)
         if meta.lora is not None:
             meta.lora.add(attn, o, self.layer, O_PROJ)
@@ -238,14 +243,20 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
         residual: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): the next layer adds the two
-        in its first norm, so each add rides along with a norm (``residual`` None: x is the stream)."""
+        in its first norm, so each add rides along with a norm (``residual`` None: x is the stream).
+
+        ``keep``: only these rows go on past the attention (the last layer, whose other rows
+        nobody reads: their K/V is stored all the same)."""
         if residual is None:
             h, residual = self.input_layernorm.add_forward(None, x)
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn(h, rope, kv_cache, meta, backend)
+        h = self.self_attn(h, rope, kv_cache, meta, backend, keep)
+        if keep is not None:
+            residual = residual[keep]
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h, meta.lora), residual
 
@@ -301,7 +312,15 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb(positions, meta, x.dtype)
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x, residual = layer(x, rope, kv_cache, meta, backend, residual)
-        last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
+        # A prefill step's last layer runs o_proj and the MLP at the sampling rows only (with
+        # LoRA every row goes on: the adapter context is per row).
+        prune = meta.lora is None and sample_rows.shape[0] < input_ids.shape[0]
+        last_layer = len(self.model.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            keep = sample_rows if prune and i == last_layer else None
+            x, residual = layer(x, rope, kv_cache, meta, backend, residual, keep)
+        if prune:
+            last = x if residual is None else x + residual
+        else:
+            last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
         return linear(self.model.norm(last), self.lm_head.weight).float()

@@ -167,3 +167,23 @@ def test_a_sliding_window_is_attention_per_layer_not_a_cap_on_the_context_length
         for layer in make_runner(hf_checkpoints["qwen2-window"]).model.model.layers
     ]
     assert windows == [None, 6]
+
+
+def test_a_prefill_steps_last_layer_runs_its_mlp_at_the_sampling_rows_only(tiny_dir: Path) -> None:
+    runner, sched = make_runner(tiny_dir), HandScheduler()
+    batch = flatten_plan(sched.decode_all([new_seq(p) for p in PROMPTS]), runner.block_size, runner.device)
+    layers = runner.model.model.layers
+    seen: dict[str, list[int]] = {"first": [], "last": []}
+    hooks = [
+        layers[0].mlp.register_forward_hook(lambda m, args, out: seen["first"].append(args[0].shape[0])),
+        layers[-1].mlp.register_forward_hook(lambda m, args, out: seen["last"].append(args[0].shape[0])),
+    ]
+    args = (batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend)
+    with torch.inference_mode():
+        pruned = runner.model(*args, batch.sample_rows)
+        every_row = runner.model(*args, torch.arange(batch.input_ids.shape[0]))
+    for hook in hooks:
+        hook.remove()
+    rows = sum(len(p) for p in PROMPTS)
+    assert seen == {"first": [rows, rows], "last": [len(PROMPTS), rows]}
+    torch.testing.assert_close(pruned, every_row[batch.sample_rows], atol=1e-5, rtol=1e-5)
