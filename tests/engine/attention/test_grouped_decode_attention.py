@@ -9,6 +9,21 @@ from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 
 
+def step_metadata(seq_lens: list[int], query_lens: list[int], tables: torch.Tensor) -> AttentionMetadata:
+    """One step's metadata: each sequence's last ``query_lens`` rows new, of ``seq_lens`` in all."""
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
+        block_tables=tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )
+
+
 @pytest.mark.parametrize("window", [None, 1, 3, 6])
 def test_decoding_sequences_batched_together_match_the_per_sequence_reference(window: int | None) -> None:
     gen = torch.Generator().manual_seed(0)
@@ -57,18 +72,8 @@ def test_many_ragged_decodes_and_prefill_chunks_split_into_buckets_match_the_ref
         need = -(-n // block)
         tables.append(perm[used : used + need].tolist() + [0] * (width - need))
         used += need
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        block_tables=torch.tensor(tables, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-    )
-    q = torch.randn(starts[-1], heads, dim, generator=gen)
+    meta = step_metadata(seq_lens, query_lens, torch.tensor(tables, dtype=torch.int32))
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
     backend = get_backend("torch")
     ours = backend.forward(q, LayerKV(k_cache, v_cache, dim**-0.5), meta)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5))
@@ -93,18 +98,8 @@ def test_prompts_from_their_first_token_are_attended_in_tiles_and_match_the_refe
     seq_lens, query_lens = [7, 150, 26, 5], [7, 150, 6, 1]
     perm = torch.randperm(40, generator=gen).tolist()
     tables = torch.tensor([perm[0:10], perm[10:20], perm[20:30], perm[30:40]], dtype=torch.int32)
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        block_tables=tables,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        max_query_len=150,
-        max_seq_len=150,
-    )
-    q = torch.randn(starts[-1], heads, dim, generator=gen)
+    meta = step_metadata(seq_lens, query_lens, tables)
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
     layout = plan_step(meta, BatchedAttention.geometry(q, k_cache), sdpa_decodes=False)
     assert [(f.first_row, f.num_rows) for f in layout.fresh] == [(0, 7), (7, 150)]
     assert layout.fresh[1].tiles() == [(0, FRESH_TILE), (FRESH_TILE, 2 * FRESH_TILE), (2 * FRESH_TILE, 150)]

@@ -8,6 +8,8 @@ kernels cannot run on the CPU, and the run stops here with the reason.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -23,6 +25,21 @@ if not torch.cuda.is_available() and not paged_attention.INTERPRETED:
         "no CUDA device and triton was imported without TRITON_INTERPRET=1: "
         "run pytest from the repository root so tests/conftest.py sets it first"
     )
+
+
+# The native CPU kernels are built with the machine's C compiler; without one their tests skip
+# and the torch fallbacks' tests still run.
+HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+
+
+@pytest.fixture(params=[1, 2, 3], ids=["1-thread", "2-threads", "3-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """torch's thread count (which the native kernels follow) for the test, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

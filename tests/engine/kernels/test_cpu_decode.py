@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import stat
 import subprocess
 import sys
@@ -24,8 +23,7 @@ from kvfleet.engine.attention.torch_backend import paged_attention_reference
 from kvfleet.engine.kernels import cpu_decode
 from kvfleet.engine.runner import resolve_backend
 
-HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
-needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+from .conftest import needs_compiler
 
 DECODES = [(9, 1), (1, 1), (33, 1), (16, 1), (70, 1), (17, 1)]
 # (seq_len, query_len): a whole prefill, a chunked prefill across a block boundary, decodes
@@ -51,7 +49,7 @@ def _cpu(batch, scale: float, window: int | None = None) -> torch.Tensor:  # typ
     )
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize("seqs", [DECODES, MIXED], ids=["decodes", "mixed"])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
@@ -82,7 +80,7 @@ def test_decodes_among_prefills_match_the_reference_without_reading_unowned_slot
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5), atol=2e-5, rtol=2e-5)
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512f is an x86 flag")
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 32), (8, 2, 64), (4, 1, 128), (4, 2, 80)]
@@ -103,7 +101,7 @@ def test_the_portable_loops_match_the_reference_where_the_cpu_has_vector_code_fo
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5, 7), atol=2e-5, rtol=2e-5)
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize("window", [1, 5, 16, 40, 1000])
 def test_a_sliding_window_reads_only_the_last_window_keys(paged_batch: Callable, window: int) -> None:
     batch = paged_batch(
@@ -117,14 +115,14 @@ def test_a_sliding_window_reads_only_the_last_window_keys(paged_batch: Callable,
     torch.testing.assert_close(out, _reference(batch, 0.125, window), atol=2e-5, rtol=2e-5)
 
 
-@needs_kernel
+@needs_compiler
 def test_queries_read_as_a_strided_view_of_a_fused_qkv_projection(paged_batch: Callable) -> None:
     batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, strided_q=True)
     assert not batch.q.is_contiguous()
     torch.testing.assert_close(_cpu(batch, 0.2), _reference(batch, 0.2), atol=2e-5, rtol=2e-5)
 
 
-@needs_kernel
+@needs_compiler
 def test_the_kernel_writes_the_rows_of_the_listed_sequences_and_no_other(paged_batch: Callable) -> None:
     batch = paged_batch(DECODES, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8)
     kernel, reason = cpu_decode.load_kernel()
@@ -142,7 +140,7 @@ def test_the_kernel_writes_the_rows_of_the_listed_sequences_and_no_other(paged_b
             assert torch.equal(out[s], torch.full_like(out[s], 7.0))
 
 
-@needs_kernel
+@needs_compiler
 def test_the_result_does_not_depend_on_the_thread_count(paged_batch: Callable) -> None:
     batch = paged_batch(DECODES * 4, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
     before = torch.get_num_threads()
@@ -156,7 +154,7 @@ def test_the_result_does_not_depend_on_the_thread_count(paged_batch: Callable) -
     assert torch.equal(results[0], results[1])  # each sequence is one work item: same arithmetic, same bits
 
 
-@needs_kernel
+@needs_compiler
 def test_a_bfloat16_cache_takes_the_torch_path_and_gets_its_result(paged_batch: Callable) -> None:
     batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, dtype=torch.bfloat16)
     out = _cpu(batch, 0.2)
@@ -164,7 +162,7 @@ def test_a_bfloat16_cache_takes_the_torch_path_and_gets_its_result(paged_batch: 
     assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=needs_kernel)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=needs_compiler)])
 def test_long_prefill_chunks_cut_into_tiles_see_exactly_their_causal_keys(
     paged_batch: Callable, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
@@ -181,7 +179,7 @@ def test_long_prefill_chunks_cut_into_tiles_see_exactly_their_causal_keys(
         torch.testing.assert_close(out, _reference(batch, 0.2, window), atol=2e-5, rtol=2e-5)
 
 
-@needs_kernel
+@needs_compiler
 def test_the_kernel_is_built_once_into_the_cache_and_reused(
     fresh_kernel: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,7 +250,7 @@ def _one_decode(block_ids: list[int], seq_len: int, rows: int = 1) -> AttentionM
     )
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize(
     ("q_rows", "meta", "message"),
     [
@@ -275,7 +273,7 @@ def test_a_step_that_names_memory_outside_q_or_the_cache_is_refused_before_the_k
     assert backend.forward(torch.ones(1, 4, 32), LayerKV(cache, cache.clone(), 1.0), good).shape == (1, 4, 32)
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize(
     ("q_shape", "window", "message"),
     [
@@ -294,7 +292,7 @@ def test_shapes_the_kernel_cannot_serve_are_refused_naming_them(
         )
 
 
-@needs_kernel
+@needs_compiler
 def test_a_damaged_kernel_in_the_cache_is_built_again(fresh_kernel: Path) -> None:
     assert cpu_decode.load_kernel().kernel is not None, cpu_decode.load_kernel().reason
     (built,) = fresh_kernel.glob("paged_decode-*.so")

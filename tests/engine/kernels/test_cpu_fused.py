@@ -6,17 +6,13 @@ the native tests skip and the fallback tests still run.
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from kvfleet.engine.kernels import cpu_fused
 
-HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
-needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+from .conftest import needs_compiler
+
 # float32: only the order of the sum of squares differs from torch's, a few ulp
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -28,15 +24,7 @@ def native() -> cpu_fused.NativeFused:
     return kernel
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (7, 64), (513, 576), (64, 1000)])
 def test_the_native_add_and_norm_equals_torch_and_writes_the_sum_into_the_residual(
     native: cpu_fused.NativeFused, threads: int, rows: int, hidden: int
@@ -52,7 +40,7 @@ def test_the_native_add_and_norm_equals_torch_and_writes_the_sum_into_the_residu
     torch.testing.assert_close(got_norm, want_norm, **TOL)
 
 
-@needs_kernel
+@needs_compiler
 def test_the_native_norm_without_an_add_leaves_the_residual_alone(native: cpu_fused.NativeFused) -> None:
     residual = torch.randn(5, 96, generator=torch.Generator().manual_seed(1)) * 100
     kept = residual.clone()
@@ -63,7 +51,7 @@ def test_the_native_norm_without_an_add_leaves_the_residual_alone(native: cpu_fu
     )
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize(("rows", "inner"), [(1, 1536), (3, 40), (300, 1536)])
 def test_the_native_silu_times_up_equals_torch(
     native: cpu_fused.NativeFused, threads: int, rows: int, inner: int
@@ -72,7 +60,7 @@ def test_the_native_silu_times_up_equals_torch(
     torch.testing.assert_close(native.silu_mul(gate_up), cpu_fused.silu_mul_reference(gate_up), **TOL)
 
 
-@needs_kernel
+@needs_compiler
 def test_silu_stays_finite_and_exact_at_extreme_gates(native: cpu_fused.NativeFused) -> None:
     gates = torch.tensor([[-1e4, -100.0, -88.5, -20.0, -1e-8, 0.0, 1e-8, 20.0, 88.5, 100.0, 1e4, 3.0]])
     gate_up = torch.cat([gates, torch.full_like(gates, 0.5)], dim=1)
@@ -116,7 +104,7 @@ def test_without_the_library_every_op_runs_the_reference(monkeypatch: pytest.Mon
     )
 
 
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize(
     ("rows", "heads", "kv_heads", "head_dim"), [(1, 9, 3, 64), (300, 9, 3, 64), (5, 4, 1, 32)]
 )

@@ -6,9 +6,6 @@ the native tests skip and the fallback tests still run.
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from unittest import mock
 
 import pytest
@@ -17,8 +14,8 @@ import torch.nn.functional as F
 
 from kvfleet.engine.kernels import cpu_linear
 
-HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
-needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+from .conftest import needs_compiler
+
 # float32 sums in another order than MKL's: relative to the size of the terms
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -30,15 +27,7 @@ def native() -> cpu_linear.NativeLinear:
     return kernel
 
 
-@pytest.fixture(params=[1, 2, 3], ids=["1-thread", "2-threads", "3-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
-@needs_kernel
+@needs_compiler
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 9, 15, 16])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33), (8, 49)])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -52,7 +41,7 @@ def test_every_row_count_and_ragged_shape_matches_f_linear(
     torch.testing.assert_close(native(x, weight, b), F.linear(x, weight, b), **TOL)
 
 
-@needs_kernel
+@needs_compiler
 def test_each_output_is_written_once_whatever_was_in_the_buffer(native: cpu_linear.NativeLinear) -> None:
     x, weight = torch.randn(4, 40), torch.randn(70, 40)
     with mock.patch.object(torch.Tensor, "new_empty", lambda self, *s: torch.full(s, float("nan"))):
@@ -60,7 +49,7 @@ def test_each_output_is_written_once_whatever_was_in_the_buffer(native: cpu_line
     torch.testing.assert_close(out, F.linear(x, weight), **TOL)
 
 
-@needs_kernel
+@needs_compiler
 def test_a_decode_batch_goes_native_and_a_prefill_chunk_goes_to_torch(
     native: cpu_linear.NativeLinear,
 ) -> None:
