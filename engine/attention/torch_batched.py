@@ -10,9 +10,11 @@ over sequences) stays the oracle this path is tested against.
 
 Groups: decoding sequences (one query row) and prefill chunks are grouped apart, each
 sorted by length and cut into a few buckets, so keys are padded to the bucket's longest
-context rather than the step's. A prompt whose first chunk is this step's (no cached
-context) skips all of that: its keys are its own rows, attended in tiles (:class:`Fresh`). Grouped-query heads fold into the query axis (the ``g``
+context rather than the step's. Grouped-query heads fold into the query axis (the ``g``
 query heads of one KV head become ``g`` rows per token), so K/V are never repeated.
+
+Fresh prompts: a prompt whose first chunk is this step's (no cached context) skips all of
+that: its keys are its own rows, attended in unpadded query tiles (:class:`Fresh`).
 """
 
 from __future__ import annotations
