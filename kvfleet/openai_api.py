@@ -309,7 +309,10 @@ class _SamplingFields(_Request):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        raise NotImplementedError
+        """The output-token limit the client asked for (None: none). Each request kind names its own
+        field (``max_tokens``; chat also ``max_completion_tokens``), so each subclass answers; this
+        private base is never instantiated."""
+        raise NotImplementedError(f"{type(self).__name__} must say which field limits its output")
 
     @property
     def logit_bias_ids(self) -> dict[int, float]:
