@@ -42,6 +42,12 @@ class Case(NamedTuple):
 CASES = {
     "prefill512": Case(1, 512, 0),
     "prefill2048": Case(4, 512, 0),
+    "fresh6x352": Case(6, 352, 0),  # six prompts from token 0
+    "cached6x320": Case(6, 320, 32),  # the same rows behind a cached 32-token system prompt
+    "suffix8x64": Case(8, 64, 256),
+    "suffix1x8": Case(
+        1, 8, 32
+    ),  # a short chat turn behind the cached system prompt  # short suffixes after a long cached shared prefix
     "decode1": Case(1, 1, 300),
     "decode8": Case(8, 1, 300),
     "decode32": Case(32, 1, 300),

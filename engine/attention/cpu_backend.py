@@ -1,10 +1,12 @@
-"""The ``cpu`` attention backend: decodes through the native kernel, prefill chunks through torch's SDPA.
+"""The ``cpu`` attention backend: decodes and prefill chunks through the native kernels.
 
 Where it sits: the runner's default on a CPU (``attention_backend="auto"``) when the native
-kernel of :mod:`kvfleet.engine.kernels.cpu_decode` builds on the machine. Per layer and step
-it runs the torch backend's batched path for the prefill chunks only, and hands the
-decoding sequences (one query row each) to the C kernel, which reads their K/V rows in
-place through the block table instead of gathering them into a padded copy first.
+library of :mod:`kvfleet.engine.kernels.cpu_decode` builds on the machine. Per layer and step
+it hands the decoding sequences (one query row each) to the decode kernel and the prefill
+chunks (more than one row) to the prefill kernel of :mod:`kvfleet.engine.kernels.cpu_prefill`;
+both read K/V rows in place through the block table instead of gathering them into a padded
+copy first. A geometry the prefill kernel does not take (a head size not a multiple of 16)
+runs the prefill chunks on the torch backend's batched SDPA path instead.
 
 Float32 only: with another dtype, or tensors off the CPU, it falls back to the torch
 backend's path for the whole step, so it is never wrong, only sometimes no faster. Since the
@@ -14,6 +16,8 @@ block ids once per step (``kvfleet.engine.attention.checks``): a bad one is a Va
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
@@ -21,6 +25,7 @@ from kvfleet.engine.attention.checks import check_cache, check_forward, check_pa
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
 from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel
+from kvfleet.engine.kernels.cpu_prefill import NativePrefill, load_prefill, prefill_ok
 
 
 class CpuKernelUnavailable(RuntimeError):
@@ -44,7 +49,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         super().__init__()
         self._kernel = require_kernel()
         self._prefill = BatchedAttention(sdpa_decodes=False)
+        self._native_prefill: NativePrefill | None = load_prefill()
         self._checked: AttentionMetadata | None = None  # the last step whose bounds were checked
+        self._split: tuple[AttentionMetadata, RowSplit] | None = None
 
     def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache, scale, sliding_window = layer
@@ -56,24 +63,42 @@ class CpuAttentionBackend(TorchAttentionBackend):
             check_paged_bounds(q, k_cache, meta)
             self._checked = meta
         q = q.contiguous()
-        layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
         out = torch.empty_like(q)
-        if layout.decode_seqs is not None:
-            self._kernel(
-                q,
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.seq_lens,
-                meta.query_start_loc,
-                layout.decode_seqs,
-                out,
-                scale,
-                sliding_window,
-            )
-        if layout.has_prefill:
-            self._prefill.forward(q, layer, meta, out=out)
+        native_prefill = self._native_prefill if prefill_ok(q.shape[1], *k_cache.shape[2:]) else None
+        if native_prefill is None:
+            layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
+            decodes, prefills = layout.decode_seqs, None
+        else:
+            decodes, prefills = self.split(meta)
+        paged = (k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+        if decodes is not None:
+            self._kernel(q, *paged, decodes, out, scale, sliding_window)
+        if native_prefill is None:
+            if layout.has_prefill:
+                self._prefill.forward(q, layer, meta, out=out)
+        elif prefills is not None:
+            native_prefill(q, *paged, prefills, out, scale, sliding_window)
         return out
+
+    def split(self, meta: AttentionMetadata) -> RowSplit:
+        """The step's decoding sequences and its prefill chunks, computed once for all its layers."""
+        if self._split is None or self._split[0] is not meta:
+            self._split = (meta, split_rows(meta.query_start_loc))
+        return self._split[1]
+
+
+class RowSplit(NamedTuple):
+    """A step's sequences by query rows, as int64 index tensors (None: there are none)."""
+
+    decodes: torch.Tensor | None  # one query row each
+    prefills: torch.Tensor | None  # more than one: a prompt chunk
+
+
+def split_rows(query_start_loc: torch.Tensor) -> RowSplit:
+    rows = query_start_loc[1:] - query_start_loc[:-1]
+    decodes = torch.nonzero(rows == 1).flatten()
+    prefills = torch.nonzero(rows > 1).flatten()
+    return RowSplit(decodes if decodes.numel() else None, prefills if prefills.numel() else None)
 
 
 def _native_ok(
