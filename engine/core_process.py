@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -102,6 +103,7 @@ def core_main(sock: socket.socket, factory: EngineFactory, parent_pid: int, idle
         with contextlib.suppress(OSError):
             link.send(StartFailed(" ".join(str(exc).split())))
         return
+    freeze_startup_heap()
     name = str(getattr(engine, "model_name", "model"))
     core = CoreLoop(engine, idle_wait_s=idle_wait_s)
     try:
@@ -112,6 +114,18 @@ def core_main(sock: socket.socket, factory: EngineFactory, parent_pid: int, idle
     except BaseException as exc:  # the engine is broken: tell the API side, which fails every stream
         with contextlib.suppress(OSError):
             link.send(to_wire(core.failed(exc)))
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive after start-up (torch, the model, the tokenizer: ~200k on SmolLM2) out
+    of the cyclic collector's reach, as vLLM's and SGLang's engine cores do.
+
+    Why: a full collection walks them all, 48 ms on SmolLM2's core, and lands inside whichever step
+    allocated past the threshold: a TTFT or inter-token spike. They live as long as the process, so
+    never scanning them loses nothing; what the steps allocate later is collected as before.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _receiver(link: BlockingLink, parent_pid: int) -> Callable[[float], list[Command]]:
