@@ -42,7 +42,9 @@ class Case(NamedTuple):
 CASES = {
     "prefill512": Case(1, 512, 0),
     "prefill2048": Case(4, 512, 0),
-    "prompt492": Case(1, 460, 32),  # the longest chat prompt of bench/peers.py's c=1 cell, template block cached
+    "prompt492": Case(
+        1, 460, 32
+    ),  # the longest chat prompt of bench/peers.py's c=1 cell, template block cached
     "fresh6x352": Case(6, 352, 0),  # six prompts from token 0
     "cached6x320": Case(6, 320, 32),  # the same rows behind a cached 32-token system prompt
     "suffix8x64": Case(8, 64, 256),
