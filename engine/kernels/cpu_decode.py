@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -43,11 +43,11 @@ HEADERS = (SOURCE.with_name("fast_exp.h"),)  # included by the sources: part of 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 
-class NativeDecode:
-    """``paged_decode_f32`` behind a typed call: float32 CPU tensors in, ``out`` rows written."""
+class PagedKernel:
+    """A C attention kernel over the paged cache behind a typed call (``paged_decode_f32``,
+    ``paged_prefill_f32``): both take the same arguments and return a status, 0 for done."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        fn = lib.paged_decode_f32
+    def __init__(self, fn: Any) -> None:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         fn.argtypes = [p, p, p, p, i64, p, p, p, i64, p, i32, i32, i32, i32, f32, i32, i32]
         fn.restype = ctypes.c_int
@@ -66,32 +66,45 @@ class NativeDecode:
         scale: float,
         window: int | None,
     ) -> None:
-        """Attend the one query row of each sequence in ``seqs`` (int64 indices) into ``out``."""
+        """Attend the query rows of the sequences in ``seqs`` (int64 indices) into ``out``."""
         _, block_size, kv_heads, head_dim = k_cache.shape
-        heads = q.shape[1]
-        status = self._fn(
-            q.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            block_tables.data_ptr(),
-            block_tables.stride(0),
-            seq_lens.data_ptr(),
-            query_start_loc.data_ptr(),
-            seqs.data_ptr(),
-            seqs.numel(),
-            out.data_ptr(),
-            heads,
-            kv_heads,
-            head_dim,
-            block_size,
-            scale,
-            window or 0,
-            torch.get_num_threads(),
+        status = int(
+            self._fn(
+                q.data_ptr(),
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                block_tables.data_ptr(),
+                block_tables.stride(0),
+                seq_lens.data_ptr(),
+                query_start_loc.data_ptr(),
+                seqs.data_ptr(),
+                seqs.numel(),
+                out.data_ptr(),
+                q.shape[1],
+                kv_heads,
+                head_dim,
+                block_size,
+                scale,
+                window or 0,
+                torch.get_num_threads(),
+            )
         )
         if status != 0:
-            raise MemoryError(
-                f"the CPU decode kernel could not allocate scores for {int(seq_lens.max())} keys"
-            )
+            self.fail(status, q, k_cache, seq_lens)
+
+    def fail(self, status: int, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        """Raise what a non-zero ``status`` of this kernel means."""
+        raise RuntimeError(f"{self._fn.__name__} failed with status {status}")
+
+
+class NativeDecode(PagedKernel):
+    """``paged_decode_f32``: float32 CPU tensors in, the one query row of each listed sequence written."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        super().__init__(lib.paged_decode_f32)
+
+    def fail(self, status: int, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        raise MemoryError(f"the CPU decode kernel could not allocate scores for {int(seq_lens.max())} keys")
 
 
 class KernelBuild(NamedTuple):
