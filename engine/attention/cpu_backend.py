@@ -64,19 +64,19 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self._checked = meta
         q = q.contiguous()
         out = torch.empty_like(q)
-        native_prefill = self._native_prefill if prefill_ok(q.shape[1], *k_cache.shape[2:]) else None
-        if native_prefill is None:
-            layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
-            decodes, prefills = layout.decode_seqs, None
-        else:
-            decodes, prefills = self.split(meta)
         paged = (k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
-        if decodes is not None:
-            self._kernel(q, *paged, decodes, out, scale, sliding_window)
-        if native_prefill is None:
+        native_prefill = self._native_prefill if prefill_ok(q.shape[1], *k_cache.shape[2:]) else None
+        if native_prefill is None:  # a geometry the prefill kernel does not take: SDPA for the chunks
+            layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
+            if layout.decode_seqs is not None:
+                self._kernel(q, *paged, layout.decode_seqs, out, scale, sliding_window)
             if layout.has_prefill:
                 self._prefill.forward(q, layer, meta, out=out)
-        elif prefills is not None:
+            return out
+        decodes, prefills = self.split(meta)
+        if decodes is not None:
+            self._kernel(q, *paged, decodes, out, scale, sliding_window)
+        if prefills is not None:
             native_prefill(q, *paged, prefills, out, scale, sliding_window)
         return out
 
