@@ -5,8 +5,9 @@ library of :mod:`kvfleet.engine.kernels.cpu_decode` builds on the machine. Per l
 it hands the decoding sequences (one query row each) to the decode kernel and the prefill
 chunks (more than one row) to the prefill kernel of :mod:`kvfleet.engine.kernels.cpu_prefill`;
 both read K/V rows in place through the block table instead of gathering them into a padded
-copy first. A geometry the prefill kernel does not take (a head size not a multiple of 16)
-runs the prefill chunks on the torch backend's batched SDPA path instead.
+copy first. A geometry the prefill kernel does not take (a head size not a multiple of 16),
+or a build without AVX-512 (where the kernel measured slower than SDPA), runs the prefill
+chunks on the torch backend's batched SDPA path instead.
 
 Float32 only: with another dtype, or tensors off the CPU, it falls back to the torch
 backend's path for the whole step, so it is never wrong, only sometimes no faster. Since the
@@ -49,7 +50,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         super().__init__()
         self._kernel = require_kernel()
         self._prefill = BatchedAttention(sdpa_decodes=False)
-        self._native_prefill: NativePrefill | None = load_prefill()
+        prefill = load_prefill()
+        self._native_prefill: NativePrefill | None = prefill if prefill and prefill.preferred else None
         self._checked: AttentionMetadata | None = None  # the last step whose bounds were checked
         self._split: tuple[AttentionMetadata, RowSplit] | None = None
 

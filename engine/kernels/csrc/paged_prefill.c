@@ -30,7 +30,13 @@
 
 #pragma GCC target("prefer-vector-width=512")
 
-#define VEC 16     /* floats per vector (one AVX-512 register; two AVX2 ones) */
+#if defined(__AVX512F__)
+#define VEC 16     /* floats per vector: one AVX-512 register */
+#define NV 4       /* vectors per register block: 16 accumulators of the 32 registers */
+#else
+#define VEC 8      /* one AVX2 register (two NEON ones): a 16-float vector type would spill */
+#define NV 2       /* 8 accumulators of the 16 registers */
+#endif
 #define TQ 16      /* query positions per work item: a head's rows are one vector */
 #define BK 64      /* keys per block of the online softmax */
 #define KB 4       /* keys per QK register block */
@@ -99,7 +105,7 @@ static inline __attribute__((always_inline)) void pv_block(const float *restrict
 static void scores(const float *Qt, int R, int D, const float *const *kp, float *St) {
     for (int j0 = 0; j0 < BK; j0 += KB) {
         int r0 = 0;
-        for (; r0 + 4 * VEC <= R; r0 += 4 * VEC) qk_block(Qt, R, D, kp + j0, r0, 4, St + (int64_t)j0 * R);
+        for (; r0 + NV * VEC <= R; r0 += NV * VEC) qk_block(Qt, R, D, kp + j0, r0, NV, St + (int64_t)j0 * R);
         switch ((R - r0) / VEC) { /* each case is qk_block specialised for that many vectors */
         case 3: qk_block(Qt, R, D, kp + j0, r0, 3, St + (int64_t)j0 * R); break;
         case 2: qk_block(Qt, R, D, kp + j0, r0, 2, St + (int64_t)j0 * R); break;
@@ -112,7 +118,7 @@ static void scores(const float *Qt, int R, int D, const float *const *kp, float 
 static void weighted_values(const float *Pt, int R, int D, const float *const *vp, int nk, float *acc) {
     for (int r0 = 0; r0 < R; r0 += RB) {
         int d0 = 0;
-        for (; d0 + 4 * VEC <= D; d0 += 4 * VEC) pv_block(Pt, R, D, vp, nk, r0, d0, 4, acc);
+        for (; d0 + NV * VEC <= D; d0 += NV * VEC) pv_block(Pt, R, D, vp, nk, r0, d0, NV, acc);
         switch ((D - d0) / VEC) {
         case 3: pv_block(Pt, R, D, vp, nk, r0, d0, 3, acc); break;
         case 2: pv_block(Pt, R, D, vp, nk, r0, d0, 2, acc); break;
@@ -279,4 +285,15 @@ int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache
     }
     free(items);
     return failed;
+}
+
+/* 1 where this build has AVX-512, the only build measured faster than torch's SDPA on SmolLM2
+ * (512-token prompt, 2 threads: 1.59 ms a layer against 2.50; an AVX2 build took 3.48 ms), so
+ * the "cpu" backend uses the kernel only then; 0 elsewhere, where prefill stays on SDPA. */
+int paged_prefill_preferred(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
 }

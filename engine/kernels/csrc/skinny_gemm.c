@@ -21,10 +21,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#define VEC 16 /* floats per vector (one AVX-512 register; two AVX2 ones) */
+#if defined(__AVX512F__)
+#define VEC 16 /* floats per vector: one AVX-512 register */
+#define MB 8   /* rows of x per block: JB x MB accumulators live in registers (16 of 32) */
+#else
+#define VEC 8  /* one AVX2 register: a 16-float type would take two and spill (2-3x slower) */
+#define MB 4   /* 8 accumulators of the 16 registers */
+#endif
 #define JB 2   /* rows of w per block: their vectors are loaded once for all rows of x */
 #define PREFETCH_ROWS 4 /* w's rows are prefetched this far ahead: the stream stays ahead of the FMAs */
-#define MB 8   /* rows of x per block: JB x MB accumulators live in registers */
 
 typedef float vf __attribute__((vector_size(VEC * sizeof(float)), aligned(4), may_alias));
 
@@ -94,10 +99,12 @@ static void rows_block(const float *x, int64_t m, int64_t k, const float *w, int
     const float *xr = x + r0 * k;
     float *o = out + r0 * n;
     switch (m - r0) { /* each case is block() specialised for that many rows */
+#if MB > 4
     case 7: block(xr, 7, k, w, j0, bias, o, n); break;
     case 6: block(xr, 6, k, w, j0, bias, o, n); break;
     case 5: block(xr, 5, k, w, j0, bias, o, n); break;
     case 4: block(xr, 4, k, w, j0, bias, o, n); break;
+#endif
     case 3: block(xr, 3, k, w, j0, bias, o, n); break;
     case 2: block(xr, 2, k, w, j0, bias, o, n); break;
     case 1: block(xr, 1, k, w, j0, bias, o, n); break;

@@ -127,3 +127,17 @@ def test_split_rows_sorts_a_step_into_decodes_and_prefill_chunks() -> None:
     assert split.prefills is not None and split.prefills.tolist() == [0, 3]
     only_decodes = split_rows(torch.tensor([0, 1, 2], dtype=torch.int32))
     assert only_decodes.prefills is None and only_decodes.decodes is not None
+
+
+@needs_compiler
+def test_the_cpu_backend_uses_the_prefill_kernel_only_where_it_is_the_faster_build() -> None:
+    kernel = load_prefill()
+    assert kernel is not None
+    backend = get_backend("cpu")
+    assert (backend._native_prefill is kernel) == kernel.preferred  # noqa: SLF001
+    assert kernel.preferred == ("avx512f" in _cpu_flags())
+
+
+def _cpu_flags() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line for line in f if line.startswith("flags")), "")
