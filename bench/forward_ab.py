@@ -125,6 +125,7 @@ def main() -> None:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--label", default="")
     p.add_argument("--generate", type=int, default=0, help="time LLM.generate over N prompts instead")
+    p.add_argument("--no-prepack-weights", action="store_true", help="F.linear packs the weights per call")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.generate:
@@ -132,7 +133,12 @@ def main() -> None:
         return
     cases = [CASES[name] for name in args.cases.split(",")]
     blocks = max(c.num_seqs * -(-(c.new + c.cached) // BLOCK) for c in cases)
-    config = EngineConfig(model=str(resolve_model(args.model)), num_kv_blocks=blocks, block_size=BLOCK)
+    config = EngineConfig(
+        model=str(resolve_model(args.model)),
+        num_kv_blocks=blocks,
+        block_size=BLOCK,
+        prepack_weights=not args.no_prepack_weights,
+    )
     runner = ModelRunner(config, config.model)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     for name in args.cases.split(","):

@@ -1,11 +1,13 @@
-"""The model's matmuls on the CPU: the native few-row kernel for decode steps, torch's GEMM otherwise.
+"""The model's matmuls on the CPU: the native few-row kernel for decode steps, MKL's GEMM otherwise.
 
 Where it sits: every linear of the model (``engine/model/llama.py``: packed q/k/v, o_proj,
 packed gate/up, down_proj, the LM head) calls :func:`linear`. A float32 CPU input of at
 most ``SKINNY_MAX_ROWS`` rows (a decode step's batch) runs ``csrc/skinny_gemm.c``, which
 streams the weight once, in memory order, with every weight vector used for all rows; a
 prefill chunk, another dtype or device, or a machine where the native library does not
-build, runs ``F.linear``. Both read the weight as nn.Linear stores it, (out, in) row-major.
+build, runs MKL's GEMM: over the weight packed once at load (``mkl_packed.PackedWeight``,
+passed as ``packed``) where there is one, else ``F.linear``, which packs it on every call.
+The kernels read the weight as nn.Linear stores it, (out, in) row-major.
 
 Measured on SmolLM2's layer shapes, 2 threads, weights streamed from memory (bench/
 skinny_linear_micro.py, bench/results/skinny_linear.txt), per 30 layers: 8 rows 22.5 ms
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kvfleet.engine.kernels.cpu_decode import FLAGS, build_library
+from kvfleet.engine.kernels.mkl_packed import PackedWeight
 
 SKINNY_MAX_ROWS = 16
 
@@ -70,10 +73,18 @@ def skinny_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: through the native kernel when :func:`skinny_ok`."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    packed: PackedWeight | None = None,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: through the native kernel when :func:`skinny_ok`, else
+    through ``packed`` (``weight`` packed for MKL at load) when it takes ``x``."""
     if skinny_ok(x, weight, bias):
         native = load_linear()
         if native is not None:
             return native(x, weight, bias)
+    if packed is not None and packed.takes(x):
+        return packed(x, bias)
     return F.linear(x, weight, bias)
