@@ -126,6 +126,7 @@ def main() -> None:
     p.add_argument("--label", default="")
     p.add_argument("--generate", type=int, default=0, help="time LLM.generate over N prompts instead")
     p.add_argument("--no-prepack-weights", action="store_true", help="F.linear packs the weights per call")
+    p.add_argument("--weight-packing", default="auto", choices=["auto", "mkl", "onednn"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.generate:
@@ -138,6 +139,7 @@ def main() -> None:
         num_kv_blocks=blocks,
         block_size=BLOCK,
         prepack_weights=not args.no_prepack_weights,
+        weight_packing=args.weight_packing,
     )
     runner = ModelRunner(config, config.model)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

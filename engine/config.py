@@ -36,9 +36,11 @@ class EngineConfig(BaseModel):
     # auto: "cpu" (native decode kernel) on a CPU where it builds, else "torch"
     attention_backend: Literal["auto", "torch", "triton", "cpu"] = "auto"
     enable_chunked_prefill: bool = True
-    # float32 on the CPU: keep each layer's linears packed once for MKL's GEMM, for steps of more than
-    # 16 rows (about one more copy of those weights in memory); False: torch packs them per call
+    # float32 on the CPU: keep each layer's linears packed once for a GEMM library, for steps of more
+    # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
     prepack_weights: bool = True
+    # which library (kernels/packing.py): auto, the faster on this machine (timed at load), mkl, onednn
+    weight_packing: Literal["auto", "mkl", "onednn"] = "auto"
     # LoRA (engine/lora): adapters by name → PEFT folder, loaded at start; more at run time if enabled.
     enable_lora: bool = False  # implied by lora_modules
     lora_modules: dict[str, str] = Field(default_factory=dict)

@@ -105,8 +105,7 @@ class ModelRunner:
         self.device = pick_device(config)
         self.dtype = pick_dtype(config, self.device)
         self.model = load_model(self.model_path, self.dtype, self.device)
-        if config.prepack_weights:
-            self.model.prepack()
+        self.weight_packing = self.model.prepack(config.weight_packing) if config.prepack_weights else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
         self.backend = get_backend(resolve_backend(config.attention_backend, self.device))

@@ -40,7 +40,7 @@ SOURCES = (
     SOURCE.with_name("paged_prefill.c"),
 )
 HEADERS = (SOURCE.with_name("fast_exp.h"),)  # included by the sources: part of the build key
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 
 class PagedKernel:

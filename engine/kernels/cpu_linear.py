@@ -1,12 +1,13 @@
-"""The model's matmuls on the CPU: the native few-row kernel for decode steps, MKL's GEMM otherwise.
+"""The model's matmuls on the CPU: the native few-row kernel for decode steps, a packed GEMM otherwise.
 
 Where it sits: every linear of the model (``engine/model/llama.py``: packed q/k/v, o_proj,
 packed gate/up, down_proj, the LM head) calls :func:`linear`. A float32 CPU input of at
 most ``SKINNY_MAX_ROWS`` rows (a decode step's batch) runs ``csrc/skinny_gemm.c``, which
 streams the weight once, in memory order, with every weight vector used for all rows; a
 prefill chunk, another dtype or device, or a machine where the native library does not
-build, runs MKL's GEMM: over the weight packed once at load (``mkl_packed.PackedWeight``,
-passed as ``packed``) where there is one, else ``F.linear``, which packs it on every call.
+build, runs a GEMM library: over the weight packed once at load for MKL or oneDNN
+(``packing.PackedWeight``, passed as ``packed``) where there is one, else ``F.linear``,
+which packs it on every call.
 The kernels read the weight as nn.Linear stores it, (out, in) row-major.
 
 Measured on SmolLM2's layer shapes, 2 threads, weights streamed from memory (bench/
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kvfleet.engine.kernels.cpu_decode import FLAGS, build_library
-from kvfleet.engine.kernels.mkl_packed import PackedWeight
+from kvfleet.engine.kernels.packing import PackedWeight
 
 SKINNY_MAX_ROWS = 16
 

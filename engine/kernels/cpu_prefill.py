@@ -38,7 +38,7 @@ class NativePrefill(PagedKernel):
     def __init__(self, lib: ctypes.CDLL) -> None:
         super().__init__(lib.paged_prefill_f32)
         lib.paged_prefill_preferred.restype = ctypes.c_int
-        # built with AVX-512: the only build measured faster than SDPA (the C file says by how much)
+        # built with AVX-512 or AVX2: the builds measured faster than SDPA (the C file says by how much)
         self.preferred = bool(lib.paged_prefill_preferred())
 
     def fail(self, status: int, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:

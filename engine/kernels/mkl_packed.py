@@ -1,7 +1,8 @@
 """Weights packed once for MKL's GEMM: the prefill-sized matmuls of a float32 model on the CPU.
 
 Where it sits: ``ModelRunner`` calls ``LlamaForCausalLM.prepack()`` after loading (when
-``EngineConfig.prepack_weights``); each layer then holds a :class:`PackedWeight` beside
+``EngineConfig.prepack_weights``, and ``kernels/packing.py`` picks MKL over oneDNN: by
+name, or for ``auto`` as the faster here); each layer then holds a :class:`PackedWeight` beside
 its q/k/v, o_proj, gate/up and down_proj weights, and ``cpu_linear.linear`` sends a step
 of more than ``SKINNY_MAX_ROWS`` rows through it. Fewer rows (decode) stay on the native
 few-row kernel, which reads the plain weight.

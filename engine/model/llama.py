@@ -22,7 +22,7 @@ from torch import nn
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kvfleet.engine.kernels.cpu_fused import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
 from kvfleet.engine.kernels.cpu_linear import linear, load_linear
-from kvfleet.engine.kernels.mkl_packed import PackedWeight, pack_weight
+from kvfleet.engine.kernels.packing import PackedWeight, pack_weight, resolve
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
@@ -160,19 +160,20 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
         self.scale = d**-0.5
         self.qkv: Packed | None = None  # packed by pack()
-        self.mkl_qkv: PackedWeight | None = None  # packed for MKL by prepack()
-        self.mkl_o: PackedWeight | None = None
+        self.packed_qkv: PackedWeight | None = None  # packed for the GEMM by prepack()
+        self.packed_o: PackedWeight | None = None
 
     def pack(self) -> None:
         """Run q/k/v as one matmul (after the weights are loaded; forward packs if nobody did)."""
         self.qkv = pack_linears(self, ("q_proj", "k_proj", "v_proj"))
 
-    def prepack(self) -> None:
-        """Keep MKL-packed copies of the q/k/v and o_proj weights (after :meth:`pack`)."""
+    def prepack(self, kind: str) -> None:
+        """Keep packed copies (packer ``kind``) of the q/k/v and o_proj weights (after :meth:`pack`)."""
         if self.qkv is None:
             self.pack()
         assert self.qkv is not None
-        self.mkl_qkv, self.mkl_o = pack_weight(self.qkv.weight), pack_weight(self.o_proj.weight)
+        self.packed_qkv = pack_weight(self.qkv.weight, kind)
+        self.packed_o = pack_weight(self.o_proj.weight, kind)
 
     def forward(
         self,
@@ -189,7 +190,7 @@ class Attention(nn.Module):
             self.pack()
         assert self.qkv is not None
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = linear(x, self.qkv.weight, self.qkv.bias, self.mkl_qkv)
+        qkv = linear(x, self.qkv.weight, self.qkv.bias, self.packed_qkv)
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
@@ -202,7 +203,7 @@ class Attention(nn.Module):
         attn = out.reshape(t, self.num_heads * self.head_dim)
         if keep is not None:
             attn = attn[keep]
-        o = linear(attn, self.o_proj.weight, self.o_proj.bias, self.mkl_o)
+        o = linear(attn, self.o_proj.weight, self.o_proj.bias, self.packed_o)
         if meta.lora is not None:
             meta.lora.add(attn, o, self.layer, O_PROJ)
         return o
@@ -217,31 +218,32 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.gate_up: Packed | None = None  # packed by pack()
-        self.mkl_gate_up: PackedWeight | None = None  # packed for MKL by prepack()
-        self.mkl_down: PackedWeight | None = None
+        self.packed_gate_up: PackedWeight | None = None  # packed for the GEMM by prepack()
+        self.packed_down: PackedWeight | None = None
 
     def pack(self) -> None:
         """Run gate and up as one matmul (after the weights are loaded; forward packs if nobody did)."""
         self.gate_up = pack_linears(self, ("gate_proj", "up_proj"))
 
-    def prepack(self) -> None:
-        """Keep MKL-packed copies of the gate/up and down_proj weights (after :meth:`pack`)."""
+    def prepack(self, kind: str) -> None:
+        """Keep packed copies (packer ``kind``) of the gate/up and down_proj weights (after :meth:`pack`)."""
         if self.gate_up is None:
             self.pack()
         assert self.gate_up is not None
-        self.mkl_gate_up, self.mkl_down = pack_weight(self.gate_up.weight), pack_weight(self.down_proj.weight)
+        self.packed_gate_up = pack_weight(self.gate_up.weight, kind)
+        self.packed_down = pack_weight(self.down_proj.weight, kind)
 
     def forward(self, x: torch.Tensor, lora: LoraContext | None = None) -> torch.Tensor:
         if self.gate_up is None:
             self.pack()
         assert self.gate_up is not None
-        gate_up = linear(x, self.gate_up.weight, self.gate_up.bias, self.mkl_gate_up)
+        gate_up = linear(x, self.gate_up.weight, self.gate_up.bias, self.packed_gate_up)
         down_proj = self.down_proj
         if lora is None:
-            return linear(silu_mul(gate_up), down_proj.weight, down_proj.bias, self.mkl_down)
+            return linear(silu_mul(gate_up), down_proj.weight, down_proj.bias, self.packed_down)
         lora.add(x, gate_up, self.layer, GATE_UP)
         h = silu_mul(gate_up)
-        down = linear(h, down_proj.weight, down_proj.bias, self.mkl_down)
+        down = linear(h, down_proj.weight, down_proj.bias, self.packed_down)
         lora.add(h, down, self.layer, DOWN_PROJ)
         return down
 
@@ -319,15 +321,29 @@ class LlamaForCausalLM(nn.Module):
                 store_for_matmul(layer.mlp.down_proj)
             store_for_matmul(self.lm_head)
 
-    def prepack(self) -> None:
-        """Pack every layer's matmul weights once for MKL (float32 on the CPU; elsewhere a no-op):
-        prefill-sized steps then skip the per-call copy ``F.linear`` makes. About one more copy of
-        those weights in memory (``kernels/mkl_packed.py``). The LM head runs at the few sampling
-        rows (the native kernel) and is not packed."""
+    def prepack(self, kind: str = "auto") -> str | None:
+        """Pack every layer's matmul weights once for a GEMM library (float32 on the CPU; elsewhere
+        a no-op): prefill-sized steps then skip the per-call copy ``F.linear`` makes. ``kind``: a
+        packer of ``kernels/packing.py`` (``mkl``, ``onednn``) or ``auto``, the faster of them on
+        this machine, timed on the first layer's gate/up weight. About one more copy of those
+        weights in memory. The LM head runs at the few sampling rows (the native kernel) and is
+        not packed. Returns the packer used, None where none applied."""
+        first = self.model.layers[0]
+        assert isinstance(first, DecoderLayer)
+        if first.mlp.gate_up is None:
+            first.mlp.pack()
+        assert first.mlp.gate_up is not None
+        sample = first.mlp.gate_up.weight
+        if sample.dtype != torch.float32 or sample.device.type != "cpu":
+            return None
+        chosen = resolve(kind, sample.detach())
+        if chosen is None:
+            return None
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)
-            layer.self_attn.prepack()
-            layer.mlp.prepack()
+            layer.self_attn.prepack(chosen)
+            layer.mlp.prepack(chosen)
+        return chosen
 
     def forward(
         self,

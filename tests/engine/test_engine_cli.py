@@ -21,7 +21,7 @@ def test_the_flags_build_one_engine_config() -> None:
             "--model", "/models/llama", "--served-model-name", "llama", "--max-num-seqs", "32",
             "--max-num-batched-tokens", "4096", "--block-size", "32", "--kv-cache-memory", "8GiB",
             "--num-kv-blocks", "100", "--max-model-len", "4096", "--dtype", "bfloat16", "--attention", "triton",
-            "--no-prefix-caching", "--no-prepack-weights", "--scheduling-policy", "priority", "--seed", "3",
+            "--no-prefix-caching", "--no-prepack-weights", "--weight-packing", "onednn", "--scheduling-policy", "priority", "--seed", "3",
             "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
             "--max-lora-rank", "8", "--max-cpu-loras", "4",
         )
@@ -44,6 +44,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "attention_backend": "triton",
         "enable_chunked_prefill": True,
         "prepack_weights": False,
+        "weight_packing": "onednn",
         "enable_lora": False,
         "lora_modules": {"sql": "/adapters/sql", "chat": "/adapters/chat"},
         "max_loras": 2,
@@ -51,7 +52,8 @@ def test_the_flags_build_one_engine_config() -> None:
         "max_cpu_loras": 4,
     }
     assert config.lora_enabled
-    assert cli.engine_config(_args("--model", "tiny")).prepack_weights  # on unless turned off
+    default = cli.engine_config(_args("--model", "tiny"))
+    assert default.prepack_weights and default.weight_packing == "auto"  # on, timed at load, unless told
 
 
 def test_byte_sizes_take_binary_and_decimal_units() -> None:

@@ -1,8 +1,8 @@
-"""The runner keeps each layer's linears packed for MKL, and the model's output does not move.
+"""The runner keeps each layer's linears packed for a GEMM library, and the model's output does not move.
 
-``EngineConfig.prepack_weights`` (default on): after loading, every layer holds an MKL-packed
-copy of its q/k/v, o_proj, gate/up and down_proj weights, which steps of more than 16 rows
-read (kernels/mkl_packed.py). The logits of a 40-row prefill equal those with it off up to
+``EngineConfig.prepack_weights`` (default on): after loading, every layer holds a packed copy
+(MKL's or oneDNN's, ``EngineConfig.weight_packing``) of its q/k/v, o_proj, gate/up and
+down_proj weights, which steps of more than 16 rows read (kernels/packing.py). The logits of a 40-row prefill equal those with it off up to
 float32 summation order, biases (qwen2) included; the greedy-token tests against
 transformers run with it on.
 """
@@ -16,14 +16,14 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.kernels import mkl_packed
+from kvfleet.engine.kernels import mkl_packed, onednn_packed
 from kvfleet.engine.runner import ModelRunner
 
-needs_mkl = pytest.mark.skipif(not mkl_packed.available(), reason="this torch build has no MKL pack API")
+AVAILABLE = {"mkl": mkl_packed.available(), "onednn": onednn_packed.available()}
 ROWS = 40
 
 
-def make_runner(folder: Path, **overrides: bool) -> ModelRunner:
+def make_runner(folder: Path, **overrides: bool | str) -> ModelRunner:
     config = EngineConfig(
         model=str(folder), num_kv_blocks=16, block_size=16, attention_backend="torch", **overrides
     )
@@ -34,7 +34,12 @@ def packs(runner: ModelRunner) -> list[object]:
     return [
         p
         for layer in runner.model.model.layers
-        for p in (layer.self_attn.mkl_qkv, layer.self_attn.mkl_o, layer.mlp.mkl_gate_up, layer.mlp.mkl_down)
+        for p in (
+            layer.self_attn.packed_qkv,
+            layer.self_attn.packed_o,
+            layer.mlp.packed_gate_up,
+            layer.mlp.packed_down,
+        )
     ]
 
 
@@ -54,15 +59,24 @@ def prefill_logits(runner: ModelRunner) -> torch.Tensor:
         )
 
 
-@needs_mkl
+@pytest.mark.parametrize("packing", ["mkl", "onednn"])
 @pytest.mark.parametrize("variant", ["tiny", "qwen2-tied"])
 def test_every_layer_is_packed_and_a_prefill_gives_the_logits_of_the_unpacked_model(
-    variant: str, tiny_dir: Path, hf_checkpoints: dict[str, Path]
+    variant: str, packing: str, tiny_dir: Path, hf_checkpoints: dict[str, Path]
 ) -> None:
+    if not AVAILABLE[packing]:
+        pytest.skip(f"this torch build cannot pack for {packing}")
     folder = tiny_dir if variant == "tiny" else hf_checkpoints[variant]
-    on, off = make_runner(folder), make_runner(folder, prepack_weights=False)
+    on, off = make_runner(folder, weight_packing=packing), make_runner(folder, prepack_weights=False)
+    assert on.weight_packing == packing and off.weight_packing is None
     assert all(p is not None for p in packs(on))
     assert all(p is None for p in packs(off))
     packed, plain = prefill_logits(on), prefill_logits(off)
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
     assert torch.equal(packed.argmax(-1), plain.argmax(-1))
+
+
+def test_auto_packing_picks_a_library_this_machine_has(tiny_dir: Path) -> None:
+    runner = make_runner(tiny_dir)
+    assert runner.weight_packing in {name for name, ok in AVAILABLE.items() if ok} | {None}
+    assert (runner.weight_packing is None) == (not any(AVAILABLE.values()))

@@ -1,0 +1,86 @@
+"""Which GEMM library the packed linears run on (kernels/packing.py), and oneDNN's packed path against ``F.linear``.
+
+``auto`` times each packer the build has on a weight of the model and keeps the faster; a
+name runs that packer. oneDNN's packed matmul (kernels/onednn_packed.py) equals ``F.linear``
+up to float32 summation order, with and without a bias, at decode and prefill row counts.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvfleet.engine.kernels import cpu_linear, mkl_packed, onednn_packed, packing
+
+needs_onednn = pytest.mark.skipif(
+    not onednn_packed.available(), reason="this torch build has no oneDNN linear"
+)
+TOL = dict(
+    rtol=1e-4, atol=5e-4
+)  # float32 sums of up to 1536 unit-normal products (|out| ~ 40) in another order
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 17, 100, 513])
+@pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33)])
+def test_the_onednn_packed_matmul_equals_f_linear(threads: int, rows: int, k: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
+    x, weight, bias = (
+        torch.randn(rows, k, generator=gen),
+        torch.randn(n, k, generator=gen),
+        torch.randn(n, generator=gen),
+    )
+    packed = onednn_packed.pack_weight(weight)
+    assert packed is not None and (packed.out_features, packed.in_features) == (n, k)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x, None), F.linear(x, weight), **TOL)
+        torch.testing.assert_close(packed(x, bias), F.linear(x, weight, bias), **TOL)
+        # through the model's entry point: more rows than the native few-row kernel takes
+        torch.testing.assert_close(
+            cpu_linear.linear(x, weight, bias, packed), F.linear(x, weight, bias), **TOL
+        )
+
+
+def test_onednn_packs_only_float32_cpu_matrices() -> None:
+    assert onednn_packed.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None
+    assert onednn_packed.pack_weight(torch.ones(4)) is None
+
+
+@needs_onednn
+def test_a_packed_weight_takes_only_contiguous_float32_rows_of_its_width() -> None:
+    packed = onednn_packed.pack_weight(torch.ones(8, 4))
+    assert packed is not None
+    with torch.inference_mode():
+        assert packed.takes(torch.ones(3, 4))
+        assert not packed.takes(torch.ones(3, 5))
+        assert not packed.takes(torch.ones(4, 3).t())
+        assert not packed.takes(torch.ones(3, 4, dtype=torch.float64))
+        assert not packed.takes(torch.ones(0, 4))
+
+
+def test_a_named_packer_is_used_as_named_and_an_unknown_one_packs_nothing() -> None:
+    sample = torch.ones(16, 8)
+    assert packing.resolve("mkl", sample) == "mkl"
+    assert packing.resolve("onednn", sample) == "onednn"
+    assert packing.resolve("blis", sample) is None
+
+
+def test_auto_keeps_the_faster_packer_by_its_measured_time() -> None:
+    times = {"mkl": 2.0, "onednn": 1.0}
+    with mock.patch.object(packing, "_seconds", side_effect=lambda packed, x: times[kind_of(packed)]):
+        if mkl_packed.available() and onednn_packed.available():
+            assert packing.resolve("auto", torch.ones(16, 8)) == "onednn"
+            times.update(mkl=0.5)
+            assert packing.resolve("auto", torch.ones(16, 8)) == "mkl"
+
+
+def test_auto_packs_nothing_where_no_packer_takes_the_weight() -> None:
+    with mock.patch.dict(packing.PACKERS, {"mkl": lambda w: None, "onednn": lambda w: None}):
+        assert packing.resolve("auto", torch.ones(16, 8)) is None
+
+
+def kind_of(packed: object) -> str:
+    return "mkl" if isinstance(packed, mkl_packed.PackedWeight) else "onednn"
