@@ -21,7 +21,7 @@ output budget (greedy, ``ignore_eos``). One run measures:
    in the same run.
 
 vLLM's CPU build runs its model on one torch thread by default here; ``--vllm-threads
-default,2`` measures it as it comes and with ``OMP_NUM_THREADS=2``, and kvfleet is
+default,2`` measures it as it comes and with ``OMP_NUM_THREADS=2`` (and numpy's OpenBLAS on one thread), and kvfleet is
 compared with the better of the two. ``--kvfleet-threads`` does the same for kvfleet
 (``default``: torch's own choice, one thread per core).
 
@@ -84,10 +84,13 @@ def vllm_python() -> str:
 
 
 def thread_env(threads: str, **extra: str) -> dict[str, str]:
-    """This environment with ``OMP_NUM_THREADS`` set (or, for ``default``, removed)."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    """This environment with ``OMP_NUM_THREADS`` set and numpy's OpenBLAS held to one thread (its
+    pool spins on the cores torch's OpenMP pool uses; kvfleet's engine sets that itself), or for
+    ``default`` both removed: every contender gets the same tuning."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     if threads != "default":
         env["OMP_NUM_THREADS"] = threads
+        env["OPENBLAS_NUM_THREADS"] = "1"
     env.update(extra)
     return env
 
@@ -260,7 +263,7 @@ def kvfleet_server(args: argparse.Namespace, folder: Path, threads: str) -> Iter
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ.pop("OMP_NUM_THREADS", None)
     if threads != "default":
-        os.environ["OMP_NUM_THREADS"] = threads
+        os.environ["OMP_NUM_THREADS"] = threads  # the engine holds numpy's OpenBLAS to one thread itself
     try:
         flags = ["--model", str(folder), "--dtype", "float32", "--device", "cpu", "--seed", str(args.seed),
                  "--max-model-len", str(args.max_model_len)]  # fmt: skip

@@ -306,6 +306,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
@@ -326,8 +327,9 @@ class LlamaForCausalLM(nn.Module):
         a no-op): prefill-sized steps then skip the per-call copy ``F.linear`` makes. ``kind``: a
         packer of ``kernels/packing.py`` (``mkl``, ``onednn``) or ``auto``, the faster of them on
         this machine, timed on the first layer's gate/up weight. About one more copy of those
-        weights in memory. The LM head runs at the few sampling rows (the native kernel) and is
-        not packed. Returns the packer used, None where none applied."""
+        weights in memory. The LM head is packed too (one more copy of the embedding when tied):
+        a decode batch of more than 16 rows samples as many rows. Returns the packer used, None
+        where none applied."""
         first = self.model.layers[0]
         assert isinstance(first, DecoderLayer)
         if first.mlp.gate_up is None:
@@ -343,6 +345,7 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, DecoderLayer)
             layer.self_attn.prepack(chosen)
             layer.mlp.prepack(chosen)
+        self.packed_lm_head = pack_weight(self.lm_head.weight.detach(), chosen)
         return chosen
 
     def forward(
@@ -368,4 +371,4 @@ class LlamaForCausalLM(nn.Module):
             last = x if residual is None else x + residual
         else:
             last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
-        return linear(self.model.norm(last), self.lm_head.weight).float()
+        return linear(self.model.norm(last), self.lm_head.weight, None, self.packed_lm_head).float()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -102,3 +106,14 @@ def test_an_unknown_attention_backend_is_refused_naming_the_choices(
     err = capsys.readouterr().err
     assert "argument --attention: invalid choice: 'flash'" in err
     assert all(name in err.split("choose from")[1] for name in ("auto", "torch", "triton", "cpu"))
+
+
+def test_the_engine_holds_numpys_openblas_to_one_thread_unless_the_user_said_otherwise() -> None:
+    probe = "import os, kvfleet.engine; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    # from /: python -c in the repository would import its operator/ folder for the stdlib's operator
+    run = functools.partial(
+        subprocess.run, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    assert run(env=env).stdout.strip() == "1"
+    assert run(env={**env, "OPENBLAS_NUM_THREADS": "4"}).stdout.strip() == "4"

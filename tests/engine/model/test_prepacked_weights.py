@@ -31,7 +31,7 @@ def make_runner(folder: Path, **overrides: bool | str) -> ModelRunner:
 
 
 def packs(runner: ModelRunner) -> list[object]:
-    return [
+    return [runner.model.packed_lm_head] + [
         p
         for layer in runner.model.model.layers
         for p in (
@@ -43,7 +43,7 @@ def packs(runner: ModelRunner) -> list[object]:
     ]
 
 
-def prefill_logits(runner: ModelRunner) -> torch.Tensor:
+def prefill_logits(runner: ModelRunner, sample_rows: torch.Tensor) -> torch.Tensor:
     meta = AttentionMetadata(
         slot_mapping=torch.arange(ROWS),
         block_tables=torch.tensor([[0, 1, 2]], dtype=torch.int32),
@@ -54,9 +54,7 @@ def prefill_logits(runner: ModelRunner) -> torch.Tensor:
     )
     ids = torch.arange(ROWS) * 7 % 200 + 3
     with torch.inference_mode():
-        return runner.model(
-            ids, torch.arange(ROWS), runner.kv_caches, meta, runner.backend, torch.tensor([ROWS - 1])
-        )
+        return runner.model(ids, torch.arange(ROWS), runner.kv_caches, meta, runner.backend, sample_rows)
 
 
 @pytest.mark.parametrize("packing", ["mkl", "onednn"])
@@ -71,9 +69,11 @@ def test_every_layer_is_packed_and_a_prefill_gives_the_logits_of_the_unpacked_mo
     assert on.weight_packing == packing and off.weight_packing is None
     assert all(p is not None for p in packs(on))
     assert all(p is None for p in packs(off))
-    packed, plain = prefill_logits(on), prefill_logits(off)
-    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
-    assert torch.equal(packed.argmax(-1), plain.argmax(-1))
+    # one sampling row: the LM head on the native few-row kernel; every row: on the packed LM head
+    for rows in (torch.tensor([ROWS - 1]), torch.arange(ROWS)):
+        packed, plain = prefill_logits(on, rows), prefill_logits(off, rows)
+        torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+        assert torch.equal(packed.argmax(-1), plain.argmax(-1))
 
 
 def test_auto_packing_picks_a_library_this_machine_has(tiny_dir: Path) -> None:
