@@ -21,7 +21,9 @@ output budget (greedy, ``ignore_eos``). One run measures:
    in the same run.
 
 vLLM's CPU build runs its model on one torch thread by default here; ``--vllm-threads
-default,2`` measures it as it comes and with ``OMP_NUM_THREADS=2`` (and numpy's OpenBLAS on one thread), and kvfleet is
+default,2`` measures it as it comes (its model on one thread: vLLM keeps a core for its
+scheduler) and with its model bound to 2 cores (``VLLM_CPU_OMP_THREADS_BIND=0-1``,
+``OMP_NUM_THREADS=2``, numpy's OpenBLAS on one thread), and kvfleet is
 compared with the better of the two. ``--kvfleet-threads`` does the same for kvfleet
 (``default``: torch's own choice, one thread per core).
 
@@ -96,7 +98,14 @@ def thread_env(threads: str, **extra: str) -> dict[str, str]:
 
 
 def vllm_env(args: argparse.Namespace, threads: str) -> dict[str, str]:
-    return thread_env(threads, VLLM_CPU_KVCACHE_SPACE=str(args.vllm_kv_gib), VLLM_LOGGING_LEVEL="WARNING")
+    """vLLM's CPU worker binds its model's OpenMP threads itself and, by default (``auto``), keeps
+    one core per rank for its scheduler process: on 2 cores the model runs on 1 thread whatever
+    ``OMP_NUM_THREADS`` says. A thread count here binds that many cores, 0 .. N-1
+    (``VLLM_CPU_OMP_THREADS_BIND``), so that vLLM's model really runs on N threads."""
+    extra = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib), "VLLM_LOGGING_LEVEL": "WARNING"}
+    if threads != "default":
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(threads) - 1}"
+    return thread_env(threads, **extra)
 
 
 # ---------------------------------------------------------------- FLOPs and the roof
