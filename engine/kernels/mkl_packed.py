@@ -65,6 +65,20 @@ def available() -> bool:
     return _mkl() is not None
 
 
+def packable_input(x: torch.Tensor, in_features: int) -> bool:
+    """Whether ``x`` is what a packed float32 weight of ``in_features`` inputs multiplies (MKL's and
+    oneDNN's alike): contiguous float32 CPU rows of that width, outside autograd."""
+    return (
+        x.dim() == 2
+        and x.shape[0] > 0
+        and x.shape[1] == in_features
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.is_contiguous()
+        and not torch.is_grad_enabled()
+    )
+
+
 class PackedWeight(NamedTuple):
     """A linear's (out, in) weight, packed as the right operand of ``x @ weight.T``."""
 
@@ -88,15 +102,7 @@ class PackedWeight(NamedTuple):
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` can run through this packed weight."""
-        return (
-            x.dim() == 2
-            and x.shape[0] > 0
-            and x.shape[1] == self.in_features
-            and x.dtype == torch.float32
-            and x.device.type == "cpu"
-            and x.is_contiguous()
-            and not torch.is_grad_enabled()
-        )
+        return packable_input(x, self.in_features)
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight | None:

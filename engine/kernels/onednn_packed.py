@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+from kvfleet.engine.kernels.mkl_packed import packable_input
+
 
 @functools.cache
 def available() -> bool:
@@ -48,15 +50,7 @@ class PackedWeight(NamedTuple):
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` can run through this packed weight."""
-        return (
-            x.dim() == 2
-            and x.shape[0] > 0
-            and x.shape[1] == self.in_features
-            and x.dtype == torch.float32
-            and x.device.type == "cpu"
-            and x.is_contiguous()
-            and not torch.is_grad_enabled()
-        )
+        return packable_input(x, self.in_features)
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
