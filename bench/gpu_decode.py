@@ -289,7 +289,7 @@ def settings_from_args(argv: list[str]) -> tuple[Settings, Path]:
     models = [KNOWN_MODELS[name] for name in args.models.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     return Settings(
-        torch.device("cuda"), torch.bfloat16, models, batches, args.context, 4 << 30, 4096, args.repeat
+        torch.device("cuda"), torch.bfloat16, models, batches, args.context, 4 << 30, 4096, 32, args.repeat
     ), out
 
 

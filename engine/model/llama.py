@@ -57,8 +57,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        freqs = rope_frequencies(config)
-        self.register_buffer("inv_freq", freqs.inv_freq, persistent=False)
+        freqs = rope_frequencies(config)  # computed on the CPU; the buffer goes where the module is built
+        self.register_buffer("inv_freq", freqs.inv_freq.to(torch.get_default_device()), persistent=False)
         self.inv_freq: torch.Tensor
         self.attention_scaling = freqs.attention_scaling
         self.dynamic = rope_is_dynamic(config)

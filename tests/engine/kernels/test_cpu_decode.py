@@ -7,6 +7,7 @@ run. A compiler that is present but fails to build the kernel is a failure.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import stat
@@ -220,7 +221,14 @@ def test_a_failed_build_is_reported_with_the_compiler_output(
     assert not list(fresh_kernel.glob("*")), "a failed build leaves nothing in the cache"
 
 
-def test_auto_means_torch_off_the_cpu_and_names_are_kept_as_given() -> None:
+def test_auto_means_triton_on_a_gpu_torch_without_triton_and_names_are_kept_as_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("triton")
+    assert resolve_backend("auto", torch.device("cuda")) == "triton"
+    assert resolve_backend("auto", torch.device("mps")) == "torch"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "triton" else real(n, *a))
     assert resolve_backend("auto", torch.device("cuda")) == "torch"
     assert resolve_backend("triton", torch.device("cpu")) == "triton"
     assert resolve_backend("torch", torch.device("cpu")) == "torch"

@@ -164,3 +164,17 @@ def test_an_unsupported_rope_or_window_is_a_load_error_naming_the_value(
     with pytest.raises(ModelLoadError) as e:
         ModelConfig.from_dict(raw, source="ckpt/config.json")
     assert str(e.value) == f"ckpt/config.json: {message}"
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3"])
+def test_the_rope_buffer_sits_on_the_device_the_model_is_built_on(rope: str) -> None:
+    """``with torch.device("cuda"): LlamaForCausalLM(...)`` (bench/gpu_decode.py) put every weight on
+    the GPU but left ``inv_freq`` on the CPU; meta stands in for the GPU here."""
+    from kvfleet.engine.model.llama import RotaryEmbedding
+
+    scaling = {"rope_type": "default"} if rope == "default" else ROPES["llama3"]
+    config = ModelConfig.from_dict(raw_llama(rope_parameters=scaling))
+    with torch.device("meta"):
+        built = RotaryEmbedding(config)
+    assert built.inv_freq.device.type == "meta"
+    assert RotaryEmbedding(config).inv_freq.device.type == "cpu"
