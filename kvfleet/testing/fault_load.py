@@ -11,8 +11,10 @@ length is known) with the usage chunk, under a hard bound, and ends as exactly o
 - ``clean_error``: an OpenAI error body (``{"error": {"message", "type", "param", "code"}}``)
   with a non-200 status, or a 200 stream ending with such an error event (then ``[DONE]``
   or a clean close);
-- ``refused``: the connection was refused before any byte was sent (nothing was accepted:
-  the router was down), so it is not counted as accepted;
+- ``refused``: the connection was refused before any byte was sent, or reset before any
+  byte of a response came back (nothing was accepted: the router was down, or stopping and
+  closed its listener over connections it had not yet taken; the official client retries
+  both), so it is not counted as accepted;
 - ``lost``: anything else: a hang past the bound, a stream that stops short yet looks
   finished, an error body of another shape, a connection that broke with no terminal event.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import random
 import threading
 import time
@@ -203,6 +206,10 @@ async def one_request(
     except aiohttp.ClientConnectorError as exc:
         if status is None and isinstance(exc.os_error, ConnectionRefusedError):
             return out("refused", "connection refused")
+        return out("lost", f"{type(exc).__name__}: {exc}")
+    except aiohttp.ClientOSError as exc:
+        if status is None and exc.errno == errno.ECONNRESET:
+            return out("refused", "connection reset before any response")
         return out("lost", f"{type(exc).__name__}: {exc}")
     except aiohttp.ClientError as exc:
         return out("lost", f"{type(exc).__name__}: {exc}")

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import struct
+import threading
+
+import aiohttp
 import orjson
 
-from kvfleet.testing.fault_load import _Stream, is_openai_error
+from kvfleet.testing.fault_load import Outcome, Tenant, _Stream, completion_body, is_openai_error, one_request
 
 ERROR = {
     "error": {"message": "the engine stopped", "type": "server_error", "param": None, "code": "engine_failed"}
@@ -49,3 +55,39 @@ def test_an_error_event_then_done_is_a_clean_error_and_another_shape_is_lost() -
 
 def test_a_connection_that_breaks_without_a_terminal_event_is_lost() -> None:
     assert _seen(_chunk()).verdict(2, closed_cleanly=False)[0] == "lost"
+
+
+def _reset_after(reply: bytes) -> tuple[socket.socket, str]:
+    """A listener that reads one request, writes ``reply``, then resets the connection (RST)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(reply)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+async def _one(url: str) -> Outcome:
+    async with aiohttp.ClientSession() as session:
+        body = completion_body("tiny", 4, "hi")
+        return await one_request(session, url, Tenant("acme", "k"), body, bound_s=10)
+
+
+def test_a_connection_reset_before_any_response_was_never_accepted() -> None:
+    server, url = _reset_after(b"")
+    with server:
+        outcome = asyncio.run(_one(url))
+    assert (outcome.kind, outcome.detail) == ("refused", "connection reset before any response")
+
+
+def test_a_connection_reset_after_the_response_began_is_lost() -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    server, url = _reset_after(head + b"5\r\ndata:\r\n")
+    with server:
+        outcome = asyncio.run(_one(url))
+    assert outcome.kind == "lost" and outcome.status == 200
