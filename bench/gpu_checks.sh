@@ -5,6 +5,9 @@
 #            batch 1/32/128). Output: $OUT/gpu_tests.txt and $OUT/gpu_decode.txt.
 #   smollm2  issue #11: bench/gpu_smollm2.py (SmolLM2 on the GPU against transformers, then
 #            offline speed). Output: $OUT/gpu_smollm2.txt.
+#   fused    the Triton fused-op tests (tests/engine/kernels/test_triton_fused.py), compiled.
+#   profile  bench/gpu_step_profile.py: where a step's time goes, SmolLM2's shapes with random
+#            weights (one call: carry .gpumodel/shapes, made here by its `prepare`).
 #
 # The device image has torch, triton, transformers, safetensors, tokenizers and pytest, but not
 # pydantic (the engine's config) nor gguf (SmolLM2's checkpoint), and it reaches no network.
@@ -55,6 +58,11 @@ kernels() {
   return $((tests || bench))
 }
 
+fused() {
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider tests/engine/kernels/test_triton_fused.py 2>&1 | tee "$OUT/gpu_tests_fused.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 smollm2() {
   export KVFLEET_CACHE=${KVFLEET_CACHE:-/tmp/kvfleet-cache}
   local gguf=$KVFLEET_CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -63,17 +71,24 @@ smollm2() {
     cat "$parts"/part-* >"$gguf.tmp" && mv "$gguf.tmp" "$gguf"
   fi
   ls -la "$parts" "$gguf" 2>&1
-  "$PYTHON" bench/gpu_smollm2.py --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
+  "$PYTHON" bench/gpu_smollm2.py --out "$OUT" "${smoke[@]}" "$@" 2>&1 | grep -v "it/s\]"
   local bench=${PIPESTATUS[0]}
   echo "gpu_smollm2 rc=$bench"
   return "$bench"
 }
 
+profile() {
+  "$PYTHON" bench/gpu_step_profile.py run --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
+  return "${PIPESTATUS[0]}"
+}
+
 case $stage in
   kernels) kernels || rc=1 ;;
-  smollm2) smollm2 || rc=1 ;;
+  profile) profile || rc=1 ;;
+  smollm2) smollm2 "${@:2}" || rc=1 ;;
+  fused) fused || rc=1 ;;
   all) kernels || rc=1; smollm2 || rc=1 ;;
-  *) echo "unknown stage $stage: kernels, smollm2 or all" >&2; exit 2 ;;
+  *) echo "unknown stage $stage: kernels, smollm2 [ARGS], fused, profile or all" >&2; exit 2 ;;
 esac
 echo "stage $stage rc=$rc; output in $OUT"
 exit $rc

@@ -210,9 +210,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--input-len", default="uniform:64:512")
     p.add_argument("--output-len", default="uniform:32:128")
     p.add_argument("--hf-batches", default="32,128")
+    p.add_argument("--backends", default="triton,torch", help="attention backends of the correctness part")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of the correctness part")
     args = p.parse_args(argv)
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    args.backends, args.dtypes, args.speed_dtype = ["triton", "torch"], ["float32", "bfloat16"], "bfloat16"
+    args.backends, args.dtypes, args.speed_dtype = (
+        args.backends.split(","),
+        args.dtypes.split(","),
+        "bfloat16",
+    )
     args.kv_bytes = 4 << 30
     if args.smoke:
         args.new_tokens, args.num_prompts, args.output_len, args.input_len = (

@@ -4,15 +4,17 @@ Where it sits: the model (``engine/model/llama.py``) calls :func:`add_rms_norm` 
 RMSNorm (with the residual add in front of it), :func:`apply_rope` on the q and k heads of
 the packed q/k/v output, and :func:`silu_mul` between the packed gate/up matmul and the down
 projection. On float32 CPU tensors they run the native ops, compiled into the decode kernel's
-library (``cpu_decode.build_library``: one build, one cache); otherwise, or where no C
-compiler builds it, they run the ``*_reference`` functions, transformers' arithmetic in
-torch, which are also the oracle of the native ops in the tests.
+library (``cpu_decode.build_library``: one build, one cache); on CUDA tensors the Triton ops
+of :mod:`kvfleet.engine.kernels.triton_fused`; otherwise, or where no C compiler builds the
+library or Triton is not installed, they run the ``*_reference`` functions, transformers'
+arithmetic in torch, which are also the oracle of both kinds of ops in the tests.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +103,23 @@ def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
 
+@functools.cache
+def load_triton_fused() -> ModuleType | None:
+    """The Triton ops (imported on the first CUDA tensor only), or None where Triton is missing."""
+    try:
+        from kvfleet.engine.kernels import triton_fused
+    except ImportError:
+        return None
+    return triton_fused
+
+
+def _cuda_rows(t: torch.Tensor | None, like: torch.Tensor) -> bool:
+    """A 2-D CUDA tensor on ``like``'s device, in its dtype, with contiguous rows (any row stride)."""
+    return t is None or (
+        t.dim() == 2 and t.stride(1) == 1 and t.device == like.device and t.dtype == like.dtype
+    )
+
+
 def _native_ok(*tensors: torch.Tensor | None) -> bool:
     return all(
         t is None
@@ -117,6 +136,13 @@ def add_rms_norm(
     Natively, the sum is written into ``residual`` in place: the caller owns it (the model's
     residual stream, made by the first layer's add and carried through the layers).
     """
+    if residual.is_cuda:
+        ops = load_triton_fused()
+        same = x is None or x.shape == residual.shape
+        w_ok = weight.is_contiguous() and weight.device == residual.device and weight.dtype == residual.dtype
+        if ops is not None and same and w_ok and _cuda_rows(residual, residual) and _cuda_rows(x, residual):
+            return ops.add_rms_norm(x, residual, weight, eps)  # type: ignore[no-any-return]
+        return add_rms_norm_reference(x, residual, weight, eps)
     kernel = load_fused()
     if kernel is None or residual.dim() != 2 or not _native_ok(x, residual, weight):
         return add_rms_norm_reference(x, residual, weight, eps)
@@ -126,8 +152,14 @@ def add_rms_norm(
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x rotated by RoPE; natively in place (x: a view of heads packed in rows, e.g. the q/k heads
     of the packed q/k/v output, which the caller owns), else a new tensor."""
-    kernel = load_fused()
     packed = x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.shape[2] % 2 == 0
+    if x.is_cuda:
+        ops = load_triton_fused()
+        trig = all(t.is_contiguous() and t.shape == (x.shape[0], x.shape[2]) for t in (cos, sin))
+        if ops is not None and packed and trig and _cuda_rows(cos, x) and _cuda_rows(sin, x):
+            return ops.rope_(x, cos, sin)  # type: ignore[no-any-return]
+        return apply_rope_reference(x, cos, sin)
+    kernel = load_fused()
     if (
         kernel is None
         or not packed
@@ -141,6 +173,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last axis times its second half (the packed gate/up output)."""
+    if gate_up.is_cuda:
+        ops = load_triton_fused()
+        if ops is not None and _cuda_rows(gate_up, gate_up) and gate_up.shape[1] % 2 == 0:
+            return ops.silu_mul(gate_up)  # type: ignore[no-any-return]
+        return silu_mul_reference(gate_up)
     kernel = load_fused()
     if kernel is None or gate_up.dim() != 2 or not _native_ok(gate_up):
         return silu_mul_reference(gate_up)

@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvfleet.engine.kernels import kv_store, lora, paged_attention
+from kvfleet.engine.kernels import kv_store, lora, paged_attention, triton_fused
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -28,7 +28,7 @@ def compile_kernel(
     signature = {
         name: "constexpr"
         if name in constants
-        else pointers.get(name, "fp32" if name == "scale_log2" else "i32")
+        else pointers.get(name, "fp32" if name in ("scale_log2", "eps") else "i32")
         for name in names
     }
     constexprs = {(names.index(name),): value for name, value in constants.items()}
@@ -96,6 +96,30 @@ def lora_delta(dtype: str, rank: int) -> str:
     return f"lora {dtype} rank={rank}: {shared} B shared"
 
 
+def fused(dtype: str) -> list[str]:
+    """The decoder's fused ops (engine/kernels/triton_fused.py) at SmolLM2's and Llama-3-8B's sizes."""
+    norm = compile_kernel(
+        triton_fused._add_rms_norm_kernel,
+        {name: f"*{dtype}" for name in ("x_ptr", "res_ptr", "w_ptr", "out_ptr")},
+        {"HAS_X": True, "BLOCK": 4096},
+        4,
+    )
+    rope = compile_kernel(
+        triton_fused._rope_kernel,
+        {name: f"*{dtype}" for name in ("x_ptr", "cos_ptr", "sin_ptr")},
+        {"HALF": 32, "BLOCK_H": 16, "BLOCK_D": 32},
+        4,
+    )
+    silu = compile_kernel(
+        triton_fused._silu_mul_kernel, {"gu_ptr": f"*{dtype}", "out_ptr": f"*{dtype}"}, {"BLOCK": 1024}, 4
+    )
+    return [
+        f"add_rms_norm {dtype} hidden=4096: {norm} B shared",
+        f"rope {dtype} heads=9 head_dim=64: {rope} B shared",
+        f"silu_mul {dtype} block=1024: {silu} B shared",
+    ]
+
+
 def main() -> int:
     lines = [
         attention("bf16", 4, 128, 16, 512),  # Llama-3-8B prefill / mixed step
@@ -104,6 +128,7 @@ def main() -> int:
         attention("bf16", 4, 128, 16, 512, window=True),  # Mistral-7B: a sliding window
         store("fp32", "bf16", 8, 128, 16),
         lora_delta("bf16", 16),  # a LoRA delta (multi-LoRA, engine/kernels/lora.py)
+        *fused("bf16"),
     ]
     print("\n".join(lines))
     print(f"compiled {len(lines)} kernels")
