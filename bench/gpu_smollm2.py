@@ -138,14 +138,19 @@ def compare(
     return exact or dtype != "float32"  # bf16: reported, not failed
 
 
-def speed(args: argparse.Namespace, gguf: Path, say: Say) -> None:
+def offline_requests(args: argparse.Namespace) -> list[Any]:
+    """The offline workload: random-token prompts of ``--input-len`` and outputs of ``--output-len``."""
     spec = LoadSpec(
         url="",
         num_requests=args.num_prompts,
         input_len=parse_distribution(args.input_len),
         output_len=parse_distribution(args.output_len),
     )
-    requests = plan_requests(spec, random.Random(0))
+    return plan_requests(spec, random.Random(0))
+
+
+def speed(args: argparse.Namespace, gguf: Path, say: Say) -> None:
+    requests = offline_requests(args)
     outputs = sum(r.max_tokens for r in requests)
     prompts_tokens = sum(len(r.prompt) for r in requests)
     say(f"offline: {len(requests)} prompts ({prompts_tokens} tokens), {outputs} output tokens, EOS ignored")
@@ -179,12 +184,9 @@ def speed(args: argparse.Namespace, gguf: Path, say: Say) -> None:
 
 
 def hf_batch(hf: Any, rs: list[Any], device: str) -> None:
-    width = max(len(r.prompt) for r in rs)
-    ids = torch.zeros((len(rs), width), dtype=torch.long)
-    mask = torch.zeros((len(rs), width), dtype=torch.long)
-    for i, r in enumerate(rs):
-        ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
-        mask[i, width - len(r.prompt) :] = 1
+    from offline_throughput import left_padded  # bench/, beside this script
+
+    ids, mask = left_padded([r.prompt for r in rs], 0)
     longest = max(r.max_tokens for r in rs)
     with torch.inference_mode():
         hf.generate(

@@ -19,7 +19,6 @@ import cProfile
 import io
 import json
 import pstats
-import random
 import shutil
 import sys
 import time
@@ -61,17 +60,11 @@ def materialise(folder: Path, dtype: torch.dtype) -> None:
 
 
 def profile(folder: Path, args: argparse.Namespace) -> None:
-    from kvfleet.bench import LoadSpec, parse_distribution
-    from kvfleet.bench.load import plan_requests
+    from gpu_smollm2 import offline_requests  # the same workload as the SmolLM2 run
+
     from kvfleet.engine import LLM, SamplingParams
 
-    spec = LoadSpec(
-        url="",
-        num_requests=args.num_prompts,
-        input_len=parse_distribution(args.input_len),
-        output_len=parse_distribution(args.output_len),
-    )
-    requests = plan_requests(spec, random.Random(0))
+    requests = offline_requests(args)
     llm = LLM(model=str(folder), dtype=args.dtype, kv_cache_memory=4 << 30)
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
     llm.generate([r.prompt for r in requests[:8]], params[:8])  # warm-up: kernels compile

@@ -228,13 +228,19 @@ def run_hf(model_dir: Path, requests: list[Request], batch_size: int) -> Result:
     )
 
 
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of ``prompts`` padded on the left to the longest, as ``generate`` takes them."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
 def _hf_batch(model: torch.nn.Module, batch: list[Request]) -> None:
-    width = max(len(r.prompt) for r in batch)
-    ids = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, r in enumerate(batch):
-        ids[row, width - len(r.prompt) :] = torch.tensor(r.prompt)
-        mask[row, width - len(r.prompt) :] = 1
+    ids, mask = left_padded([r.prompt for r in batch], PAD_ID)
     longest = max(r.output_len for r in batch)
     with torch.inference_mode():
         model.generate(  # type: ignore[operator]
