@@ -2,9 +2,10 @@
 
 Where it sits: ``engine/kernels/cpu_fused.py``'s ``add_rms_norm``, ``apply_rope`` and
 ``silu_mul`` (which the model calls) send CUDA tensors here, as they send float32 CPU tensors
-to the native C ops. One launch replaces the five to eight torch ops of each reference
-(``*_reference`` there, transformers' arithmetic), and on a GPU a small model's step is bound by
-launches, not by the device (bench/results/gpu_h200.txt).
+to the native C ops. One launch replaces the torch ops of each reference (``*_reference``
+there, transformers' arithmetic: about eight for the norm, five for RoPE, two for SiLU × up),
+and on a GPU a small model's step is bound by launches, not by the device
+(bench/results/gpu_h200.txt).
 
 The norm and SiLU × up round where the reference rounds: every value torch stores in the
 activations' dtype (bf16, fp16) is rounded to it here too, so in half precision they equal the
