@@ -119,7 +119,7 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--weight-packing",
         default="auto",
-        choices=["auto", "mkl", "onednn"],
+        choices=["auto", "mkl", "onednn", "native"],
         help="CPU float32: the GEMM library the packed linears run on (auto: the faster here, timed at load)",
     )
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")

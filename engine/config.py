@@ -40,7 +40,7 @@ class EngineConfig(BaseModel):
     # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
     prepack_weights: bool = True
     # which library (kernels/packing.py): auto, the faster on this machine (timed at load), mkl, onednn
-    weight_packing: Literal["auto", "mkl", "onednn"] = "auto"
+    weight_packing: Literal["auto", "mkl", "onednn", "native"] = "auto"
     # LoRA (engine/lora): adapters by name → PEFT folder, loaded at start; more at run time if enabled.
     enable_lora: bool = False  # implied by lora_modules
     lora_modules: dict[str, str] = Field(default_factory=dict)

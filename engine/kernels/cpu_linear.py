@@ -81,7 +81,7 @@ def linear(
     packed: PackedWeight | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: through the native kernel when :func:`skinny_ok`, else
-    through ``packed`` (``weight`` packed for MKL at load) when it takes ``x``."""
+    through ``packed`` (``weight`` packed at load by a packer of ``packing.py``) when it takes ``x``."""
     if skinny_ok(x, weight, bias):
         native = load_linear()
         if native is not None:

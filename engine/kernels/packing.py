@@ -1,16 +1,18 @@
-"""Which GEMM a float32 model's prefill-sized matmuls run on: weights packed for MKL or for oneDNN.
+"""Which GEMM a float32 model's matmuls run on: weights packed for MKL, for oneDNN or for the native kernel.
 
 Where it sits: ``ModelRunner`` resolves ``EngineConfig.weight_packing`` here once, at load,
 and ``LlamaForCausalLM.prepack(kind)`` packs every layer's linears with :func:`pack_weight`;
 ``cpu_linear.linear`` then runs a step of more than ``SKINNY_MAX_ROWS`` rows through the
-packed weight. Policies by name (:data:`PACKERS`): ``mkl`` (``mkl_packed``), ``onednn``
-(``onednn_packed``), and ``auto``, which times both on the model's widest linear and keeps
-the faster.
+packed weight. Policies by name
+(:data:`PACKERS`): ``mkl`` (``mkl_packed``), ``onednn`` (``onednn_packed``), ``native``
+(``native_packed``, ``csrc/packed_gemm.c``), and ``auto``, which times them all on the
+model's first gate/up weight and keeps the fastest.
 
 Why measure instead of asking the CPU's vendor: the two libraries trade places by machine.
 On an Intel Xeon with AVX-512 MKL's packed GEMM reached the fp32 roof; on an AMD EPYC
-(AVX2) MKL ran a generic path at 95-130 GFLOP/s where oneDNN ran 145-160. A few
-milliseconds of timing at start-up read the machine the engine actually runs on.
+(AVX2) MKL ran a generic path at 95-130 GFLOP/s where oneDNN ran 145-160 and the native
+kernel 185-205 (bench/results/native_packed.txt). A few milliseconds of timing at start-up
+read the machine the engine actually runs on.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from kvfleet.engine.kernels import mkl_packed, onednn_packed
+from kvfleet.engine.kernels import mkl_packed, native_packed, onednn_packed
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class PackedWeight(Protocol):
 PACKERS: dict[str, Callable[[torch.Tensor], PackedWeight | None]] = {
     "mkl": mkl_packed.pack_weight,
     "onednn": onednn_packed.pack_weight,
+    "native": native_packed.pack_weight,
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels import cpu_linear, mkl_packed, onednn_packed, packing
+from kvfleet.engine.kernels import cpu_linear, mkl_packed, native_packed, onednn_packed, packing
 
 needs_onednn = pytest.mark.skipif(
     not onednn_packed.available(), reason="this torch build has no oneDNN linear"
@@ -65,22 +65,27 @@ def test_a_named_packer_is_used_as_named_and_an_unknown_one_packs_nothing() -> N
     sample = torch.ones(16, 8)
     assert packing.resolve("mkl", sample) == "mkl"
     assert packing.resolve("onednn", sample) == "onednn"
+    assert packing.resolve("native", sample) == "native"
     assert packing.resolve("blis", sample) is None
 
 
-def test_auto_keeps_the_faster_packer_by_its_measured_time() -> None:
-    times = {"mkl": 2.0, "onednn": 1.0}
+def test_auto_keeps_the_fastest_packer_by_its_measured_time() -> None:
+    times = {"mkl": 2.0, "onednn": 1.0, "native": 3.0}
     with mock.patch.object(packing, "_seconds", side_effect=lambda packed, x: times[kind_of(packed)]):
-        if mkl_packed.available() and onednn_packed.available():
+        if mkl_packed.available() and onednn_packed.available() and native_packed.available():
             assert packing.resolve("auto", torch.ones(16, 8)) == "onednn"
             times.update(mkl=0.5)
             assert packing.resolve("auto", torch.ones(16, 8)) == "mkl"
+            times.update(native=0.25)
+            assert packing.resolve("auto", torch.ones(16, 8)) == "native"
 
 
 def test_auto_packs_nothing_where_no_packer_takes_the_weight() -> None:
-    with mock.patch.dict(packing.PACKERS, {"mkl": lambda w: None, "onednn": lambda w: None}):
+    with mock.patch.dict(packing.PACKERS, {name: lambda w: None for name in packing.PACKERS}):
         assert packing.resolve("auto", torch.ones(16, 8)) is None
 
 
 def kind_of(packed: object) -> str:
-    return "mkl" if isinstance(packed, mkl_packed.PackedWeight) else "onednn"
+    if isinstance(packed, mkl_packed.PackedWeight):
+        return "mkl"
+    return "native" if isinstance(packed, native_packed.PackedWeight) else "onednn"

@@ -1,7 +1,7 @@
 """The runner keeps each layer's linears packed for a GEMM library, and the model's output does not move.
 
 ``EngineConfig.prepack_weights`` (default on): after loading, every layer holds a packed copy
-(MKL's or oneDNN's, ``EngineConfig.weight_packing``) of its q/k/v, o_proj, gate/up and
+(MKL's, oneDNN's or the native panels, ``EngineConfig.weight_packing``) of its q/k/v, o_proj, gate/up and
 down_proj weights, which steps of more than 16 rows read (kernels/packing.py). The logits of a 40-row prefill equal those with it off up to
 float32 summation order, biases (qwen2) included; the greedy-token tests against
 transformers run with it on.
@@ -16,10 +16,14 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.kernels import mkl_packed, onednn_packed
+from kvfleet.engine.kernels import mkl_packed, native_packed, onednn_packed
 from kvfleet.engine.runner import ModelRunner
 
-AVAILABLE = {"mkl": mkl_packed.available(), "onednn": onednn_packed.available()}
+AVAILABLE = {
+    "mkl": mkl_packed.available(),
+    "onednn": onednn_packed.available(),
+    "native": native_packed.available(),
+}
 ROWS = 40
 
 
@@ -57,7 +61,7 @@ def prefill_logits(runner: ModelRunner, sample_rows: torch.Tensor) -> torch.Tens
         return runner.model(ids, torch.arange(ROWS), runner.kv_caches, meta, runner.backend, sample_rows)
 
 
-@pytest.mark.parametrize("packing", ["mkl", "onednn"])
+@pytest.mark.parametrize("packing", ["mkl", "onednn", "native"])
 @pytest.mark.parametrize("variant", ["tiny", "qwen2-tied"])
 def test_every_layer_is_packed_and_a_prefill_gives_the_logits_of_the_unpacked_model(
     variant: str, packing: str, tiny_dir: Path, hf_checkpoints: dict[str, Path]
