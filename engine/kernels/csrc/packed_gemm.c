@@ -23,6 +23,10 @@
 #define NR (2 * LANES)    /* output columns per panel */
 #define MR 6              /* rows of x per micro-kernel call */
 #define L2_ROWS_BYTES (160 * 1024) /* the block of x rows kept in L2 while every panel passes */
+/* The first row block streams the panel from memory: it asks for the line this many floats ahead
+ * into L2 (prefetcht2). SmolLM2's linears, weights streamed, 2 threads: 32 rows 65.1 -> 58.5 ms a
+ * pass, 256 rows 410 -> 390; a whole next panel ahead, or into L1, gained less or lost. */
+#define PREFETCH_FLOATS 256
 
 typedef float vf __attribute__((vector_size(LANES * sizeof(float)), aligned(4), may_alias));
 
@@ -48,13 +52,14 @@ void pack_weight_f32(const float *w, int64_t n, int64_t k, float *wp) {
 
 /* out[r][0..cols) for r in [0, mr): mr a compile-time constant after inlining. */
 static inline __attribute__((always_inline)) void micro(const float *restrict x, int mr, int64_t k,
-                                                        const float *restrict panel,
+                                                        const float *restrict panel, int stream,
                                                         const float *restrict bias, float *restrict out,
                                                         int64_t ldo, int cols) {
     vf a0[MR], a1[MR];
     for (int r = 0; r < mr; r++) a0[r] = a1[r] = (vf){0};
     for (int64_t i = 0; i < k; i++) {
         const vf w0 = load(panel + i * NR), w1 = load(panel + i * NR + LANES);
+        if (stream) __builtin_prefetch(panel + i * NR + PREFETCH_FLOATS, 0, 1);
         for (int r = 0; r < mr; r++) {
             const float s = x[r * k + i];
             a0[r] += s * w0;
@@ -86,15 +91,16 @@ static inline __attribute__((always_inline)) void micro(const float *restrict x,
 static void rows_panel(const float *x, int64_t m, int64_t k, const float *panel, const float *bias,
                        float *out, int64_t ldo, int cols) {
     int64_t r0 = 0;
-    for (; r0 + MR <= m; r0 += MR) micro(x + r0 * k, MR, k, panel, bias, out + r0 * ldo, ldo, cols);
+    for (; r0 + MR <= m; r0 += MR) micro(x + r0 * k, MR, k, panel, r0 == 0, bias, out + r0 * ldo, ldo, cols);
+    const int stream = r0 == 0;
     const float *xr = x + r0 * k;
     float *o = out + r0 * ldo;
     switch (m - r0) { /* each case is micro() specialised for that many rows */
-    case 5: micro(xr, 5, k, panel, bias, o, ldo, cols); break;
-    case 4: micro(xr, 4, k, panel, bias, o, ldo, cols); break;
-    case 3: micro(xr, 3, k, panel, bias, o, ldo, cols); break;
-    case 2: micro(xr, 2, k, panel, bias, o, ldo, cols); break;
-    case 1: micro(xr, 1, k, panel, bias, o, ldo, cols); break;
+    case 5: micro(xr, 5, k, panel, stream, bias, o, ldo, cols); break;
+    case 4: micro(xr, 4, k, panel, stream, bias, o, ldo, cols); break;
+    case 3: micro(xr, 3, k, panel, stream, bias, o, ldo, cols); break;
+    case 2: micro(xr, 2, k, panel, stream, bias, o, ldo, cols); break;
+    case 1: micro(xr, 1, k, panel, stream, bias, o, ldo, cols); break;
     default: break;
     }
 }

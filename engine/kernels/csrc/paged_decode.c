@@ -43,12 +43,16 @@ static inline void softmax_rows(float *scores, int H, int n) {
     }
 }
 
-/* Blocks lie anywhere in the cache (a 4 KiB block is a page of its own): start fetching the next
- * one while this one is read, since the hardware prefetcher does not cross pages. */
-static inline void prefetch_block(const float *block, int64_t floats) {
-    const char *p = (const char *)block;
-    const int64_t bytes = floats * (int64_t)sizeof(float) < 4096 ? floats * (int64_t)sizeof(float) : 4096;
-    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+/* Blocks lie anywhere in the cache and the hardware prefetcher does not cross pages, so each key's
+ * row asks for the row of the key AHEAD_KEYS further on, through the block table: a steady stream
+ * a few rows ahead. On SmolLM2's heads (32 sequences of 100-800 keys, 30 layers, 2 threads) a step
+ * went 45-48 -> 39-41 ms against fetching the first page of the next block when a block began. */
+#define AHEAD_KEYS 4
+
+static inline void prefetch_row(const float *cache, const int32_t *table, int pos, int block_size, int64_t rs,
+                                int64_t bstride) {
+    const char *p = (const char *)(cache + (int64_t)table[pos / block_size] * bstride + (int64_t)(pos % block_size) * rs);
+    for (int64_t off = 0; off < rs * (int64_t)sizeof(float); off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
 static inline __attribute__((always_inline)) void attend(
@@ -61,9 +65,9 @@ static inline __attribute__((always_inline)) void attend(
     /* scores[h * n + i]: head h against key lo + i; a token's KV heads are read together, once. */
     for (int b = first, i = 0; b <= last; b++) {
         const float *base = k_cache + (int64_t)table[b] * bstride;
-        if (b < last) prefetch_block(k_cache + (int64_t)table[b + 1] * bstride, bstride);
         const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
         for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
+            if (lo + i + AHEAD_KEYS < L) prefetch_row(k_cache, table, lo + i + AHEAD_KEYS, block_size, rs, bstride);
             const float *row = base + t * rs;
             for (int kh = 0; kh < KVH; kh++) {
                 const float *k = row + (int64_t)kh * D;
@@ -81,9 +85,9 @@ static inline __attribute__((always_inline)) void attend(
     memset(out, 0, sizeof(float) * (size_t)H * D);
     for (int b = first, i = 0; b <= last; b++) {
         const float *base = v_cache + (int64_t)table[b] * bstride;
-        if (b < last) prefetch_block(v_cache + (int64_t)table[b + 1] * bstride, bstride);
         const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
         for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
+            if (lo + i + AHEAD_KEYS < L) prefetch_row(v_cache, table, lo + i + AHEAD_KEYS, block_size, rs, bstride);
             const float *row = base + t * rs;
             for (int kh = 0; kh < KVH; kh++) {
                 const float *v = row + (int64_t)kh * D;
