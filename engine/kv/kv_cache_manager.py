@@ -100,6 +100,13 @@ class KVCacheManager:
             hashes.append(block_hash)
         return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * self.block_size)
 
+    def prompt_block_hashes(self, seq: Sequence) -> list[BlockHash]:
+        """The hash chain of ``seq``'s full prompt blocks that a cache hit could cover (none
+        without prefix caching); equal hashes at a position mean equal prompts up to there."""
+        if not self.enable_prefix_caching:
+            return []
+        return self._chain(seq, (seq.num_tokens - 1) // self.block_size)
+
     def in_flight_tokens(self, seq: Sequence, cached: CachedPrefix) -> int:
         """Tokens right after ``cached`` whose blocks another started sequence is computing now."""
         if not self.enable_prefix_caching or not self._in_flight:

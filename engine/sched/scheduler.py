@@ -13,10 +13,12 @@ into chunks by the per-step token budget, so chunked prefill and decodes share a
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
+from collections import Counter, deque
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from kvfleet.engine.kv.block_hash import BlockHash
 from kvfleet.engine.kv.kv_cache_manager import NO_PREFIX, CachedPrefix, KVCacheManager
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
@@ -26,6 +28,8 @@ from kvfleet.engine.sequence import Sequence, SequenceStatus
 # A waiting sequence waits for another's in-flight prefix when at least this many of its
 # tokens would otherwise be computed twice (SGLang's in-batch prefix threshold is 32 too).
 SHARED_PREFIX_WAIT_TOKENS = 32
+# How far down the waiting queue the sequence that leads a shared prefix is looked for.
+LEADER_LOOKAHEAD = 64
 
 
 class Sampled(NamedTuple):
@@ -131,6 +135,8 @@ class Scheduler:
         place) while the ones behind it may go.
         """
         self.policy.order_waiting(self.waiting)
+        if budget > 0 and len(self.running) < self.max_num_seqs:
+            self._lead_shared_prefix()
         adapters = self._running_adapters()
         held_back: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -159,6 +165,43 @@ class Scheduler:
             budget = max(0, budget - num_new)
         self.waiting.extendleft(reversed(held_back))
         return budget
+
+    def _lead_shared_prefix(self) -> None:
+        """Put first the waiting sequence that carries the head's shared prefix furthest.
+
+        Prompts that share a prefix (a system prompt, earlier turns, a document) wait while one
+        of them computes it (:meth:`_awaits_shared_prefix`). In arrival order the first computes
+        only what it shares; the next extends the shared part a little, and the rest wait again:
+        a chain of prefill steps, each holding every running decode. Led by the sequence whose
+        prompt shares the most with the others, the group takes two steps: the leader, then
+        every other tail from the cache (the peers' shared-prefix burst of 8: 4 prefill steps
+        -> 2). Only a lead of at least SHARED_PREFIX_WAIT_TOKENS more shared tokens, of the
+        head's priority and cache namespace, goes ahead; otherwise arrival order stands.
+        """
+        if self.policy.admits_whole_batch or len(self.waiting) < 2:
+            return
+        window = list(itertools.islice(self.waiting, LEADER_LOOKAHEAD))
+        head = window[0]
+        chains = [self.kv.prompt_block_hashes(seq) for seq in window]
+        if not chains[0]:
+            return
+        counts = Counter(h for chain in chains for h in chain)
+
+        def shared_blocks(chain: list[BlockHash]) -> int:  # leading blocks another prompt shares
+            return next((i for i, h in enumerate(chain) if counts[h] < 2), len(chain))
+
+        # a lead must share SHARED_PREFIX_WAIT_TOKENS more than the head; ties keep arrival order
+        best, best_blocks = 0, shared_blocks(chains[0]) + SHARED_PREFIX_WAIT_TOKENS // self.kv.block_size - 1
+        for i in range(1, len(window)):
+            chain = chains[i]
+            if not chain or chain[0] != chains[0][0] or window[i].priority != head.priority:
+                continue  # another prefix (or cache namespace: it seeds the chain), or priority
+            if (blocks := shared_blocks(chain)) > best_blocks:
+                best, best_blocks = i, blocks
+        if best:
+            leader = window[best]
+            self.waiting.remove(leader)
+            self.waiting.appendleft(leader)
 
     def _awaits_shared_prefix(self, seq: Sequence, cached: CachedPrefix) -> bool:
         """Whether ``seq`` should wait for a prefix another running sequence is computing now.

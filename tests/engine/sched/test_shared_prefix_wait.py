@@ -119,3 +119,35 @@ def test_different_cache_namespaces_never_wait_for_each_other() -> None:
     b = Sequence("b", HEAD + [2], SamplingParams(), arrival_time=1, cache_namespace=b"tenant-b")
     s.add(b)
     assert summary(step(s)) == [("a", 0, 41), ("b", 0, 41)]
+
+
+LONG = list(range(200, 280))  # 80 tokens: 20 full blocks of 4
+
+
+def test_the_prompt_that_shares_the_most_goes_first_so_the_group_takes_two_steps_not_three() -> None:
+    s = make()
+    a = add(s, "a", LONG[:40] + [1] * 9, arrival=0)  # shares 10 blocks with b and c
+    add(s, "b", LONG + [2] * 5, arrival=1)  # shares 20 blocks with c
+    c = add(s, "c", LONG + [3] * 5, arrival=2)
+    assert summary(step(s)) == [("b", 0, 85)]  # b leads; a and c wait for its blocks
+    assert list(s.waiting) == [a, c]  # arrival order among the rest
+    assert summary(step(s)) == [("b", 85, 1), ("a", 40, 9), ("c", 80, 5)]  # both from the cache
+
+
+def test_arrival_order_stands_when_no_later_prompt_shares_32_tokens_more_than_the_head() -> None:
+    s = make()
+    add(s, "a", LONG[:48] + [1] * 9, arrival=0)  # shares 12 blocks with b and c
+    add(s, "b", LONG[:76] + [2] * 9, arrival=1)  # shares 19 blocks with c: 7 more than a (28 tokens)
+    add(s, "c", LONG[:76] + [3] * 9, arrival=2)
+    assert summary(step(s)) == [("a", 0, 57)]
+
+
+def test_a_lead_of_another_priority_or_another_prefix_does_not_jump_the_queue() -> None:
+    s = make(policy="priority")
+    add(s, "a", LONG[:40] + [1] * 9, arrival=0)
+    b = Sequence("b", LONG + [2] * 5, SamplingParams(), arrival_time=1, priority=1)
+    s.add(b)
+    c = Sequence("c", LONG + [3] * 5, SamplingParams(), arrival_time=2, priority=1)
+    s.add(c)
+    add(s, "d", [7] * 12 + LONG, arrival=3)  # the same long run, after another first block
+    assert summary(step(s)) == [("a", 0, 49), ("d", 0, 92)]  # b and c: lower priority, waiting for a
