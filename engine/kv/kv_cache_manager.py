@@ -16,11 +16,13 @@ allocation, so a hit always points at KV that is really in the cache. The
 In flight: the prompt blocks a started sequence will compute but has not yet are indexed
 by hash too, so the scheduler can see that a waiting sequence's prefix is being computed
 right now by another one (``in_flight_tokens``) and let it wait for the hit instead of
-computing the same KV a second time.
+computing the same KV a second time; when those blocks are computed in the step being planned,
+it shares them in that step (``ride_in_flight``) and computes only its own tail.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvfleet.engine.kv.block_hash import BlockHash, hash_block
@@ -100,13 +102,6 @@ class KVCacheManager:
             hashes.append(block_hash)
         return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * self.block_size)
 
-    def prompt_block_hashes(self, seq: Sequence) -> list[BlockHash]:
-        """The hash chain of ``seq``'s full prompt blocks that a cache hit could cover (none
-        without prefix caching); equal hashes at a position mean equal prompts up to there."""
-        if not self.enable_prefix_caching:
-            return []
-        return self._chain(seq, (seq.num_tokens - 1) // self.block_size)
-
     def in_flight_tokens(self, seq: Sequence, cached: CachedPrefix) -> int:
         """Tokens right after ``cached`` whose blocks another started sequence is computing now."""
         if not self.enable_prefix_caching or not self._in_flight:
@@ -119,6 +114,30 @@ class KVCacheManager:
                 break
             run += 1
         return run * self.block_size
+
+    def ride_in_flight(
+        self, seq: Sequence, cached: CachedPrefix, computing: Mapping[int, tuple[Sequence, int]]
+    ) -> CachedPrefix:
+        """``cached`` extended by the in-flight blocks right after it that this very step computes.
+
+        ``computing`` maps the seq_id of each sequence in the step being planned to the sequence
+        and the token count it will have computed when the step ends. A block computed in the
+        step can be shared in the step: every layer stores all rows' K/V before any row attends,
+        so a sequence whose chunk starts after the shared blocks reads them as they are written.
+        """
+        chain = self._chain(seq, (seq.num_tokens - 1) // self.block_size)
+        ids, hashes = list(cached.block_ids), list(cached.hashes)
+        for i in range(len(cached.hashes), len(chain)):
+            owner_id = self._in_flight.get(chain[i])
+            entry = computing.get(owner_id) if owner_id is not None else None
+            if entry is None or entry[0] is seq:
+                break
+            owner, computed_at_end = entry
+            if (i + 1) * self.block_size > computed_at_end or i >= len(owner.block_ids):
+                break  # the owner's chunk stops before this block ends: it is computed later
+            ids.append(owner.block_ids[i])
+            hashes.append(chain[i])
+        return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * self.block_size)
 
     def _mark_in_flight(self, seq: Sequence, state: _SeqBlocks, num_cached: int) -> None:
         """Index the full prompt blocks ``seq`` is about to compute (those after its cached prefix)."""

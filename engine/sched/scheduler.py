@@ -13,12 +13,10 @@ into chunks by the per-step token budget, so chunked prefill and decodes share a
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from kvfleet.engine.kv.block_hash import BlockHash
 from kvfleet.engine.kv.kv_cache_manager import NO_PREFIX, CachedPrefix, KVCacheManager
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
@@ -28,8 +26,6 @@ from kvfleet.engine.sequence import Sequence, SequenceStatus
 # A waiting sequence waits for another's in-flight prefix when at least this many of its
 # tokens would otherwise be computed twice (SGLang's in-batch prefix threshold is 32 too).
 SHARED_PREFIX_WAIT_TOKENS = 32
-# How far down the waiting queue the sequence that leads a shared prefix is looked for.
-LEADER_LOOKAHEAD = 64
 
 
 class Sampled(NamedTuple):
@@ -131,12 +127,10 @@ class Scheduler:
         """Move waiting sequences into the running list while budget, blocks and max_num_seqs allow.
 
         A sequence whose adapter would make more than ``max_loras`` distinct adapters run at once,
-        or whose prefix another running sequence is computing right now, waits (keeping its
-        place) while the ones behind it may go.
+        or whose prefix another running sequence computes in a later step, waits (keeping its
+        place) while the ones behind it may go; a prefix computed in this step is shared in it.
         """
         self.policy.order_waiting(self.waiting)
-        if budget > 0 and len(self.running) < self.max_num_seqs:
-            self._lead_shared_prefix()
         adapters = self._running_adapters()
         held_back: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -149,10 +143,11 @@ class Scheduler:
                     break
                 self._start(seq)  # static batching: joins now, computes in later steps
                 continue
-            cached = self._cached_prefix(seq)
-            if self._awaits_shared_prefix(seq, cached):
+            start = self._share_in_flight(seq, self._cached_prefix(seq), scheduled)
+            if start is None:
                 held_back.append(self.waiting.popleft())
                 continue
+            cached = start
             num_new = seq.num_tokens - seq.num_computed_tokens - cached.num_tokens
             if num_new > budget and not self.enable_chunked_prefill and scheduled:
                 break
@@ -166,53 +161,27 @@ class Scheduler:
         self.waiting.extendleft(reversed(held_back))
         return budget
 
-    def _lead_shared_prefix(self) -> None:
-        """Put first the waiting sequence that carries the head's shared prefix furthest.
+    def _share_in_flight(
+        self, seq: Sequence, cached: CachedPrefix, scheduled: list[ScheduledSeq]
+    ) -> CachedPrefix | None:
+        """Where ``seq`` starts when other sequences are computing its prefix: None to wait.
 
-        Prompts that share a prefix (a system prompt, earlier turns, a document) wait while one
-        of them computes it (:meth:`_awaits_shared_prefix`). In arrival order the first computes
-        only what it shares; the next extends the shared part a little, and the rest wait again:
-        a chain of prefill steps, each holding every running decode. Led by the sequence whose
-        prompt shares the most with the others, the group takes two steps: the leader, then
-        every other tail from the cache (the peers' shared-prefix burst of 8: 4 prefill steps
-        -> 2). Only a lead of at least SHARED_PREFIX_WAIT_TOKENS more shared tokens, of the
-        head's priority and cache namespace, goes ahead; otherwise arrival order stands.
-        """
-        if self.policy.admits_whole_batch or len(self.waiting) < 2:
-            return
-        window = list(itertools.islice(self.waiting, LEADER_LOOKAHEAD))
-        head = window[0]
-        chains = [self.kv.prompt_block_hashes(seq) for seq in window]
-        if not chains[0]:
-            return
-        counts = Counter(h for chain in chains for h in chain)
-
-        def shared_blocks(chain: list[BlockHash]) -> int:  # leading blocks another prompt shares
-            return next((i for i, h in enumerate(chain) if counts[h] < 2), len(chain))
-
-        # a lead must share SHARED_PREFIX_WAIT_TOKENS more than the head; ties keep arrival order
-        best, best_blocks = 0, shared_blocks(chains[0]) + SHARED_PREFIX_WAIT_TOKENS // self.kv.block_size - 1
-        for i in range(1, len(window)):
-            chain = chains[i]
-            if not chain or chain[0] != chains[0][0] or window[i].priority != head.priority:
-                continue  # another prefix (or cache namespace: it seeds the chain), or priority
-            if (blocks := shared_blocks(chain)) > best_blocks:
-                best, best_blocks = i, blocks
-        if best:
-            leader = window[best]
-            self.waiting.remove(leader)
-            self.waiting.appendleft(leader)
-
-    def _awaits_shared_prefix(self, seq: Sequence, cached: CachedPrefix) -> bool:
-        """Whether ``seq`` should wait for a prefix another running sequence is computing now.
-
-        Computing it twice costs the step budget and TTFT of everyone; waiting costs this
-        sequence the steps until those blocks are cached, after which it starts from the
-        hit. Short overlaps (a chat template's first block) are not worth a wait.
+        Blocks that this step computes are shared in this step (``kv.ride_in_flight``): ``seq``
+        computes only its own tail, beside them. Blocks computed only in a later step (a chunk cut
+        by the budget) are waited for, when there are at least SHARED_PREFIX_WAIT_TOKENS of
+        them: computing them twice costs the step budget and everyone's TTFT; a short overlap
+        (a chat template's first block) is computed again rather than waited for.
         """
         if self.policy.admits_whole_batch:
-            return False
-        return self.kv.in_flight_tokens(seq, cached) >= SHARED_PREFIX_WAIT_TOKENS
+            return cached
+        in_flight = self.kv.in_flight_tokens(seq, cached)
+        if in_flight == 0:
+            return cached
+        computing = {e.seq.seq_id: (e.seq, e.context_len) for e in scheduled}
+        riding = self.kv.ride_in_flight(seq, cached, computing)
+        if riding.num_tokens - cached.num_tokens == in_flight:
+            return riding
+        return None if in_flight >= SHARED_PREFIX_WAIT_TOKENS else cached
 
     def _running_adapters(self) -> set[str] | None:
         if self.max_loras is None:

@@ -187,7 +187,7 @@ def test_abort_frees_the_blocks_and_reports_abort(make_engine: MakeEngine) -> No
 
 
 def test_stats_count_tokens_prefix_hits_and_preemptions(make_engine: MakeEngine) -> None:
-    engine = make_engine(num_kv_blocks=5, max_num_seqs=4)
+    engine = make_engine(num_kv_blocks=4, max_num_seqs=4)  # 3 blocks each, 1 shared: 5 > 4
     engine.add_request("a", "abcdefg", SamplingParams(max_tokens=4), arrival_time=0.0)
     engine.add_request("b", "abcdefg", SamplingParams(max_tokens=4), arrival_time=1.0)
     run(engine)
@@ -195,10 +195,12 @@ def test_stats_count_tokens_prefix_hits_and_preemptions(make_engine: MakeEngine)
         num_running=0,
         num_waiting=0,
         kv_cache_usage=0.0,
-        num_kv_blocks=5,
+        num_kv_blocks=4,
         max_num_seqs=4,
         prefix_cache_queries=7 + 7 + 9,  # a, b, then b again after its preemption (7 prompt + 2 output)
-        prefix_cache_hits=8,  # b's recompute finds a's two full blocks (same prompt, same outputs)
+        # b shares a's first block in the step that computes it (4), and its recompute finds
+        # a's two full blocks (same prompt, same outputs: 8)
+        prefix_cache_hits=4 + 8,
         num_preemptions=1,
         prompt_tokens_total=14,
         generation_tokens_total=8,

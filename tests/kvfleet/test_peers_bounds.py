@@ -2,7 +2,7 @@
 
 A perfect prefix cache computes each distinct prefix once (the trie counts positions); requests
 that arrive together give their first tokens one by one, the k-th after k prompts' private
-tokens and one shared prefix; one at a time, each after the tokens no earlier request computed.
+tokens and one shared prefix, the last after every distinct position; one at a time, each after the tokens no earlier request computed.
 vLLM's best figures per cell are read from a peers results file.
 """
 
@@ -57,7 +57,10 @@ def test_requests_together_give_the_kth_first_token_after_k_private_tails_and_on
 ) -> None:
     cost = bounds.Cost(bounds.peers.Shape(params=1, lm_head=0, layers=0, q_width=0))
     wave = [[1, 2, 3], [1, 2, 4, 5], [1, 2, 6, 7, 8]]  # shared [1, 2]; private 1, 2 and 3 positions
+    # the last: every distinct position (2 shared + 1 + 2 + 3 private = 8), here the same count
     assert bounds.ttft_bounds(wave, 3, cost) == [2 * (1 + 2), 2 * (1 + 2 + 2), 2 * (1 + 2 + 3 + 2)]
+    deep = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7], [1, 2, 8]]  # privates 1, 1, 1; shares 2 to 5
+    assert bounds.ttft_bounds(deep, 3, cost)[-1] == 2 * 8  # not 2 * (3 + 2): 8 distinct positions
     later = bounds.ttft_bounds([*wave, [9]], 3, cost)
     assert later[-1] == later[-2]  # beyond the first wave, no tighter bound is claimed
 

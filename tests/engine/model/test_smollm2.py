@@ -105,6 +105,28 @@ def test_greedy_tokens_equal_transformers_on_a_chunked_mixed_batch_and_a_prefix_
     assert hit.outputs[0].token_ids == hf_greedy(again)
 
 
+LONG_SYSTEM = {"role": "system", "content": "You are a terse assistant who answers in one line. " * 6}
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_prompts_sharing_a_system_turn_share_its_blocks_in_the_step_that_computes_them(
+    backend: str, smollm2: SmolLM2, hf_greedy: Any
+) -> None:
+    llm = LLM(model="smollm2", attention_backend=backend, num_kv_blocks=64, max_num_batched_tokens=512)
+    questions = ("Name a colour.", "Name a fruit.", "Count to three.")
+    prompts = [chat_ids(smollm2.tokenizer, [LONG_SYSTEM, {"role": "user", "content": q}]) for q in questions]
+    runner, plans = llm.engine.runner, []
+    execute = runner.execute
+    runner.execute = lambda plan: plans.append(plan) or execute(plan)  # type: ignore[method-assign]
+    outs = llm.generate(prompts, GREEDY)
+    first = plans[0].scheduled
+    assert len(first) == 3 and first[0].num_computed_before == 0
+    shared = first[1].num_computed_before
+    assert shared >= 64 and first[2].num_computed_before == shared  # both read the first's blocks
+    assert first[1].block_ids[: shared // 16] == first[0].block_ids[: shared // 16]
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(p) for p in prompts]
+
+
 def test_the_triton_backend_interpreted_on_the_cpu_equals_transformers_on_one_short_prompt(
     smollm2: SmolLM2, hf_greedy: Any
 ) -> None:
