@@ -44,6 +44,18 @@ def test_the_onednn_packed_matmul_equals_f_linear(threads: int, rows: int, k: in
         )
 
 
+@pytest.mark.parametrize("kind", sorted(packing.PACKERS))
+def test_every_packers_pack_is_a_copy_later_changes_to_the_weight_do_not_reach_it(kind: str) -> None:
+    x, weight = torch.randn(20, 16), torch.randn(8, 16)
+    packed = packing.pack_weight(weight, kind)
+    if packed is None:
+        pytest.skip(f"this build cannot pack for {kind}")
+    expected = F.linear(x, weight)
+    weight.zero_()
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x, None), expected, **TOL)
+
+
 def test_onednn_packs_only_float32_cpu_matrices() -> None:
     assert onednn_packed.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None
     assert onednn_packed.pack_weight(torch.ones(4)) is None
