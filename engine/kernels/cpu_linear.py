@@ -7,7 +7,8 @@ streams the weight once, in memory order, with every weight vector used for all 
 prefill chunk, another dtype or device, or a machine where the native library does not
 build, runs a GEMM library: over the weight packed once at load for MKL or oneDNN
 (``packing.PackedWeight``, passed as ``packed``) where there is one, else ``F.linear``,
-which packs it on every call.
+which packs it on every call. A weight packed for the native GEMM (``native_packed``) takes
+every row count, decode steps included: its panels stream as fast from one row up.
 The kernels read the weight as nn.Linear stores it, (out, in) row-major.
 
 Measured on SmolLM2's layer shapes, 2 threads, weights streamed from memory (bench/
@@ -80,8 +81,11 @@ def linear(
     bias: torch.Tensor | None = None,
     packed: PackedWeight | None = None,
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: through the native kernel when :func:`skinny_ok`, else
-    through ``packed`` (``weight`` packed at load by a packer of ``packing.py``) when it takes ``x``."""
+    """``F.linear(x, weight, bias)``: through ``packed`` (``weight`` packed at load by a packer of
+    ``packing.py``) when it takes ``x`` and streams a few rows as fast as the few-row kernel; else
+    through that kernel when :func:`skinny_ok`; else through ``packed`` when it takes ``x``."""
+    if packed is not None and packed.streams_few_rows and packed.takes(x):
+        return packed(x, bias)
     if skinny_ok(x, weight, bias):
         native = load_linear()
         if native is not None:

@@ -45,6 +45,12 @@ class PackedWeight(Protocol):
 
     def takes(self, x: torch.Tensor) -> bool: ...
 
+    @property
+    def streams_few_rows(self) -> bool:
+        """Whether a decode step's few rows run here as fast as on the unpacked few-row kernel
+        (``cpu_linear.linear`` then sends it every row count)."""
+        ...
+
 
 PACKERS: dict[str, Callable[[torch.Tensor], PackedWeight | None]] = {
     "mkl": mkl_packed.pack_weight,

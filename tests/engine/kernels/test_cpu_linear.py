@@ -42,6 +42,19 @@ def test_every_row_count_and_ragged_shape_matches_f_linear(
 
 
 @needs_compiler
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_an_outputs_bits_do_not_depend_on_the_block_its_weight_row_falls_in(
+    native: cpu_linear.NativeLinear, rows: int
+) -> None:
+    # 4 or 2 weight rows a block, the last n mod 4 (or 2) one at a time: the same sums lane for lane
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 45, generator=gen), torch.randn(35, 45, generator=gen)
+    whole = native(x, weight, None)
+    for j in range(35):
+        assert torch.equal(native(x, weight[j : j + 1], None), whole[:, j : j + 1]), j
+
+
+@needs_compiler
 def test_each_output_is_written_once_whatever_was_in_the_buffer(native: cpu_linear.NativeLinear) -> None:
     x, weight = torch.randn(4, 40), torch.randn(70, 40)
     with mock.patch.object(torch.Tensor, "new_empty", lambda self, *s: torch.full(s, float("nan"))):

@@ -74,3 +74,14 @@ def test_only_float32_cpu_matrices_are_packed_and_only_their_rows_are_taken() ->
         assert not packed.takes(torch.ones(3, 5))
         assert not packed.takes(torch.ones(4, 3).t())
         assert not packed.takes(torch.ones(3, 4, dtype=torch.float64))
+
+
+def test_a_decode_step_of_any_size_takes_the_native_pack_not_the_few_row_kernel() -> None:
+    # The pack is of another weight, so the output says which operand the call read.
+    weight, other = torch.randn(32, 16), torch.randn(32, 16)
+    packed = packed_of(other)
+    assert packed.streams_few_rows
+    with torch.inference_mode():
+        for rows in (1, cpu_linear.SKINNY_MAX_ROWS, cpu_linear.SKINNY_MAX_ROWS + 1):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(cpu_linear.linear(x, weight, None, packed), F.linear(x, other), **TOL)
