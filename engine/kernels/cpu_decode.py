@@ -32,14 +32,15 @@ from kvfleet.engine.model.tiny import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 # Compiled into the same library: the fused element-wise ops that ``cpu_fused.py`` calls, the
-# few-row matmul that ``cpu_linear.py`` calls, the packed-weight GEMM of ``native_packed.py``
-# and the prefill attention of ``cpu_prefill.py``.
+# few-row matmul that ``cpu_linear.py`` calls, the packed-weight GEMM of ``native_packed.py``,
+# the prefill attention of ``cpu_prefill.py`` and the all-layers decode step of ``decode_layers.py``.
 SOURCES = (
     SOURCE,
     SOURCE.with_name("fused_ops.c"),
     SOURCE.with_name("skinny_gemm.c"),
     SOURCE.with_name("packed_gemm.c"),
     SOURCE.with_name("paged_prefill.c"),
+    SOURCE.with_name("decode_layers.c"),
 )
 HEADERS = (SOURCE.with_name("fast_exp.h"),)  # included by the sources: part of the build key
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")

@@ -25,6 +25,7 @@ from kvfleet.engine.kernels.cpu_linear import linear, load_linear
 from kvfleet.engine.kernels.packing import PackedWeight, pack_weight, resolve
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.fused_decode import FusedDecode
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 
 
@@ -307,6 +308,10 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
+        self.use_fused_decode = (
+            True  # decode steps through one native call where it applies (fused_decode.py)
+        )
+        self._fused: tuple[FusedDecode | None] | None = None  # built on first use; prepack() drops it
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
@@ -346,7 +351,16 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.prepack(chosen)
             layer.mlp.prepack(chosen)
         self.packed_lm_head = pack_weight(self.lm_head.weight.detach(), chosen)
+        self._fused = None
         return chosen
+
+    def fused_decode(self) -> FusedDecode | None:
+        """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
+        if not self.use_fused_decode:
+            return None
+        if self._fused is None:
+            self._fused = (FusedDecode.build(self),)
+        return self._fused[0]
 
     def forward(
         self,
@@ -364,9 +378,14 @@ class LlamaForCausalLM(nn.Module):
         # LoRA every row goes on: the adapter context is per row).
         prune = meta.lora is None and sample_rows.shape[0] < input_ids.shape[0]
         last_layer = len(self.model.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
-            keep = sample_rows if prune and i == last_layer else None
-            x, residual = layer(x, rope, kv_cache, meta, backend, residual, keep)
+        fused = self.fused_decode()
+        done = None if fused is None else fused.run(x, rope, kv_caches, meta, backend, sample_rows)
+        if done is not None:  # every row decodes and samples (prune is False): all layers in one call
+            x, residual = done
+        else:
+            for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+                keep = sample_rows if prune and i == last_layer else None
+                x, residual = layer(x, rope, kv_cache, meta, backend, residual, keep)
         if prune:
             last = x if residual is None else x + residual
         else:

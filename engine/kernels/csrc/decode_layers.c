@@ -1,0 +1,100 @@
+/* Every decoder layer of a decode step in one call: the per-op path of engine/model/llama.py, in C.
+ *
+ * Where it sits: kvfleet/engine/kernels/decode_layers.py calls decode_layers_f32 through ctypes
+ * from LlamaForCausalLM.forward for a step whose rows all decode (one new token per sequence), in
+ * float32 on the CPU, without LoRA; the embedding, the final norm and the LM head stay in torch.
+ *
+ * Why: at a few rows a layer's work is small (SmolLM2 at one row: 0.65 ms of weights a layer),
+ * and the per-op path pays Python and torch's dispatch for each of its ten ops, about a third of
+ * a one-row step. Here the same kernels run back to back from C.
+ *
+ * Invariant: the result is the per-op path's, bit for bit: the same functions (add_rms_norm_f32,
+ * packed_linear_f32 or skinny_linear_f32, rope_f32, paged_decode_f32, silu_mul_f32 of this
+ * library) on the same operands in the same order, and K/V stored by copy as store_kv_reference
+ * stores it. Layer i: h = norm(x + residual) (layer 0: norm(residual), the embedding); qkv = h W;
+ * RoPE on the q and k heads; k, v into the cache at slots[t]; attention over the cache; residual
+ * += attn W_o, h = norm(residual); x = (silu(h W_gate) * h W_up) W_down.
+ */
+#include <stdint.h>
+#include <string.h>
+
+void add_rms_norm_f32(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t n,
+                      float eps, int num_threads);
+void silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t m, int num_threads);
+void rope_f32(float *x, const float *cos_, const float *sin_, int64_t rows, int64_t row_stride, int heads, int D,
+              int num_threads);
+void skinny_linear_f32(const float *x, int64_t m, int64_t k, const float *w, int64_t n, const float *bias,
+                       float *out, int num_threads);
+void packed_linear_f32(const float *x, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
+                       float *out, int num_threads);
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                     float scale, int window, int num_threads);
+
+/* One layer's operands. Weights: packed_gemm.c panels when the step's `packed`, else (n, k)
+ * row-major; a bias may be NULL. Caches: (num_blocks, block_size, kv_heads, head_dim). */
+typedef struct {
+    const float *input_norm, *post_norm;
+    const float *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+    float *k_cache, *v_cache;
+    float scale;
+    int32_t window; /* 0: no sliding window */
+} decode_layer;
+
+/* The step: its shapes, its per-row inputs and its scratch (each buffer rows x its width). */
+typedef struct {
+    int64_t rows, hidden, heads, kv_heads, head_dim, intermediate, table_stride;
+    int32_t block_size, packed, threads;
+    float eps;
+    const float *cos, *sin;                                  /* (rows, head_dim) */
+    const int64_t *slots, *seqs;                             /* (rows,): cache slot; sequence ids 0.. */
+    const int32_t *block_tables, *seq_lens, *query_start;    /* as paged_decode_f32 takes them */
+    float *h, *o, *qkv, *q, *attn, *gate_up, *act;           /* hidden, hidden, qkv, q, q, 2 x inter, inter */
+} decode_step;
+
+static void matmul(const decode_step *s, const float *x, int64_t k, const float *w, int64_t n, const float *bias,
+                   float *out) {
+    if (s->packed)
+        packed_linear_f32(x, s->rows, k, w, n, bias, out, s->threads);
+    else
+        skinny_linear_f32(x, s->rows, k, w, n, bias, out, s->threads);
+}
+
+/* RoPE on the q and k heads of qkv, then k and v into the cache and q into its own rows. */
+static void rotate_and_store(const decode_step *s, const decode_layer *l) {
+    const int64_t H = s->heads, KV = s->kv_heads, D = s->head_dim, width = (H + 2 * KV) * D;
+    rope_f32(s->qkv, s->cos, s->sin, s->rows, width, (int)(H + KV), (int)D, s->threads);
+    const size_t kv_bytes = (size_t)(KV * D) * sizeof(float), q_bytes = (size_t)(H * D) * sizeof(float);
+    for (int64_t t = 0; t < s->rows; t++) {
+        const float *row = s->qkv + t * width;
+        memcpy(l->k_cache + s->slots[t] * KV * D, row + H * D, kv_bytes);
+        memcpy(l->v_cache + s->slots[t] * KV * D, row + (H + KV) * D, kv_bytes);
+        memcpy(s->q + t * H * D, row, q_bytes);
+    }
+}
+
+/* x (rows, hidden): the embedding in, the last layer's MLP output out; residual (rows, hidden):
+ * scratch in, the residual stream before that output out. Returns paged_decode_f32's status. */
+int decode_layers_f32(const decode_step *s, const decode_layer *layers, int64_t num_layers, float *x,
+                      float *residual) {
+    const int64_t T = s->rows, hd = s->hidden, H = s->heads, KV = s->kv_heads, D = s->head_dim;
+    const int64_t inter = s->intermediate;
+    memcpy(residual, x, (size_t)(T * hd) * sizeof(float));
+    for (int64_t i = 0; i < num_layers; i++) {
+        const decode_layer *l = layers + i;
+        add_rms_norm_f32(i == 0 ? NULL : x, residual, l->input_norm, s->h, T, hd, s->eps, s->threads);
+        matmul(s, s->h, hd, l->qkv, (H + 2 * KV) * D, l->qkv_bias, s->qkv);
+        rotate_and_store(s, l);
+        const int status = paged_decode_f32(s->q, l->k_cache, l->v_cache, s->block_tables, s->table_stride,
+                                            s->seq_lens, s->query_start, s->seqs, T, s->attn, (int)H, (int)KV,
+                                            (int)D, s->block_size, l->scale, l->window, s->threads);
+        if (status != 0) return status;
+        matmul(s, s->attn, H * D, l->o, hd, l->o_bias, s->o);
+        add_rms_norm_f32(s->o, residual, l->post_norm, s->h, T, hd, s->eps, s->threads);
+        matmul(s, s->h, hd, l->gate_up, 2 * inter, l->gate_up_bias, s->gate_up);
+        silu_mul_f32(s->gate_up, s->act, T, inter, s->threads);
+        matmul(s, s->act, inter, l->down, hd, l->down_bias, x);
+    }
+    return 0;
+}

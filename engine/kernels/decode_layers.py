@@ -1,0 +1,146 @@
+"""Every decoder layer of a decode step in one native call (``csrc/decode_layers.c``).
+
+Where it sits: ``engine/model/fused_decode.py`` gathers a Llama model's per-layer operands into
+:class:`LayerOperands` once and calls :meth:`NativeDecodeLayers.run` from the model's forward for a
+step whose rows all decode; the C side runs the per-op path's own kernels (this library's norm,
+matmul, RoPE, attention and SiLU*up) back to back, so its result is that path's, bit for bit,
+without Python and torch's dispatch between the ops. This module is the typed boundary: the
+structs C reads and the pointers it is given, nothing about which model or when.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import NamedTuple
+
+import torch
+
+from kvfleet.engine.kernels.cpu_decode import FLAGS, build_library
+
+_WEIGHTS: tuple[str, ...] = ("input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up")
+_WEIGHTS += ("gate_up_bias", "down", "down_bias")
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = (
+        [(name, ctypes.c_void_p) for name in (*_WEIGHTS, "k_cache", "v_cache")]
+        + [("scale", ctypes.c_float)]
+        + [("window", ctypes.c_int32)]
+    )
+
+
+_SHAPES = ("rows", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "table_stride")
+_STEP_POINTERS = ("cos", "sin", "slots", "seqs", "block_tables", "seq_lens", "query_start")
+_SCRATCH = ("h", "o", "qkv", "q", "attn", "gate_up", "act")
+
+
+class _Step(ctypes.Structure):
+    _fields_ = (
+        [(name, ctypes.c_int64) for name in _SHAPES]
+        + [(name, ctypes.c_int32) for name in ("block_size", "packed", "threads")]
+        + [("eps", ctypes.c_float)]
+        + [(name, ctypes.c_void_p) for name in _STEP_POINTERS + _SCRATCH]
+    )
+
+
+class LayerOperands(NamedTuple):
+    """One layer's weights as the C side reads them: the native GEMM's panels (``packed``) or
+    (out, in) row-major matrices, contiguous float32; a bias may be None."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    scale: float
+    window: int | None
+
+
+class Geometry(NamedTuple):
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    packed: bool  # the weights are packed_gemm.c panels (else row-major, for the few-row kernel)
+
+
+class StepInputs(NamedTuple):
+    """The step's per-row inputs, in the dtypes and layouts the attention kernel takes."""
+
+    cos: torch.Tensor  # (rows, head_dim) float32
+    sin: torch.Tensor
+    slots: torch.Tensor  # (rows,) int64: each row's cache slot
+    seqs: torch.Tensor  # (rows,) int64: the sequences, 0..rows-1
+    block_tables: torch.Tensor  # (rows, max_blocks) int32, rows contiguous
+    seq_lens: torch.Tensor  # (rows,) int32
+    query_start: torch.Tensor  # (rows + 1,) int32
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class NativeDecodeLayers:
+    """``decode_layers_f32`` over a fixed list of layers; caches bound by :meth:`bind_caches`."""
+
+    def __init__(self, lib: ctypes.CDLL, geometry: Geometry, layers: list[LayerOperands]) -> None:
+        self._fn = lib.decode_layers_f32
+        self._fn.argtypes = [ctypes.POINTER(_Step), ctypes.POINTER(_Layer), ctypes.c_int64]
+        self._fn.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
+        self._fn.restype = ctypes.c_int
+        self.geometry = geometry
+        self.operands = layers  # held: the structs point into these tensors
+        self._layers = (_Layer * len(layers))()
+        for slot, op in zip(self._layers, layers, strict=True):
+            for name in _WEIGHTS:
+                setattr(slot, name, _ptr(getattr(op, name)))
+            slot.scale, slot.window = op.scale, op.window or 0
+        self._caches: list[torch.Tensor] | None = None
+
+    def bind_caches(self, kv_caches: list[torch.Tensor]) -> None:
+        """Point each layer at its (2, num_blocks, block_size, kv_heads, head_dim) cache."""
+        if kv_caches is self._caches:
+            return
+        for slot, cache in zip(self._layers, kv_caches, strict=True):
+            slot.k_cache, slot.v_cache = cache[0].data_ptr(), cache[1].data_ptr()
+        self._caches = kv_caches
+
+    def run(self, x: torch.Tensor, step: StepInputs, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the last layer's MLP output, the residual stream before it) for the embeddings ``x``
+        (rows, hidden): what the per-op path's layer loop returns. ``x`` is overwritten."""
+        g, rows = self.geometry, x.shape[0]
+        residual = torch.empty_like(x)
+        widths = {"h": g.hidden, "o": g.hidden, "qkv": (g.heads + 2 * g.kv_heads) * g.head_dim}
+        widths |= {"q": g.heads * g.head_dim, "attn": g.heads * g.head_dim}
+        widths |= {"gate_up": 2 * g.intermediate, "act": g.intermediate}
+        scratch = {name: x.new_empty(rows, width) for name, width in widths.items()}
+        s = _Step(
+            rows=rows, hidden=g.hidden, heads=g.heads, kv_heads=g.kv_heads, head_dim=g.head_dim,
+            intermediate=g.intermediate, table_stride=step.block_tables.stride(0), block_size=block_size,
+            packed=int(g.packed), threads=torch.get_num_threads(), eps=g.eps,
+        )  # fmt: skip
+        for name, tensor in zip(_STEP_POINTERS, step, strict=True):
+            setattr(s, name, tensor.data_ptr())
+        for name, tensor in scratch.items():
+            setattr(s, name, tensor.data_ptr())
+        status = self._fn(
+            ctypes.byref(s), self._layers, len(self.operands), x.data_ptr(), residual.data_ptr()
+        )
+        if status != 0:
+            longest = int(step.seq_lens.max())
+            raise MemoryError(f"the CPU decode kernel could not allocate scores for {longest} keys")
+        return x, residual
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The native library (None where it does not build: the per-op path runs then)."""
+    return build_library(FLAGS).library

@@ -1,0 +1,148 @@
+"""Which decode steps run all their decoder layers in one native call, and with which operands.
+
+Where it sits: ``LlamaForCausalLM.forward`` asks :meth:`FusedDecode.run` first; it returns the
+layer loop's result through ``kernels/decode_layers.py`` (``csrc/decode_layers.c``), or None,
+and the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
+only takes a step where that path would run exactly those kernels: float32 on the CPU, the
+``cpu`` attention backend, every row a decode (one new token per sequence, every row sampled),
+no LoRA, and every matmul on the native GEMM (weights packed ``native``) or, unpacked, on the
+few-row kernel (at most ``SKINNY_MAX_ROWS`` rows). Anything else is the per-op path's, as before.
+
+Built once per model from its weights after ``prepack`` (which drops it to be built again):
+a weight replaced afterwards in place of the tensor is not seen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
+from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
+from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
+from kvfleet.engine.kernels import native_packed
+from kvfleet.engine.kernels.cpu_linear import SKINNY_MAX_ROWS
+from kvfleet.engine.kernels.decode_layers import (
+    Geometry,
+    LayerOperands,
+    NativeDecodeLayers,
+    StepInputs,
+    library,
+)
+
+if TYPE_CHECKING:
+    from kvfleet.engine.model.llama import LlamaForCausalLM
+
+
+def _f32(t: torch.Tensor | None) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+
+
+def _operands(layer: Any, packed: bool) -> LayerOperands | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.qkv is None or mlp.gate_up is None:
+        return None
+    if packed:
+        packs = (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up, mlp.packed_down)
+        if not all(isinstance(p, native_packed.PackedWeight) for p in packs):
+            return None
+        weights = tuple(p.panels for p in packs)
+    else:
+        weights = (attn.qkv.weight, attn.o_proj.weight, mlp.gate_up.weight, mlp.down_proj.weight)
+    qkv, o, gate_up, down = (w.detach() for w in weights)
+    biases = (attn.qkv.bias, attn.o_proj.bias, mlp.gate_up.bias, mlp.down_proj.bias)
+    qkv_b, o_b, gate_up_b, down_b = (None if b is None else b.detach() for b in biases)
+    norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
+    if not all(_f32(t) for t in (qkv, o, gate_up, down, qkv_b, o_b, gate_up_b, down_b, *norms)):
+        return None
+    return LayerOperands(
+        *norms, qkv, qkv_b, o, o_b, gate_up, gate_up_b, down, down_b, attn.scale, attn.sliding_window
+    )
+
+
+class FusedDecode:
+    """The model's layers bound to the native call, and the per-step test of whether it applies."""
+
+    def __init__(self, native: NativeDecodeLayers) -> None:
+        self.native = native
+
+    @classmethod
+    def build(cls, model: LlamaForCausalLM) -> FusedDecode | None:
+        """For ``model`` as packed now, or None where its layers do not fit the native call."""
+        lib, layers = library(), list[Any](model.model.layers)
+        if lib is None or not layers:
+            return None
+        first = layers[0]
+        packed = first.self_attn.packed_qkv is not None
+        ops = [_operands(layer, packed) for layer in layers]
+        eps = {n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
+        if any(op is None for op in ops) or len(eps) != 1:
+            return None
+        attn = first.self_attn
+        geometry = Geometry(
+            hidden=model.config.hidden_size, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim, intermediate=model.config.intermediate_size, eps=eps.pop(), packed=packed,
+        )  # fmt: skip
+        return cls(NativeDecodeLayers(lib, geometry, [op for op in ops if op is not None]))
+
+    def step_inputs(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        sample_rows: torch.Tensor,
+    ) -> StepInputs | None:
+        """The step's inputs where the native call takes it, else None."""
+        g, rows = self.native.geometry, x.shape[0]
+        if (
+            not isinstance(backend, CpuAttentionBackend)
+            or meta.lora is not None
+            or torch.is_grad_enabled()
+            or not _f32(x)
+            or rows != meta.num_seqs
+            or sample_rows.shape[0] != rows
+            or (not g.packed and rows > SKINNY_MAX_ROWS)
+        ):
+            return None
+        cos, sin = rope
+        trig = all(_f32(t) and t.shape == (rows, g.head_dim) for t in (cos, sin))
+        ints = all(
+            t.dtype == torch.int32 and t.is_contiguous() for t in (meta.seq_lens, meta.query_start_loc)
+        )
+        slots = meta.slot_mapping
+        if not (trig and ints and slots.dtype == torch.int64 and slots.is_contiguous()):
+            return None
+        if meta.block_tables.dtype != torch.int32 or meta.block_tables.stride(1) != 1:
+            return None
+        decodes, prefills = backend.split(meta)
+        if prefills is not None or decodes is None or decodes.numel() != rows:
+            return None
+        return StepInputs(cos, sin, slots, decodes, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        sample_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer loop's (x, residual) for this step, or None where the native call does not take it."""
+        step = self.step_inputs(x, rope, kv_caches, meta, backend, sample_rows)
+        if step is None or not all(_f32(c) and c.dim() == 5 for c in kv_caches):
+            return None
+        g, k_cache = self.native.geometry, kv_caches[0][0]
+        check_cache(k_cache, kv_caches[0][1])
+        q_shape = x.new_empty(1).expand(x.shape[0], g.heads, g.head_dim)  # checked for its shape only
+        windows = {op.window for op in self.native.operands}
+        for window in windows:
+            check_forward(q_shape, k_cache, meta, window)
+        check_paged_bounds(q_shape, k_cache, meta)
+        if any(c.shape != kv_caches[0].shape for c in kv_caches):
+            return None
+        self.native.bind_caches(kv_caches)
+        return self.native.run(x, step, block_size=k_cache.shape[1])

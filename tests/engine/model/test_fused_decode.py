@@ -1,0 +1,143 @@
+"""A decode step through one native call (model/fused_decode.py, csrc/decode_layers.c) is the per-op path's.
+
+The call runs the per-op path's own kernels in its order, so a step's logits and the K/V it
+stores are equal bit for bit, on every checkpoint variant (GQA with llama3 rope, a sliding
+window of 128 passed by a 140-token sequence, q/k/v biases with tied embeddings), with the
+weights packed for the native GEMM and unpacked (the few-row kernel). A step it cannot
+take exactly (a prefill chunk in it, LoRA, another attention backend, more than 16 rows on
+unpacked weights) runs the per-op path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvfleet.engine.attention import AttentionMetadata
+from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.kernels import native_packed
+from kvfleet.engine.model.fused_decode import FusedDecode
+from kvfleet.engine.runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(
+    not native_packed.available(), reason="the native library does not build here"
+)
+BLOCK = 16
+PROMPTS = (5, 30, 140)  # tokens already in the cache per sequence; the last passes mistral's window
+TABLE = [[0] + [0] * 9, [1, 2] + [0] * 8, list(range(3, 13))]
+
+
+def make_runner(folder: Path, packing: str) -> ModelRunner:
+    packed = dict(weight_packing="native") if packing == "native" else dict(prepack_weights=False)
+    config = EngineConfig(
+        model=str(folder), num_kv_blocks=16, block_size=BLOCK, attention_backend="cpu", **packed
+    )
+    return ModelRunner(config, folder)
+
+
+def meta_for(seqs: list[int], new: list[int]) -> AttentionMetadata:
+    """Sequences ``seqs`` each adding ``new[i]`` tokens after their first PROMPTS[s] - new[i]."""
+    slots, starts = [], [0]
+    for s, n in zip(seqs, new, strict=True):
+        for pos in range(PROMPTS[s] - n, PROMPTS[s]):
+            slots.append(TABLE[s][pos // BLOCK] * BLOCK + pos % BLOCK)
+        starts.append(starts[-1] + n)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([TABLE[s] for s in seqs], dtype=torch.int32),
+        seq_lens=torch.tensor([PROMPTS[s] for s in seqs], dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=max(new),
+        max_seq_len=max(PROMPTS[s] for s in seqs),
+    )
+
+
+def forward(runner: ModelRunner, seqs: list[int], new: list[int]) -> torch.Tensor:
+    meta = meta_for(seqs, new)
+    positions = torch.cat([torch.arange(PROMPTS[s] - n, PROMPTS[s]) for s, n in zip(seqs, new, strict=True)])
+    ids = (positions * 7 + 3) % 250 + 3
+    last = torch.tensor(meta.query_start_loc[1:].tolist()) - 1
+    with torch.inference_mode():
+        return runner.model(ids, positions, runner.kv_caches, meta, runner.backend, last)
+
+
+def caches(runner: ModelRunner) -> list[torch.Tensor]:
+    return [c.clone() for c in runner.kv_caches]
+
+
+@pytest.mark.parametrize("packing", ["native", "unpacked"])
+@pytest.mark.parametrize("variant", ["tiny", "llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied"])
+@pytest.mark.parametrize("seqs", [[2], [0, 1, 2]], ids=["1-row", "3-rows"])
+def test_a_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
+    variant: str, packing: str, seqs: list[int], tiny_dir: Path, hf_checkpoints: dict[str, Path]
+) -> None:
+    runner = make_runner(tiny_dir if variant == "tiny" else hf_checkpoints[variant], packing)
+    fused = runner.model.fused_decode()
+    assert fused is not None and fused.native.geometry.packed == (packing == "native")
+    runner.model.use_fused_decode = False  # the prompts (all but their last token) by the per-op path
+    forward(runner, [0, 1, 2], [p - 1 for p in PROMPTS])
+    before = caches(runner)
+    per_op = forward(runner, seqs, [1] * len(seqs))
+    per_op_caches = caches(runner)
+    for cache, saved in zip(runner.kv_caches, before, strict=True):
+        cache.copy_(saved)
+    runner.model.use_fused_decode = True
+    taken: list[bool] = []
+    run = FusedDecode.run
+
+    def spy(self: FusedDecode, *args: object) -> object:
+        out = run(self, *args)  # type: ignore[arg-type]
+        taken.append(out is not None)
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FusedDecode, "run", spy)
+        one_call = forward(runner, seqs, [1] * len(seqs))
+    assert taken == [True]
+    assert torch.equal(one_call, per_op)
+    assert all(torch.equal(a, b) for a, b in zip(runner.kv_caches, per_op_caches, strict=True))
+
+
+def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None) -> tuple[object, ...]:
+    new = new or [1] * len(seqs)
+    meta = meta_for(seqs, new)
+    rows = sum(new)
+    positions = torch.zeros(rows, dtype=torch.int64)
+    x = torch.zeros(rows, runner.model.config.hidden_size)
+    rope = runner.model.model.rotary_emb(positions, meta, x.dtype)
+    return x, rope, runner.kv_caches, meta, runner.backend, torch.arange(len(seqs))
+
+
+def test_a_step_it_cannot_take_exactly_runs_the_per_op_path(tiny_dir: Path) -> None:
+    native, unpacked = make_runner(tiny_dir, "native"), make_runner(tiny_dir, "unpacked")
+    fused, fused_unpacked = native.model.fused_decode(), unpacked.model.fused_decode()
+    assert fused is not None and fused_unpacked is not None
+    with torch.inference_mode():
+        assert fused.step_inputs(*step_args(native, [0, 1])) is not None
+        assert fused.step_inputs(*step_args(native, [0, 1], new=[1, 4])) is None  # a prefill chunk
+        x, rope, kv, meta, backend, rows = step_args(native, [0, 1])
+        lora = dataclasses.replace(meta, lora=object())  # type: ignore[arg-type]
+        assert fused.step_inputs(x, rope, kv, lora, backend, rows) is None
+        assert fused.step_inputs(x, rope, kv, meta, TorchAttentionBackend(), rows) is None
+        assert fused.step_inputs(x, rope, kv, meta, backend, rows[:1]) is None  # a row that does not sample
+    assert fused.step_inputs(*step_args(native, [0, 1])) is None  # grad mode on
+    many = [0] * 17
+    with torch.inference_mode():
+        assert fused.step_inputs(*step_args(native, many)) is not None
+        assert fused_unpacked.step_inputs(*step_args(unpacked, many)) is None  # past the few-row kernel
+        assert fused_unpacked.step_inputs(*step_args(unpacked, many[:16])) is not None
+
+
+def test_turning_it_off_or_repacking_the_weights_is_seen(tiny_dir: Path) -> None:
+    runner = make_runner(tiny_dir, "native")
+    first = runner.model.fused_decode()
+    assert first is not None and runner.model.fused_decode() is first
+    runner.model.prepack("native")
+    again = runner.model.fused_decode()
+    assert again is not None and again is not first
+    runner.model.use_fused_decode = False
+    assert runner.model.fused_decode() is None
