@@ -70,14 +70,15 @@ class FusedDecode:
     @classmethod
     def build(cls, model: LlamaForCausalLM) -> FusedDecode | None:
         """For ``model`` as packed now, or None where its layers do not fit the native call."""
-        lib, layers = library(), list[Any](model.model.layers)
-        if lib is None or not layers:
+        layers = list[Any](model.model.layers)
+        if not layers:
             return None
         first = layers[0]
         packed = first.self_attn.packed_qkv is not None
-        ops = [_operands(layer, packed) for layer in layers]
+        ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
         eps = {n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
-        if any(op is None for op in ops) or len(eps) != 1:
+        lib = library() if all(op is not None for op in ops) and len(eps) == 1 else None
+        if lib is None:
             return None
         attn = first.self_attn
         geometry = Geometry(

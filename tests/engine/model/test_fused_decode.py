@@ -141,3 +141,8 @@ def test_turning_it_off_or_repacking_the_weights_is_seen(tiny_dir: Path) -> None
     assert again is not None and again is not first
     runner.model.use_fused_decode = False
     assert runner.model.fused_decode() is None
+
+
+def test_a_model_in_another_dtype_never_builds_it(tiny_dir: Path) -> None:
+    config = EngineConfig(model=str(tiny_dir), num_kv_blocks=16, block_size=BLOCK, dtype="bfloat16")
+    assert ModelRunner(config, tiny_dir).model.fused_decode() is None
