@@ -88,15 +88,10 @@ class FusedDecode:
         return cls(NativeDecodeLayers(lib, geometry, [op for op in ops if op is not None]))
 
     def step_inputs(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
-        sample_rows: torch.Tensor,
-    ) -> StepInputs | None:
-        """The step's inputs where the native call takes it, else None."""
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+        backend: AttentionBackend, sample_rows: torch.Tensor,
+    ) -> StepInputs | None:  # fmt: skip
+        """The step's inputs where the native call takes it (the caches aside), else None."""
         g, rows = self.native.geometry, x.shape[0]
         if (
             not isinstance(backend, CpuAttentionBackend)
@@ -133,7 +128,7 @@ class FusedDecode:
         sample_rows: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The layer loop's (x, residual) for this step, or None where the native call does not take it."""
-        step = self.step_inputs(x, rope, kv_caches, meta, backend, sample_rows)
+        step = self.step_inputs(x, rope, meta, backend, sample_rows)
         if step is None or not all(_f32(c) and c.dim() == 5 for c in kv_caches):
             return None
         g, k_cache = self.native.geometry, kv_caches[0][0]

@@ -109,7 +109,7 @@ def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None
     positions = torch.zeros(rows, dtype=torch.int64)
     x = torch.zeros(rows, runner.model.config.hidden_size)
     rope = runner.model.model.rotary_emb(positions, meta, x.dtype)
-    return x, rope, runner.kv_caches, meta, runner.backend, torch.arange(len(seqs))
+    return x, rope, meta, runner.backend, torch.arange(len(seqs))
 
 
 def test_a_step_it_cannot_take_exactly_runs_the_per_op_path(tiny_dir: Path) -> None:
@@ -119,11 +119,11 @@ def test_a_step_it_cannot_take_exactly_runs_the_per_op_path(tiny_dir: Path) -> N
     with torch.inference_mode():
         assert fused.step_inputs(*step_args(native, [0, 1])) is not None
         assert fused.step_inputs(*step_args(native, [0, 1], new=[1, 4])) is None  # a prefill chunk
-        x, rope, kv, meta, backend, rows = step_args(native, [0, 1])
+        x, rope, meta, backend, rows = step_args(native, [0, 1])
         lora = dataclasses.replace(meta, lora=object())  # type: ignore[arg-type]
-        assert fused.step_inputs(x, rope, kv, lora, backend, rows) is None
-        assert fused.step_inputs(x, rope, kv, meta, TorchAttentionBackend(), rows) is None
-        assert fused.step_inputs(x, rope, kv, meta, backend, rows[:1]) is None  # a row that does not sample
+        assert fused.step_inputs(x, rope, lora, backend, rows) is None
+        assert fused.step_inputs(x, rope, meta, TorchAttentionBackend(), rows) is None
+        assert fused.step_inputs(x, rope, meta, backend, rows[:1]) is None  # a row that does not sample
     assert fused.step_inputs(*step_args(native, [0, 1])) is None  # grad mode on
     many = [0] * 17
     with torch.inference_mode():
