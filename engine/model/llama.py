@@ -308,16 +308,17 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
-        self.use_fused_decode = (
-            True  # decode steps through one native call where it applies (fused_decode.py)
-        )
-        self._fused: tuple[FusedDecode | None] | None = None  # built on first use; prepack() drops it
+        # Decode steps through one native call where it applies (fused_decode.py); built on first
+        # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
+        self.use_fused_decode = True
+        self._fused: tuple[FusedDecode | None] | None = None
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
         store every matmul's weight in :func:`matmul_layout`. A tied LM head stays tied while that
         layout is the stored one; column-major, it gets a copy of its own (the embedding looks
         rows up, which wants them contiguous)."""
+        self._fused = None
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
