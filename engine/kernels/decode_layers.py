@@ -89,7 +89,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class NativeDecodeLayers:
-    """``decode_layers_f32`` over a fixed list of layers; caches bound by :meth:`bind_caches`."""
+    """``decode_layers_f32`` over a fixed list of layers; caches bound by :meth:`bind_caches` each step."""
 
     def __init__(self, lib: ctypes.CDLL, geometry: Geometry, layers: list[LayerOperands]) -> None:
         self._fn = lib.decode_layers_f32
@@ -103,15 +103,12 @@ class NativeDecodeLayers:
             for name in _WEIGHTS:
                 setattr(slot, name, _ptr(getattr(op, name)))
             slot.scale, slot.window = op.scale, op.window or 0
-        self._caches: list[torch.Tensor] | None = None
 
     def bind_caches(self, kv_caches: list[torch.Tensor]) -> None:
-        """Point each layer at its (2, num_blocks, block_size, kv_heads, head_dim) cache."""
-        if kv_caches is self._caches:
-            return
+        """Point each layer at its (2, num_blocks, block_size, kv_heads, head_dim) cache (every
+        step: a few microseconds, and a cache reallocated in place of another is never missed)."""
         for slot, cache in zip(self._layers, kv_caches, strict=True):
             slot.k_cache, slot.v_cache = cache[0].data_ptr(), cache[1].data_ptr()
-        self._caches = kv_caches
 
     def run(self, x: torch.Tensor, step: StepInputs, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's MLP output, the residual stream before it) for the embeddings ``x``
