@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from kvfleet import __version__
 from kvfleet.engine.async_engine import AsyncEngine
-from kvfleet.engine.core import CoreTransport
+from kvfleet.engine.client import CoreTransport
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
