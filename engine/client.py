@@ -56,7 +56,7 @@ Deliver = Callable[[StepBatch], None]
 
 
 class CoreTransport(Protocol):
-    """How the API side reaches a core: a thread here, or a process (``engine/core_process.py``)."""
+    """How the API side reaches a core: :class:`ThreadCore` (a thread) or :class:`ProcessCore` (a process)."""
 
     @property
     def initial_stats(self) -> EngineStats: ...
