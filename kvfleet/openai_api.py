@@ -180,15 +180,6 @@ UNSUPPORTED_FIELDS = {
 }
 FORBID_EXTRA = ConfigDict(strict=True, extra="forbid")
 
-# A request body's top-level fields that no model here knows are refused (400 naming them, as
-# OpenAI does: the router, which clients talk to) unless this holds a callback: then they are
-# dropped and the callback gets their names (as vLLM does: the engine, which routers and
-# gateways put their own fields in front of, sets it for its requests). UNSUPPORTED_FIELDS and
-# fields inside nested objects (messages, stream_options) stay refused either way.
-IGNORE_UNKNOWN_FIELDS: ContextVar[Callable[[list[str]], None] | None] = ContextVar(
-    "kvfleet_ignore_unknown_fields", default=None
-)
-
 
 def _first_lone_surrogate(value: Any, path: str) -> str | None:
     """The path of the first string (or object, for a key) holding a lone UTF-16 surrogate (no encoder takes one)."""
@@ -209,6 +200,15 @@ def _first_lone_surrogate(value: Any, path: str) -> str | None:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+# A request body's top-level fields that no model here knows are refused (400 naming them, as
+# OpenAI does: the router, which clients talk to) unless this holds a callback: then they are
+# dropped and the callback gets their names (as vLLM does: the engine, which routers and
+# gateways put their own fields in front of, sets it for its requests). UNSUPPORTED_FIELDS and
+# fields inside nested objects (messages, stream_options) stay refused either way.
+IGNORE_UNKNOWN_FIELDS: ContextVar[Callable[[list[str]], None] | None] = ContextVar(
+    "kvfleet_ignore_unknown_fields", default=None
+)
 
 
 class _Request(BaseModel):
