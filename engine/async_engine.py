@@ -2,8 +2,9 @@
 
 Where it sits: ``engine/server`` routes call :meth:`AsyncEngine.generate` and iterate the
 returned :class:`RequestStream`. The engine itself runs elsewhere, behind a
-``CoreTransport`` (``engine/core.py``): in its own process by default
-(``engine/core_process.py``), or in a thread (:class:`~kvfleet.engine.core.ThreadCore`).
+``CoreTransport`` (``engine/client.py``): in its own process by default
+(:class:`~kvfleet.engine.client.ProcessCore`), or in a thread
+(:class:`~kvfleet.engine.client.ThreadCore`).
 Either way a long model step never blocks this event loop.
 
 ``generate`` and ``abort`` only send commands; ``generate`` awaits the engine's verdict
@@ -20,13 +21,14 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from kvfleet.engine.core import AbortCmd, AddCmd, CoreTransport, LoraCmd, StepBatch, Verdict
+from kvfleet.engine.client import CoreTransport
 from kvfleet.engine.lora.config import LoraError
+from kvfleet.engine.messages import AbortCmd, AddCmd, LoraCmd, StepBatch, Verdict
 from kvfleet.engine.outputs import EngineStats, ReqDelta
-from kvfleet.engine.request_stream import RequestStream
+from kvfleet.engine.request_stream import RequestMetrics, RequestStream
 from kvfleet.engine.sampling_params import RequestError, SamplingParams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "RequestMetrics", "RequestObserver", "RequestStream"]
@@ -34,42 +36,6 @@ __all__ = ["AsyncEngine", "EngineDeadError", "RequestMetrics", "RequestObserver"
 
 class EngineDeadError(RuntimeError):
     """The engine core stopped (a step raised, its process died, or the server is shutting down)."""
-
-
-@dataclass
-class RequestMetrics:
-    """One request's timeline (``time.monotonic`` seconds; tokens stamped at the core's clock)."""
-
-    request_id: str
-    arrival_time: float
-    num_prompt_tokens: int = 0
-    scheduled_time: float | None = None  # start of the step that produced the request's first output
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
-    num_generation_tokens: int = 0
-    inter_token_latencies: list[float] = field(default_factory=list)  # one per token after the first
-    num_cached_tokens: int = 0
-    finish_reason: str | None = None
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def queue_time(self) -> float | None:
-        return None if self.scheduled_time is None else self.scheduled_time - self.arrival_time
-
-    @property
-    def e2e(self) -> float | None:
-        return None if self.finished_time is None else self.finished_time - self.arrival_time
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first (None for fewer than two tokens)."""
-        if self.first_token_time is None or self.last_token_time is None or self.num_generation_tokens < 2:
-            return None
-        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
 
 
 class RequestObserver(Protocol):

@@ -20,8 +20,8 @@ from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 if TYPE_CHECKING:
+    from kvfleet.engine.client import CoreTransport
     from kvfleet.engine.config import EngineConfig
-    from kvfleet.engine.core import CoreTransport
     from kvfleet.engine.engine import Engine
     from kvfleet.engine.interfaces import Tokenizer
     from kvfleet.engine.server.state import ServerState
@@ -214,7 +214,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     if args.simulate:
         from kvfleet.engine.sim import build_simulated
 
-        return build_simulated(args)
+        return build_simulated(args, engine_config(args))
     from kvfleet.engine.engine import Engine
 
     return Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
@@ -238,13 +238,13 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
 
     core: CoreTransport
     if args.engine_core == "thread":
-        from kvfleet.engine.core import ThreadCore
+        from kvfleet.engine.client import ThreadCore
 
         engine = build_engine(args)
         core, tokenizer = ThreadCore(engine), engine.tokenizer
         name, max_model_len = engine.model_name, engine.max_model_len
     else:
-        from kvfleet.engine.core_process import ProcessCore
+        from kvfleet.engine.client import ProcessCore
 
         tokenizer = api_tokenizer(args)  # a missing or broken checkpoint fails here, before any spawn
         process = ProcessCore(functools.partial(build_engine, args))

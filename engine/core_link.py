@@ -1,7 +1,9 @@
 """The byte link between the API process and the engine core process: framed, pickled messages over a socket.
 
-Where it sits: under ``engine/core_process.py``. The core process talks through a
-:class:`BlockingLink` (it has nothing else to do while it waits); the API process through an
+Where it sits: under both sides of the core link, ``engine/core.py`` (the core process's
+:func:`~kvfleet.engine.core.core_main`) and ``engine/client.py`` (the API process's
+:class:`~kvfleet.engine.client.ProcessCore`), carrying ``engine/messages.py``'s messages. The
+core process talks through a :class:`BlockingLink` (it has nothing else to do while it waits); the API process through an
 :class:`AsyncLink` driven by its event loop, so a large message (a burst of long prompts, a
 big step batch) never blocks the loop and never fails because a socket buffer is full.
 

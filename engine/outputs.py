@@ -34,7 +34,7 @@ class SampleResult:
 
 
 # NamedTuples rather than dataclasses: one is built per changed sequence per step, and they
-# cross the core link as plain tuples (``core_process.to_wire``).
+# cross the core link as plain tuples (``messages.to_wire``).
 class SeqDelta(NamedTuple):
     """What one sequence added in one step; ``choice`` is its index among the request's n."""
 

@@ -5,19 +5,53 @@ step batch into the request's :class:`RequestStream`; the route iterates it with
 ``async for`` and gets the deltas as ``Engine.step()`` made them (new text, token ids and
 logprobs per sequence), so the routes cannot tell a core process from a thread. Nothing
 here rebuilds a cumulative output: the non-streamed response folds the deltas itself
-(``CompletionOutput.add``).
+(``CompletionOutput.add``). Each stream carries its request's :class:`RequestMetrics`, the
+timeline ``AsyncEngine`` stamps and the server's Prometheus observer reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from kvfleet.engine.outputs import ReqDelta, SeqDelta
 
-if TYPE_CHECKING:
-    from kvfleet.engine.async_engine import RequestMetrics
+
+@dataclass
+class RequestMetrics:
+    """One request's timeline (``time.monotonic`` seconds; tokens stamped at the core's clock)."""
+
+    request_id: str
+    arrival_time: float
+    num_prompt_tokens: int = 0
+    scheduled_time: float | None = None  # start of the step that produced the request's first output
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_generation_tokens: int = 0
+    inter_token_latencies: list[float] = field(default_factory=list)  # one per token after the first
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.scheduled_time is None else self.scheduled_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (None for fewer than two tokens)."""
+        if self.first_token_time is None or self.last_token_time is None or self.num_generation_tokens < 2:
+            return None
+        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
 
 
 def coalesce(deltas: list[ReqDelta]) -> ReqDelta:

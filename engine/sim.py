@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from kvfleet import capacity
 from kvfleet.engine.byte_tokenizer import ByteTokenizer
+from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.engine import Engine
 from kvfleet.engine.outputs import SampleResult, TokenLogprob
 from kvfleet.engine.sched.plan import SchedulerPlan
@@ -174,10 +175,12 @@ def timing_from_args(args: argparse.Namespace, model: str, dtype: str) -> Timing
     )
 
 
-def build_simulated(args: argparse.Namespace) -> Engine:
-    """``kvfleet engine --simulate``: the real ``Engine`` over a :class:`SimRunner` and the byte tokenizer."""
-    from kvfleet.engine.cli import engine_config
+def build_simulated(args: argparse.Namespace, flags_config: EngineConfig) -> Engine:
+    """``kvfleet engine --simulate``: the real ``Engine`` over a :class:`SimRunner` and the byte tokenizer.
 
+    ``flags_config`` is the config the flags describe (``cli.engine_config``); the simulated GPU
+    sets its KV blocks and context length, and adapters stay in the API process.
+    """
     model = args.sim_model or (args.model if args.model != "tiny" else DEFAULT_SIM_MODEL)
     dtype = "bfloat16" if args.dtype == "auto" else args.dtype
     shape = capacity.resolve_model(model)
@@ -199,6 +202,6 @@ def build_simulated(args: argparse.Namespace) -> Engine:
         "lora_modules": {},
         "enable_lora": False,
     }
-    config = engine_config(args).model_copy(update=update)
+    config = flags_config.model_copy(update=update)
     runner = SimRunner(blocks, timing_from_args(args, model, dtype), speedup=args.sim_speedup)
     return Engine(config, runner=runner, tokenizer=ByteTokenizer())

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -200,11 +201,32 @@ def _first_lone_surrogate(value: Any, path: str) -> str | None:
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+# A request body's top-level fields that no model here knows are refused (400 naming them, as
+# OpenAI does: the router, which clients talk to) unless this holds a callback: then they are
+# dropped and the callback gets their names (as vLLM does: the engine, which routers and
+# gateways put their own fields in front of, sets it for its requests). UNSUPPORTED_FIELDS and
+# fields inside nested objects (messages, stream_options) stay refused either way.
+IGNORE_UNKNOWN_FIELDS: ContextVar[Callable[[list[str]], None] | None] = ContextVar(
+    "kvfleet_ignore_unknown_fields", default=None
+)
+
 
 class _Request(BaseModel):
-    """A request body: strict types, unknown fields refused, no lone surrogates in any string."""
+    """A request body: strict types, unknown fields refused (or ignored: IGNORE_UNKNOWN_FIELDS), no lone surrogates."""
 
     model_config = FORBID_EXTRA
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_fields(cls, data: Any) -> Any:
+        report = IGNORE_UNKNOWN_FIELDS.get()
+        if report is None or not isinstance(data, dict):
+            return data
+        unknown = [k for k in data if k not in cls.model_fields and k not in UNSUPPORTED_FIELDS]
+        if not unknown:
+            return data
+        report(unknown)
+        return {k: v for k, v in data.items() if k not in unknown}
 
     @model_validator(mode="before")
     @classmethod

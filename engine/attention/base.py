@@ -2,8 +2,8 @@
 
 Where it sits: the runner builds one :class:`AttentionMetadata` per step from the
 scheduler's plan; every attention layer calls ``backend.store_kv`` then
-``backend.forward``. Backends register by name; ``torch`` is the reference and the CPU
-default, ``triton`` runs the kernels in ``engine/kernels``.
+``backend.forward``. Backends are picked by name (``engine/attention/registry.py``);
+``torch`` is the reference and the CPU default, ``triton`` runs the kernels in ``engine/kernels``.
 
 Shapes (T = tokens in the step, S = sequences in the step):
 - ``q``: (T, num_heads, head_dim); ``k``, ``v``: (T, num_kv_heads, head_dim)
@@ -26,7 +26,6 @@ Causality: query row ``i`` of sequence ``s`` sits at position
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -68,25 +67,3 @@ class AttentionBackend(Protocol):
 
     def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
         """Attention of every query row over its sequence's cached keys (causal, windowed)."""
-
-
-_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
-
-
-def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None:
-    _REGISTRY[name] = factory
-
-
-def get_backend(name: str) -> AttentionBackend:
-    # Backends register on import; importing here keeps torch-only users off triton.
-    if name == "torch":
-        import kvfleet.engine.attention.torch_backend  # noqa: F401
-    elif name == "triton":
-        import kvfleet.engine.attention.triton_backend  # noqa: F401
-    elif name == "cpu":
-        import kvfleet.engine.attention.cpu_backend  # noqa: F401
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"attention backend {name!r} is unknown; known: {sorted(_REGISTRY) or ['cpu', 'torch', 'triton']}"
-        )
-    return _REGISTRY[name]()

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
@@ -115,6 +115,3 @@ def _native_ok(
         and meta.block_tables.stride(1) == 1
         and all(t.dtype == torch.int32 and t.is_contiguous() for t in (meta.seq_lens, meta.query_start_loc))
     )
-
-
-register_backend("cpu", CpuAttentionBackend)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 from kvfleet.engine.attention.torch_batched import BatchedAttention
 
 
@@ -85,6 +85,3 @@ class TorchAttentionBackend:
 
     def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
         return self._batched.forward(q, layer, meta)
-
-
-register_backend("torch", TorchAttentionBackend)

@@ -16,7 +16,7 @@ from typing import Final
 
 import torch
 
-from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_backend
+from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 from kvfleet.engine.attention.checks import check_cache, check_forward
 from kvfleet.engine.kernels import kv_store, paged_attention
 
@@ -73,6 +73,3 @@ class TritonAttentionBackend:
             scale,
             sliding_window,
         )
-
-
-register_backend("triton", TritonAttentionBackend)

@@ -18,12 +18,13 @@ from fastapi import FastAPI
 
 from kvfleet import __version__
 from kvfleet.engine.async_engine import AsyncEngine
-from kvfleet.engine.core import CoreTransport
+from kvfleet.engine.client import CoreTransport
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.engine.server.routes import chat, completions, lora, models, ops
 from kvfleet.engine.server.state import ServedModel, ServerState
+from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
 from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
 
 
@@ -61,6 +62,7 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.state.kvfleet = state
     install_error_handlers(app)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
+    app.add_middleware(IgnoreUnknownFields, report=IgnoredFields(state.metrics.count_ignored_field))
     for module in (completions, chat, models, ops, lora):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

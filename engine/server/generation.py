@@ -18,8 +18,8 @@ from typing import cast
 
 from fastapi import Request
 
-from kvfleet.engine.async_engine import RequestStream
 from kvfleet.engine.outputs import CompletionOutput, ReqDelta, SeqDelta
+from kvfleet.engine.request_stream import RequestStream
 from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvfleet.engine.server.state import ServerState
 from kvfleet.openai_api import APIError, ChatCompletionRequest, CompletionRequest

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvfleet.engine.async_engine import RequestMetrics
 from kvfleet.engine.lora.stats import LoraStats
 from kvfleet.engine.outputs import EngineStats
+from kvfleet.engine.request_stream import RequestMetrics
 
 prometheus_client.disable_created_metrics()  # no *_created series: dashboards read rates, as vLLM's do
 PREFIX = "kvfleet_engine_"
@@ -106,6 +106,12 @@ class ServerMetrics:
             labels + ["finish_reason"],
             registry=self.registry,
         )
+        self.ignored_fields = Counter(
+            PREFIX + "ignored_request_fields",
+            "Top-level request fields the engine did not know and ignored (engine/server/unknown_fields.py).",
+            labels + ["field"],
+            registry=self.registry,
+        )
         self.registry.register(_StatsCollector(model, stats))
 
         # The model's children, looked up once, not a locked dict lookup per token on the hot path.
@@ -119,6 +125,9 @@ class ServerMetrics:
             self.prompt_tokens.labels(model),
             self.generation_tokens.labels(model),
         )
+
+    def count_ignored_field(self, field: str) -> None:
+        self.ignored_fields.labels(self.model, field).inc()
 
     # -- RequestObserver (called on the event loop as the core's step batches arrive) --
 

@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
-from kvfleet.engine.async_engine import AsyncEngine, EngineDeadError, RequestMetrics
+from kvfleet.engine.async_engine import AsyncEngine, EngineDeadError
 from kvfleet.engine.byte_tokenizer import ByteTokenizer
+from kvfleet.engine.client import ThreadCore
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.core import ThreadCore
 from kvfleet.engine.engine import Engine
+from kvfleet.engine.request_stream import RequestMetrics
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sim import SimRunner, TimingModel
 

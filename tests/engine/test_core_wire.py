@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pickle
 
-from kvfleet.engine.core import StepBatch, Verdict
-from kvfleet.engine.core_process import from_wire, to_wire
+from kvfleet.engine.messages import StepBatch, Verdict, from_wire, to_wire
 from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta, TokenLogprob
 
 

@@ -1,7 +1,11 @@
 """The package layout of docs/architecture.md §2: the parts import as kvfleet.<part>, beside the standard library."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_standard_operator_module_and_the_kvfleet_operator_both_import() -> None:
@@ -19,6 +23,13 @@ def test_every_part_imports_under_the_kvfleet_name() -> None:
 
     assert kvfleet.engine.__name__ == "kvfleet.engine"
     assert kvfleet.router.__name__ == "kvfleet.router"
+
+
+def test_kvfleet_links_each_part_so_that_tools_reading_the_tree_find_its_imports() -> None:
+    for part in ("engine", "router", "operator"):
+        link = ROOT / "kvfleet" / part
+        assert link.is_symlink() and os.readlink(link) == f"../{part}", f"kvfleet/{part} -> ../{part}"
+        assert link.resolve() == (ROOT / part).resolve()
 
 
 def _modules_loaded_by(code: str) -> set[str]:

@@ -1,150 +1,126 @@
-"""The engine core in its own process (as vLLM v1's EngineCore, SGLang's scheduler process).
+"""The API side of the engine core: how the API process reaches the loop that runs the ``Engine``.
 
-Where it sits: ``kvfleet engine`` (the API process: FastAPI, tokenising, SSE) launches
-:class:`ProcessCore`, which spawns :func:`core_main`. The child builds the ``Engine`` from
-a picklable factory, says :class:`Hello`, then runs :meth:`~kvfleet.engine.core.CoreLoop.run`
-(the loop ``ThreadCore`` runs too): commands arrive over a socket pair (framed pickles,
-``engine/core_link.py``) and are applied between steps; after each step one
-:class:`~kvfleet.engine.core.StepBatch` goes back (as plain tuples, :func:`to_wire`) with
-every sequence's new tokens and the stats that ``/load`` and ``/metrics`` show. The API process drives its end from the event loop
-(:class:`~kvfleet.engine.core_link.AsyncLink`): reads and writes never block it, a full
-socket buffer is a wait and never an error, and the model step holds a GIL of its own.
+Where it sits: ``AsyncEngine`` (``engine/async_engine.py``) holds a :class:`CoreTransport`;
+``kvfleet engine`` (``engine/cli.py``) picks one: :class:`ProcessCore` (the default) spawns
+:func:`~kvfleet.engine.core.core_main` as a process of its own (as vLLM v1's EngineCore,
+SGLang's scheduler process) and talks to it over a socket pair, so the model step holds a
+GIL of its own; :class:`ThreadCore` (tests, ``--engine-core thread``) runs the same
+:class:`~kvfleet.engine.core.CoreLoop` in a thread of this process. Either way commands go
+in and per-step :class:`~kvfleet.engine.messages.StepBatch` values come back on the event
+loop (``engine/messages.py`` holds what crosses).
 
-Lifetime: the core ignores SIGINT and SIGTERM (the API process drains, then sends
-:class:`~kvfleet.engine.core.ShutdownCmd`). It exits when told to, when the link reaches
-EOF (the API process died, even by SIGKILL: the kernel closes its end), or when its parent
-pid changes (it was orphaned), so it never outlives the server. The API process declares
-the core dead only when it is: its process exited (its sentinel) or the link closed; it
-then logs why at ERROR and fails every request in flight (``engine/server/serve.py`` then
-exits non-zero so that the Deployment or ``kvfleet up`` restarts the engine).
+:class:`ProcessCore` drives its end of the link from the event loop
+(:class:`~kvfleet.engine.core_link.AsyncLink`): reads and writes never block it, and a full
+socket buffer is a wait, never an error. It declares the core dead only when it is: its
+process exited (its sentinel) or the link closed; it then logs why at ERROR and fails every
+request in flight (``engine/server/serve.py`` then exits non-zero so that the Deployment or
+``kvfleet up`` restarts the engine). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import multiprocessing as mp
 import os
-import signal
 import socket
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
-from kvfleet.engine.core import (
-    Command,
-    CoreLoop,
-    Deliver,
-    EngineLike,
-    ShutdownCmd,
-    StepBatch,
-    Verdict,
-)
+from kvfleet.engine.core import CoreLoop, EngineFactory, EngineLike, core_main
 from kvfleet.engine.core_link import AsyncLink, BlockingLink, LinkClosed
-from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta
+from kvfleet.engine.messages import (
+    Command,
+    Hello,
+    ShutdownCmd,
+    StartFailed,
+    StepBatch,
+    WireBatch,
+    from_wire,
+)
+from kvfleet.engine.outputs import EngineStats
 from kvfleet.oslib import describe_exit
 
 log = logging.getLogger(__name__)
-EngineFactory = Callable[[], EngineLike]  # picklable: a module-level function or a functools.partial of one
-
-
-class Hello(NamedTuple):
-    """The core is up: what the API process needs to serve it."""
-
-    model_name: str
-    max_model_len: int
-    stats: EngineStats
-
-
-class StartFailed(NamedTuple):
-    message: str  # the factory's ValueError / OSError, on one line
 
 
 class CoreStartError(ValueError):
     """The core process could not build its engine (a bad flag, an unreadable checkpoint)."""
 
 
-# ---- the wire: a StepBatch as plain tuples
-# Pickling a NamedTuple calls back into Python once per object (its __getnewargs__); plain
-# tuples pickle in C. For a 32-sequence decode step that is 113 -> 39 us in the core, where
-# every microsecond is one the model step does not get (timeit, 32 one-token deltas).
-WireBatch = tuple[Any, ...]
+Deliver = Callable[[StepBatch], None]
 
 
-def to_wire(b: StepBatch) -> WireBatch:
-    deltas = [(d[0], d[1], d[2], d[3], [tuple(s) for s in d[4]]) for d in b.deltas]
-    return (b.now, b.step_started, [tuple(v) for v in b.verdicts], deltas, b.stats, b.error)
+class CoreTransport(Protocol):
+    """How the API side reaches a core: :class:`ThreadCore` (a thread) or :class:`ProcessCore` (a process)."""
+
+    @property
+    def initial_stats(self) -> EngineStats: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self, deliver: Deliver, loop: asyncio.AbstractEventLoop) -> None: ...
+
+    def send(self, command: Command) -> None: ...
+
+    def stop(self, timeout: float) -> None: ...
 
 
-def from_wire(w: WireBatch) -> StepBatch:
-    now, started, verdicts, deltas, stats, error = w
-    return StepBatch(
-        now,
-        started,
-        [Verdict(*v) for v in verdicts],
-        [ReqDelta(r, f, p, c, [SeqDelta(*s) for s in seqs]) for r, f, p, c, seqs in deltas],
-        stats,
-        error,
-    )
+class ThreadCore:
+    """The core loop in a thread of this process; batches reach the event loop via call_soon_threadsafe."""
 
+    def __init__(
+        self, engine: EngineLike, *, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
+    ) -> None:
+        self.core = CoreLoop(engine, clock, idle_wait_s)
+        self.initial_stats = engine.stats()
+        self._inbox: deque[Command] = deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._deliver: Deliver | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-# ---- the child
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
+    def start(self, deliver: Deliver, loop: asyncio.AbstractEventLoop) -> None:
+        self._deliver, self._loop = deliver, loop
+        self._thread = threading.Thread(target=self._run, name="kvfleet-engine-core", daemon=True)
+        self._thread.start()
 
-def core_main(sock: socket.socket, factory: EngineFactory, parent_pid: int, idle_wait_s: float) -> None:
-    """The core process's body: build the engine, greet, serve the link until told to stop or orphaned."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process owns shutdown (drain first)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    link = BlockingLink(sock)
-    try:
-        engine = factory()
-    except Exception as exc:  # a bad flag value, an unknown GPU/model, an unreadable checkpoint
-        with contextlib.suppress(OSError):
-            link.send(StartFailed(" ".join(str(exc).split())))
-        return
-    freeze_startup_heap()
-    name = str(getattr(engine, "model_name", "model"))
-    core = CoreLoop(engine, idle_wait_s=idle_wait_s)
-    try:
-        link.send(Hello(name, int(getattr(engine, "max_model_len", 0)), engine.stats()))
-        core.run(_receiver(link, parent_pid), lambda batch: link.send(to_wire(batch)))
-    except (EOFError, ConnectionError):
-        return  # the API process is gone: nobody to serve
-    except BaseException as exc:  # the engine is broken: tell the API side, which fails every stream
-        with contextlib.suppress(OSError):
-            link.send(to_wire(core.failed(exc)))
+    def send(self, command: Command) -> None:
+        with self._wake:
+            self._inbox.append(command)
+            self._wake.notify()
 
+    def stop(self, timeout: float = 5.0) -> None:
+        self.send(ShutdownCmd())
+        if self._thread is not None:
+            self._thread.join(timeout)
 
-def freeze_startup_heap() -> None:
-    """Move every object alive after start-up (torch, the model, the tokenizer: ~200k on SmolLM2) out
-    of the cyclic collector's reach, as vLLM's and SGLang's engine cores do.
+    def _run(self) -> None:
+        try:
+            self.core.run(self._receive, self._emit)
+        except BaseException as exc:  # the engine is broken: fail every stream rather than hang them
+            self._emit(self.core.failed(exc))
 
-    Why: a full collection walks them all, 48 ms on SmolLM2's core, and lands inside whichever step
-    allocated past the threshold: a TTFT or inter-token spike. They live as long as the process, so
-    never scanning them loses nothing; what the steps allocate later is collected as before.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def _receiver(link: BlockingLink, parent_pid: int) -> Callable[[float], list[Command]]:
-    """CoreLoop's receive over the link: what is waiting after up to ``timeout`` s of idling."""
-
-    def receive(timeout: float) -> list[Command]:
-        commands: list[Command] = []
-        if link.poll(timeout):
-            commands.append(link.recv())
-            while link.poll(0):
-                commands.append(link.recv())
-        if os.getppid() != parent_pid:  # orphaned (the API process died without closing the link)
-            commands.append(ShutdownCmd("the API process is gone"))
+    def _receive(self, timeout: float) -> list[Command]:
+        with self._wake:
+            if not self._inbox and timeout > 0:
+                self._wake.wait(timeout)
+            commands, self._inbox = list(self._inbox), deque()
         return commands
 
-    return receive
-
-
-# ---- the API process's handle
+    def _emit(self, batch: StepBatch) -> None:
+        assert self._loop is not None and self._deliver is not None
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(self._deliver, batch)
 
 
 class ProcessCore:
