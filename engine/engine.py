@@ -101,6 +101,7 @@ class Engine:
         for name, path in config.lora_modules.items():
             self.load_lora(name, path)
         self._detokenizer_factory = detokenizer_factory
+        self.structured: object | None = None  # the grammar machinery (engine/structured), with a model
         self._requests: dict[str, _Request] = {}
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -125,6 +126,10 @@ class Engine:
             raise RequestError("request_id", f"{request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
             raise RequestError("params", f"must be a SamplingParams, got {type(params).__name__}")
+        if params.structured is not None and self.structured is None:
+            raise RequestError(
+                params.structured.param, "structured outputs need a model (this engine has none)"
+            )
         prompt_ids = self._prompt_token_ids(prompt)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         namespace = cache_namespace(cache_salt=params.cache_salt, adapter=lora)  # every fork shares it
