@@ -36,18 +36,54 @@ def choice_grammar(choices: list[str]) -> str:
 def _json(c: xgr.GrammarCompiler, value: str) -> xgr.CompiledGrammar:
     # Compact separators, no free whitespace: a small model cannot ramble in blanks, and every
     # output is still the schema's JSON. strict_mode: no properties the schema does not name.
-    return c.compile_json_schema(value, any_whitespace=False, strict_mode=True)
+    grammar = xgr.Grammar.from_json_schema(value, any_whitespace=False, strict_mode=True)
+    return c.compile_grammar(valid_json_strings(str(grammar)))
 
 
 def _json_object(c: xgr.GrammarCompiler, value: str) -> xgr.CompiledGrammar:
-    return c.compile_json_schema(ANY_OBJECT, any_whitespace=False, strict_mode=False)
+    grammar = xgr.Grammar.from_json_schema(ANY_OBJECT, any_whitespace=False, strict_mode=False)
+    return c.compile_grammar(valid_json_strings(str(grammar)))
+
+
+NOT_IN_JSON_STRINGS = "\\0-\\x1f\\ud800-\\udfff"  # raw control characters, UTF-8-encoded surrogates
+
+
+def valid_json_strings(ebnf: str) -> str:
+    """The EBNF with raw control characters and encoded surrogates left out of every negated class.
+
+    In a JSON grammar a negated class is a string's characters, where JSON forbids the first and
+    UTF-8 the second; xgrammar 0.2.9's length-bounded string rule (``maxLength``) allows both, and
+    its matcher takes a surrogate's three bytes as a character (a small model does sample them).
+    """
+    # Invariant: only a "[^" that opens a character class changes, never one inside a "..." literal.
+    out, i, n = [], 0, len(ebnf)
+    in_literal = in_class = False
+    while i < n:
+        ch = ebnf[i]
+        out.append(ch)
+        if ch == "\\" and (in_literal or in_class) and i + 1 < n:
+            out.append(ebnf[i + 1])
+            i += 2
+            continue
+        if in_literal:
+            in_literal = ch != '"'
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == '"':
+            in_literal = True
+        elif ch == "[":
+            in_class = True
+            if ebnf.startswith("^", i + 1):
+                out.append("^" + NOT_IN_JSON_STRINGS)
+                i += 1
+        i += 1
+    return "".join(out)
 
 
 def _choice(c: xgr.GrammarCompiler, value: str) -> xgr.CompiledGrammar:
     return c.compile_grammar(choice_grammar(json.loads(value)))
 
 
-JSON_KINDS = frozenset({"json", "json_object"})  # compiled against the json_safe vocabulary
 COMPILERS: dict[str, Compile] = {
     "json": _json,
     "json_object": _json_object,
@@ -58,21 +94,10 @@ COMPILERS: dict[str, Compile] = {
 
 
 class GrammarCompilerService:
-    """Compiles specs on ``workers`` threads; :meth:`submit` answers a cached spec's future at once.
+    """Compiles specs on ``workers`` threads; :meth:`submit` answers a cached spec's future at once."""
 
-    ``json_info``: the vocabulary JSON kinds compile against; ``info``: the others'.
-    """
-
-    def __init__(
-        self,
-        info: xgr.TokenizerInfo,
-        json_info: xgr.TokenizerInfo,
-        *,
-        workers: int = 2,
-        cache_size: int = 256,
-    ) -> None:
+    def __init__(self, info: xgr.TokenizerInfo, *, workers: int = 2, cache_size: int = 256) -> None:
         self._compiler = xgr.GrammarCompiler(info, max_threads=workers, cache_enabled=False)
-        self._json_compiler = xgr.GrammarCompiler(json_info, max_threads=workers, cache_enabled=False)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kvfleet-grammar")
         self._cache: OrderedDict[StructuredOutputSpec, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._cache_size = cache_size
@@ -93,8 +118,7 @@ class GrammarCompilerService:
     def _compile(self, spec: StructuredOutputSpec) -> xgr.CompiledGrammar:
         with self._lock:
             self.num_compiled += 1
-        compiler = self._json_compiler if spec.kind in JSON_KINDS else self._compiler
-        return COMPILERS[spec.kind](compiler, spec.value)
+        return COMPILERS[spec.kind](self._compiler, spec.value)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

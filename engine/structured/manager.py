@@ -23,7 +23,7 @@ import xgrammar as xgr
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.sampling_params import RequestError, StructuredOutputSpec
 from kvfleet.engine.structured.compiler import GrammarCompilerService
-from kvfleet.engine.structured.tokenizer_info import encoded_vocab, json_safe, tokenizer_info
+from kvfleet.engine.structured.tokenizer_info import encoded_vocab, tokenizer_info
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,8 @@ class StructuredOutputs:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.vocab_size = vocab_size
-        vocab, stops = encoded_vocab(tokenizer, vocab_size), list(stop_token_ids)
-        self.compiler = GrammarCompilerService(
-            tokenizer_info(vocab, stops), tokenizer_info(json_safe(vocab), stops)
-        )
+        info = tokenizer_info(encoded_vocab(tokenizer, vocab_size), stop_token_ids)
+        self.compiler = GrammarCompilerService(info)
         self.compile_timeout_s = compile_timeout_s
         self._clock = clock
         self._waiting: dict[str, _Waiting] = {}

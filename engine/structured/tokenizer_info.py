@@ -7,22 +7,15 @@ stands for, so the vocabulary is given raw: no guessing of byte-level or sentenc
 encodings. Special tokens, and ids the model's logits have beyond the tokenizer's vocabulary,
 are given as empty strings, which xgrammar never allows (the stop tokens are allowed where the
 grammar may end, whatever their text).
-
-JSON kinds compile against a vocabulary without the tokens that hold a control character
-(``json_safe``): JSON forbids them raw inside strings, but xgrammar's string rule (0.2.9) lets
-them through, and a small model does sample them. Compact JSON needs none of them.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import xgrammar as xgr
 
 from kvfleet.engine.interfaces import Tokenizer
-
-_CONTROL = re.compile(b"[\x00-\x1f]")
 
 
 def encoded_vocab(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:
@@ -31,11 +24,6 @@ def encoded_vocab(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:
     known = min(vocab_size, tokenizer.vocab_size)
     vocab = [b"" if i in special else tokenizer.token_bytes(i) for i in range(known)]
     return vocab + [b""] * (vocab_size - known)
-
-
-def json_safe(vocab: list[bytes]) -> list[bytes]:
-    """The vocabulary with every token that holds a control character (U+0000..U+001F) left out."""
-    return [b"" if _CONTROL.search(piece) else piece for piece in vocab]
 
 
 def tokenizer_info(vocab: list[bytes], stop_token_ids: Iterable[int]) -> xgr.TokenizerInfo:

@@ -1,4 +1,4 @@
-"""Random JSON schemas for the property tests: nested objects, arrays, enums, bounded numbers, optional keys.
+"""Random JSON schemas for the structured-output property tests and bench: nested objects, arrays, enums, bounded numbers, optional keys.
 
 Every generated schema bounds its outputs (strings and arrays have a maximum length), so that
 a random model's constrained output can finish within a small token budget.
