@@ -22,6 +22,7 @@ import xgrammar as xgr
 
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.sampling_params import RequestError, StructuredOutputSpec
+from kvfleet.engine.structured.bitmask import apply_bitmask
 from kvfleet.engine.structured.compiler import GrammarCompilerService
 from kvfleet.engine.structured.tokenizer_info import encoded_vocab, tokenizer_info
 
@@ -142,9 +143,7 @@ class StructuredOutputs:
         bitmask = self._bitmask[: len(seq_ids)]
         for i in rows:
             matchers[seq_ids[i]].fill_next_token_bitmask(bitmask, i)
-        xgr.apply_token_bitmask_inplace(
-            logits, bitmask.to(logits.device, non_blocking=True), vocab_size=self.vocab_size, indices=rows
-        )
+        apply_bitmask(logits, bitmask, rows, self.vocab_size)
         self.times.mask_s += time.perf_counter() - started
 
     def accept(self, seq_id: int, token_id: int) -> bool:
