@@ -122,3 +122,11 @@ def test_a_grammar_the_engine_cannot_compile_is_refused_naming_the_field(llm: LL
         "the grammar engine cannot compile it: EBNF parser error at line 1"
     )
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_the_logprobs_of_refused_tokens_are_a_finite_floor(llm: LLM) -> None:
+    spec = StructuredOutputSpec("choice", '["ab", "ac"]')
+    (out,) = llm.generate(["x"], SamplingParams(max_tokens=4, temperature=0.0, logprobs=3, structured=spec))
+    first = out.outputs[0].logprobs[0]  # type: ignore[index]
+    assert (first.token_id, first.logprob) == (ord("a"), 0.0)
+    assert [value for _, value in first.top[1:]] == [-9999.0, -9999.0]
