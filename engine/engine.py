@@ -96,18 +96,9 @@ class Engine:
         self.runner, self.tokenizer = runner, tokenizer
         self.eos_token_ids = eos_ids | frozenset(tokenizer.eos_token_ids)
         # Structured outputs (engine/structured): with a model only; the runner masks its logits.
-        self.structured: StructuredOutputs | None = None
-        if vocab_size is not None:
-            from kvfleet.engine.structured import StructuredOutputs
-
-            self.structured = StructuredOutputs(
-                tokenizer,
-                vocab_size,
-                self.eos_token_ids,
-                compile_timeout_s=config.structured_outputs_compile_timeout,
-                max_rows=config.max_num_seqs,
-            )
-            runner.structured = self.structured  # type: ignore[attr-defined]
+        self.structured: StructuredOutputs | None = (
+            None if vocab_size is None else self._structured_outputs(vocab_size)
+        )
         self._awaiting_grammar: dict[str, list[Sequence]] = {}  # request id → its sequences, unscheduled
         self._late_verdicts: list[tuple[str, RequestError | None]] = []
         self.kv = KVCacheManager(runner.num_kv_blocks, config.block_size, prefix_caching)
@@ -129,6 +120,20 @@ class Engine:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_finished = 0
+
+    def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
+        """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
+        from kvfleet.engine.structured import StructuredOutputs
+
+        structured = StructuredOutputs(
+            self.tokenizer,
+            vocab_size,
+            self.eos_token_ids,
+            compile_timeout_s=self.config.structured_outputs_compile_timeout,
+            max_rows=self.config.max_num_seqs,
+        )
+        self.runner.structured = structured  # type: ignore[attr-defined]
+        return structured
 
     # ---- requests in
     def add_request(
