@@ -123,6 +123,13 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU float32: the GEMM library the packed linears run on (auto: the faster here, timed at load)",
     )
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
+    e.add_argument(
+        "--structured-outputs-compile-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a structured-output request whose grammar is not compiled in S seconds is a 400",
+    )
 
 
 def _lora_arguments(parser: argparse.ArgumentParser) -> None:
@@ -206,6 +213,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
+        structured_outputs_compile_timeout=args.structured_outputs_compile_timeout,
     )
 
 

@@ -72,6 +72,10 @@ class EngineLike(Protocol):
         lora: str | None = None,
     ) -> list[int]: ...
 
+    def verdict_deferred(self, request_id: str) -> bool: ...
+
+    def take_verdicts(self) -> list[tuple[str, RequestError | None]]: ...
+
     def load_lora(self, name: str, path: str) -> None: ...
 
     def unload_lora(self, name: str) -> None: ...
@@ -149,7 +153,8 @@ class CoreLoop:
         except ValueError as exc:  # not raised as a RequestError, still about this request's input
             self._verdicts.append(Verdict(cmd.request_id, str(exc)))
             return
-        self._verdicts.append(Verdict(cmd.request_id))
+        if not self.engine.verdict_deferred(cmd.request_id):  # else: once its grammar compiled
+            self._verdicts.append(Verdict(cmd.request_id))
 
     def _lora(self, cmd: LoraCmd) -> None:
         try:
@@ -171,6 +176,9 @@ class CoreLoop:
         self._deltas.extend(self.engine.step())
 
     def take_batch(self) -> StepBatch:
+        for request_id, error in self.engine.take_verdicts():
+            refusal = () if error is None else (error.reason, error.field)
+            self._verdicts.append(Verdict(request_id, *refusal))
         batch = StepBatch(
             self._clock(), self._step_started, self._verdicts, self._deltas, self.engine.stats()
         )

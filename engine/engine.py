@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.detokenizer import IncrementalDetokenizer
@@ -34,7 +35,13 @@ from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, Samp
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sequence import Sequence
 
+if TYPE_CHECKING:  # the real module imports xgrammar and torch: only an engine with a model builds it
+    from kvfleet.engine.structured import StructuredOutputs
+
 __all__ = ["Engine", "EngineStats", "RequestError"]  # the last two live where the API process imports them
+
+
+GRAMMAR_WAIT_S = 0.02  # an idle step waits this long at most for a compile to finish
 
 
 @dataclass
@@ -71,6 +78,7 @@ class Engine:
         self.config = config
         self.model_name = config.served_model_name or served_name(config.model)
         model_max_len: int | None = None
+        vocab_size: int | None = None  # the logits' width, known with a model
         eos_ids: frozenset[int] = frozenset()
         prefix_caching = config.enable_prefix_caching
         if runner is None and tokenizer is None:
@@ -80,12 +88,19 @@ class Engine:
             self.model_name = config.served_model_name or info.name
             model_max_len, eos_ids = info.max_model_len, frozenset(info.eos_token_ids)
             prefix_caching = prefix_caching and info.prefix_caching_exact
+            vocab_size = info.vocab_size
         if runner is None or tokenizer is None:
             raise ValueError(
                 "Engine: pass both runner and tokenizer, or neither (then both are built from config)"
             )
         self.runner, self.tokenizer = runner, tokenizer
         self.eos_token_ids = eos_ids | frozenset(tokenizer.eos_token_ids)
+        # Structured outputs (engine/structured): with a model only; the runner masks its logits.
+        self.structured: StructuredOutputs | None = (
+            None if vocab_size is None else self._structured_outputs(vocab_size)
+        )
+        self._awaiting_grammar: dict[str, list[Sequence]] = {}  # request id → its sequences, unscheduled
+        self._late_verdicts: list[tuple[str, RequestError | None]] = []
         self.kv = KVCacheManager(runner.num_kv_blocks, config.block_size, prefix_caching)
         self.max_model_len = config.max_model_len or model_max_len or self.kv.max_tokens_per_seq()
         self.scheduler = Scheduler(
@@ -106,6 +121,20 @@ class Engine:
         self._generation_tokens = 0
         self._num_finished = 0
 
+    def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
+        """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
+        from kvfleet.engine.structured import StructuredOutputs
+
+        structured = StructuredOutputs(
+            self.tokenizer,
+            vocab_size,
+            self.eos_token_ids,
+            compile_timeout_s=self.config.structured_outputs_compile_timeout,
+            max_rows=self.config.max_num_seqs,
+        )
+        self.runner.structured = structured  # type: ignore[attr-defined]
+        return structured
+
     # ---- requests in
     def add_request(
         self,
@@ -125,6 +154,10 @@ class Engine:
             raise RequestError("request_id", f"{request_id!r} is already in use by an unfinished request")
         if not isinstance(params, SamplingParams):
             raise RequestError("params", f"must be a SamplingParams, got {type(params).__name__}")
+        if params.structured is not None and self.structured is None:
+            raise RequestError(
+                params.structured.param, "structured outputs need a model (this engine has none)"
+            )
         prompt_ids = self._prompt_token_ids(prompt)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         namespace = cache_namespace(cache_salt=params.cache_salt, adapter=lora)  # every fork shares it
@@ -146,8 +179,34 @@ class Engine:
         states = [SeqOutputState(seq, self._make_detokenizer(params)) for seq in seqs]
         per_step = params.output_kind is RequestOutputKind.PER_STEP
         self._requests[request_id] = _Request(request_id, prompt_ids, states, per_step)
-        self.scheduler.add(seqs[0], forks=seqs[1:])
+        if params.structured is not None and self.structured is not None:
+            self.structured.submit(request_id, params.structured)  # scheduled once compiled
+            self._awaiting_grammar[request_id] = seqs
+        else:
+            self.scheduler.add(seqs[0], forks=seqs[1:])
         return prompt_ids
+
+    # ---- requests whose grammar compiles (engine/structured): their verdict waits for it
+    def verdict_deferred(self, request_id: str) -> bool:
+        """Whether the request just added is accepted or refused only once its grammar compiled."""
+        return request_id in self._awaiting_grammar
+
+    def take_verdicts(self) -> list[tuple[str, RequestError | None]]:
+        """The deferred verdicts reached since the last call: (request id, None or its refusal)."""
+        verdicts, self._late_verdicts = self._late_verdicts, []
+        return verdicts
+
+    def _admit_compiled(self) -> None:
+        assert self.structured is not None
+        for request_id, grammar, error in self.structured.settled():
+            seqs = self._awaiting_grammar.pop(request_id)
+            self._late_verdicts.append((request_id, error))
+            if grammar is None:
+                del self._requests[request_id]
+                continue
+            for seq in seqs:
+                self.structured.start(seq.seq_id, grammar)
+            self.scheduler.add(seqs[0], forks=seqs[1:])
 
     def _make_detokenizer(self, params: SamplingParams) -> Detokenizer:
         if self._detokenizer_factory is not None:
@@ -184,6 +243,14 @@ class Engine:
         request = self._requests.pop(request_id, None)
         if request is None:
             return None
+        if self._awaiting_grammar.pop(request_id, None) is not None:
+            assert self.structured is not None
+            self.structured.cancel(request_id)
+            self._late_verdicts.append(
+                (request_id, RequestError(None, "aborted before its grammar compiled"))
+            )
+        if self.structured is not None:
+            self.structured.release(s.seq.seq_id for s in request.states)
         self.scheduler.abort(request_id)
         for state in request.states:
             state.abort()
@@ -200,13 +267,18 @@ class Engine:
         A FINAL_ONLY request appears only in the step that finishes it: its one delta holds
         the whole completion.
         """
+        if self._awaiting_grammar:
+            self._admit_compiled()
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            if self._awaiting_grammar:  # nothing to run but compiles: wait for one, briefly
+                assert self.structured is not None
+                self.structured.wait(GRAMMAR_WAIT_S)
             return []
         samples = self.runner.execute(plan)
         changed: dict[str, _Request] = {}
         max_len = min(self.max_model_len, self.kv.max_tokens_per_seq())
-        requests, eos_ids = self._requests, self.eos_token_ids
+        requests, eos_ids, grammar = self._requests, self.eos_token_ids, self.structured
         sampled = self.scheduler.update(plan, samples)
         self._generation_tokens += len(sampled)
         for seq, result in sampled:
@@ -216,6 +288,11 @@ class Engine:
             if seq.index == 0 and len(seq.output_token_ids) == 1:
                 self._prompt_tokens += len(seq.prompt_token_ids)
             status = request.states[seq.index].on_token(result, eos_ids, max_len)
+            if grammar is not None and seq.params.structured is not None:
+                if status is None and grammar.accept(seq.seq_id, result.token_id):
+                    status = request.states[seq.index].stop()  # the grammar ended (on a stop token)
+                if status is not None:
+                    grammar.release((seq.seq_id,))
             if status is not None:
                 self.scheduler.finish(seq, status)
                 changed[seq.request_id] = request
@@ -261,7 +338,7 @@ class Engine:
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
+            num_waiting=self.scheduler.num_waiting + len(self._awaiting_grammar),
             kv_cache_usage=self.kv.usage(),
             num_kv_blocks=self.kv.num_blocks,
             max_num_seqs=self.scheduler.max_num_seqs,

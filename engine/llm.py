@@ -70,7 +70,11 @@ class LLM:
         while pending:
             if not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"requests {sorted(pending)} left the engine without a final output")
-            for delta in self.engine.step():
+            deltas = self.engine.step()
+            for request_id, error in self.engine.take_verdicts():
+                if error is not None and request_id in pending:
+                    raise error  # its structured-output grammar did not compile
+            for delta in deltas:
                 out = outputs.get(delta.request_id)
                 if out is not None:
                     out.add(delta)

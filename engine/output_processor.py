@@ -115,6 +115,11 @@ class SeqOutputState:
         self.finish_reason = status.value
         return status
 
+    def stop(self) -> SequenceStatus:
+        """Finish with "stop" for a reason outside this state (a structured output's grammar ended)."""
+        self.text += self.detokenizer.flush()
+        return self._finish(SequenceStatus.FINISHED_STOPPED)
+
     def abort(self) -> None:
         if self.finish_reason is None:
             self.finish_reason = SequenceStatus.FINISHED_ABORTED.value

@@ -38,6 +38,7 @@ from kvfleet.engine.model.tokenizer import HFTokenizer
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampler import Sampler, SampleRequest
 from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.structured import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class ModelRunner:
             for _ in range(self.model_config.num_layers)
         ]
         self.sampler = Sampler(config.seed, self.device)
+        self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
         if config.lora_enabled:
             self.lora = LoraManager(
@@ -183,6 +185,8 @@ class ModelRunner:
             batch = dataclasses.replace(batch, meta=meta)
         with torch.inference_mode():
             logits = self._forward(batch)
+            if self.structured is not None:  # after whichever forward (per-op or fused) made the logits
+                self.structured.mask(logits, batch.sample_seq_ids)
             requests = [
                 SampleRequest(
                     s.seq.params,

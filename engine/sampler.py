@@ -100,7 +100,13 @@ def _draw(logits: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.argmax(probs / noise))
 
 
+# A token a structured output's grammar refuses has logprob -inf; OpenAI's schema wants a number, so
+# it is reported as this floor (vLLM's).
+LOGPROB_FLOOR = -9999.0
+
+
 def _logprob(logprobs: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
+    logprobs = logprobs.clamp_min(LOGPROB_FLOOR)
     top: tuple[tuple[int, float], ...] = ()
     if k > 0:
         values, ids = torch.topk(logprobs, k)

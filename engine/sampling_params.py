@@ -10,7 +10,8 @@ a request the engine refuses (the server's 400), whichever side of the core link
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 
 class RequestError(ValueError):
@@ -35,6 +36,31 @@ class RequestOutputKind(enum.Enum):
 
     PER_STEP = "per_step"  # every step that samples a token: what it added (streaming)
     FINAL_ONLY = "final_only"  # only the step that finishes it: the whole completion (``LLM.generate``)
+
+
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+STRUCTURED_KINDS: tuple[str, ...] = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutputSpec:
+    """What a constrained row's output must match; the core compiles it once per distinct spec.
+
+    ``value``: json: the JSON schema as JSON text; json_object: ""; regex: the pattern; choice: a
+    JSON list of strings; grammar: EBNF (xgrammar's dialect). ``source`` names the request field
+    it came from (a compile error's 400 names it); it is not part of the spec's identity.
+    """
+
+    kind: StructuredKind
+    value: str
+    source: str = field(default="", compare=False)
+
+    @property
+    def param(self) -> str:
+        """The request field a refusal names: ``source``, or one derived from the kind."""
+        return self.source or (
+            "response_format" if self.kind in ("json", "json_object") else f"guided_{self.kind}"
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +88,9 @@ class SamplingParams:
     # vLLM's request-level ``cache_salt``: prefix-cache blocks are shared only between requests
     # of equal salts (the router sets it to the tenant); None shares with every unsalted request.
     cache_salt: str | None = None
+    # Structured outputs (engine/structured): the output is constrained to a schema, regex, choice or
+    # grammar; None: free.
+    structured: StructuredOutputSpec | None = None
 
     def __post_init__(self) -> None:
         # Accept lists (or one string) from callers; store tuples so params stay hashable.
@@ -101,6 +130,14 @@ class SamplingParams:
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise SamplingParamsError(
                 "cache_salt", f"must be a non-empty string if given, got {self.cache_salt!r}"
+            )
+        if self.structured is not None and (
+            not isinstance(self.structured, StructuredOutputSpec)
+            or self.structured.kind not in STRUCTURED_KINDS
+        ):
+            raise SamplingParamsError(
+                "structured",
+                f"must be a StructuredOutputSpec of a kind in {STRUCTURED_KINDS}, got {self.structured!r}",
             )
         if any(t < 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be >= 0, got {self.stop_token_ids}")

@@ -144,19 +144,47 @@ def validate_request(model: type[M], data: Any) -> M:
 # ---------------------------------------------------------------------------------------------
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``, as OpenAI defines it: a named schema the output must match."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
-    """Only ``{"type": "text"}``: structured output (json_object, json_schema) is not implemented."""
+    """``text`` (free), ``json_object`` (any JSON object) or ``json_schema`` (one that matches it)."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, v: str) -> str:
-        if v != "text":
-            raise ValueError(f"only 'text' is implemented; structured output is not (got {v!r})")
-        return v
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError(
+                f"json_schema is required when type is 'json_schema', and only then (type is {self.type!r})"
+            )
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one constraint on the output."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+STRUCTURED_BACKENDS = ("auto", "xgrammar")
 
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -173,10 +201,7 @@ UNSUPPORTED_FIELDS = {
     "length_penalty": "beam search is not implemented",
     "prompt_logprobs": "prompt logprobs are not implemented",
     "min_p": "min_p sampling is not implemented",
-    **{
-        f"guided_{kind}": "guided decoding (structured output) is not implemented"
-        for kind in ("json", "regex", "choice", "grammar", "decoding_backend", "whitespace_pattern")
-    },
+    "guided_whitespace_pattern": "a whitespace pattern for guided decoding is not implemented",
 }
 FORBID_EXTRA = ConfigDict(strict=True, extra="forbid")
 
@@ -267,6 +292,13 @@ class _SamplingFields(_Request):
     )
     include_stop_str_in_output: bool = Field(default=False, description="vLLM extension")
     response_format: ResponseFormat | None = None
+    # Structured outputs beside response_format (vLLM's extensions; engine/server/structured_request.py).
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = Field(default=None, description="vLLM extension; only xgrammar")
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     user: str | None = None
@@ -304,6 +336,15 @@ class _SamplingFields(_Request):
                 raise ValueError(f"keys must be token ids (integers >= 0 as strings), got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+    @field_validator("guided_decoding_backend")
+    @classmethod
+    def _xgrammar_only(cls, v: str | None) -> str | None:
+        if v is not None and v not in STRUCTURED_BACKENDS:
+            raise ValueError(
+                f"only {' or '.join(map(repr, STRUCTURED_BACKENDS))} is implemented, got {_short(v)}"
+            )
         return v
 
     @field_validator("tools")

@@ -22,6 +22,7 @@ from kvfleet.engine.outputs import CompletionOutput, ReqDelta, SeqDelta
 from kvfleet.engine.request_stream import RequestStream
 from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvfleet.engine.server.state import ServerState
+from kvfleet.engine.server.structured_request import structured_spec
 from kvfleet.openai_api import APIError, ChatCompletionRequest, CompletionRequest
 from kvfleet.openai_responses import FinishReason, Usage
 
@@ -66,7 +67,9 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 def sampling_params(
     req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None, vocab_size: int
 ) -> SamplingParams:
-    """The request's sampling settings; a logit_bias id outside the vocabulary or min_tokens over the budget is a 400."""
+    """The request's sampling settings; a logit_bias id outside the vocabulary, min_tokens over the budget
+    or a bad structured-output constraint is a 400."""
+    structured = structured_spec(req)
     bias = req.logit_bias_ids
     bad = next((t for t in bias if t >= vocab_size), None)
     if bad is not None:
@@ -93,6 +96,7 @@ def sampling_params(
             logit_bias=tuple(bias.items()),
             include_stop_str_in_output=req.include_stop_str_in_output,
             cache_salt=req.cache_salt,
+            structured=structured,
         )
     except SamplingParamsError as exc:
         raise APIError(400, str(exc), param=exc.field) from None

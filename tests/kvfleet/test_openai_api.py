@@ -155,12 +155,14 @@ def test_min_tokens_over_max_tokens_is_a_400_not_a_clamp() -> None:
 @pytest.mark.parametrize(
     ("extra", "param", "message"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format.type", "structured output is not"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.type", "'json_schema'"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type", "Input should be 'text', 'json_object' or 'json_schema'"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema is required when type is 'json_schema'"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.json_schema.name", "field required"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling is not implemented"),
         ({"tool_choice": "auto"}, "tool_choice", "only 'none' is accepted"),
         ({"functions": [{"name": "f"}]}, "functions", "function calling is not implemented; remove it"),
-        ({"guided_json": {"type": "object"}}, "guided_json", "guided decoding"),
+        ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "whitespace pattern for guided decoding is not implemented"),
+        ({"guided_decoding_backend": "outlines"}, "guided_decoding_backend", "only 'auto' or 'xgrammar' is implemented"),
         ({"use_beam_search": True}, "use_beam_search", "beam search is not implemented"),
         ({"frobnicate": 1}, "frobnicate", "frobnicate: not a field this server knows; remove it"),
     ],

@@ -43,3 +43,20 @@ def test_a_body_that_is_not_json_is_a_400_naming_it() -> None:
     with pytest.raises(RouterError) as info:
         parse_request(COMPLETIONS, b'{"model": "tiny", ', 256)
     assert info.value.status == 400 and "not valid JSON" in info.value.message
+
+
+def test_a_structured_output_request_is_forwarded_as_sent_and_its_schema_is_not_counted_as_prompt() -> None:
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(50)}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+    constrained = body | {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    }
+    raw = json.dumps(constrained).encode()
+    parsed, plain = parse_request(CHAT, raw, 256), parse_request(CHAT, json.dumps(body).encode(), 256)
+    assert parsed.upstream_content() is raw
+    assert (parsed.prompt, parsed.max_tokens) == (plain.prompt, plain.max_tokens) == ("user\nhi\n", 9)
+    assert parsed.prompt_tokens_estimate(4.0) == plain.prompt_tokens_estimate(4.0) == 2
+    guided = parse_request(
+        COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "guided_choice": ["a", "b"]}', 256
+    )
+    assert guided.prompt_tokens_estimate(4.0) == 1

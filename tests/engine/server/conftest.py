@@ -107,6 +107,17 @@ def tiny_server() -> Iterator[LiveServer]:
     stop_server(live)
 
 
+@pytest.fixture(scope="module")
+def smollm2_server() -> Iterator[LiveServer]:
+    """Real SmolLM2-135M-Instruct (torch, CPU) behind the server."""
+    live = start_server(
+        "--model", "smollm2", "--num-kv-blocks", "64", "--max-model-len", "512", "--max-num-seqs", "4",
+        simulate=False,
+    )  # fmt: skip
+    yield live
+    stop_server(live)
+
+
 @pytest.fixture
 def own_fast_server() -> Iterator[LiveServer]:
     """A fast server of the test's own, for a test that breaks it."""

@@ -190,9 +190,12 @@ def test_a_body_over_the_limit_is_a_413_and_the_server_stays_up(fast_server: Liv
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format.type", "structured output is not"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}, "response_format.json_schema.schema", "not a valid JSON schema at type: 5 is not valid"),
         ({"tools": [{"type": "function"}]}, "tools", "tool calling is not implemented"),
-        ({"guided_regex": "a+"}, "guided_regex", "guided decoding"),
+        ({"guided_regex": "a("}, "guided_regex", "guided_regex: not a valid regular expression: missing ), unterminated subpattern"),
+        ({"guided_choice": []}, "guided_choice", "guided_choice: the choice list is empty"),
+        ({"guided_json": "{"}, "guided_json", "guided_json: the schema is not valid JSON"),
+        ({"guided_regex": "a+", "structured_outputs": {"choice": ["a"]}}, "guided_regex", "only one structured-output constraint per request, but structured_outputs.choice is set too"),
         ({"best_of": 4}, "best_of", "only best_of equal to n"),
         ({"logit_bias": {"300": 5}}, "logit_bias", "logit_bias: token id 300 is outside the vocabulary (size 259)"),
         ({"max_tokens": 3, "min_tokens": 4}, "min_tokens", "must be at most max_tokens (3)"),
