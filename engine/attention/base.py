@@ -26,6 +26,7 @@ Causality: query row ``i`` of sequence ``s`` sits at position
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -71,6 +72,9 @@ class AttentionBackend(Protocol):
 
 
 _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
+# Where each built-in backend registers itself, imported on first use by name (plugin-style, so this
+# module depends on none of them and torch-only users never import triton).
+_BUILTIN = {name: f"kvfleet.engine.attention.{name}_backend" for name in ("cpu", "torch", "triton")}
 
 
 def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None:
@@ -78,13 +82,8 @@ def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None
 
 
 def get_backend(name: str) -> AttentionBackend:
-    # Backends register on import; importing here keeps torch-only users off triton.
-    if name == "torch":
-        import kvfleet.engine.attention.torch_backend  # noqa: F401
-    elif name == "triton":
-        import kvfleet.engine.attention.triton_backend  # noqa: F401
-    elif name == "cpu":
-        import kvfleet.engine.attention.cpu_backend  # noqa: F401
+    if name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])  # registers it
     if name not in _REGISTRY:
         raise ValueError(
             f"attention backend {name!r} is unknown; known: {sorted(_REGISTRY) or ['cpu', 'torch', 'triton']}"

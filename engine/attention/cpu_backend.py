@@ -1,9 +1,9 @@
 """The ``cpu`` attention backend: decodes and prefill chunks through the native kernels.
 
 Where it sits: the runner's default on a CPU (``attention_backend="auto"``) when the native
-library of :mod:`kvfleet.engine.kernels.cpu_decode` builds on the machine. Per layer and step
+library of :mod:`kvfleet.engine.kernels.native.paged_decode` builds on the machine. Per layer and step
 it hands the decoding sequences (one query row each) to the decode kernel and the prefill
-chunks (more than one row) to the prefill kernel of :mod:`kvfleet.engine.kernels.cpu_prefill`;
+chunks (more than one row) to the prefill kernel of :mod:`kvfleet.engine.kernels.native.paged_prefill`;
 both read K/V rows in place through the block table instead of gathering them into a padded
 copy first. A geometry the prefill kernel does not take (a head size not a multiple of 16),
 or a build without AVX-512 (where the kernel measured slower than SDPA), runs the prefill
@@ -25,8 +25,8 @@ from kvfleet.engine.attention.base import AttentionMetadata, LayerKV, register_b
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
-from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel
-from kvfleet.engine.kernels.cpu_prefill import NativePrefill, load_prefill, prefill_ok
+from kvfleet.engine.kernels.native.paged_decode import NativeDecode, load_kernel
+from kvfleet.engine.kernels.native.paged_prefill import NativePrefill, load_prefill, prefill_ok
 
 
 class CpuKernelUnavailable(RuntimeError):

@@ -18,7 +18,7 @@ import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import store_kv_reference
-from kvfleet.engine.kernels import paged_attention
+from kvfleet.engine.kernels.triton import paged_attention
 
 if not torch.cuda.is_available() and not paged_attention.INTERPRETED:
     raise pytest.UsageError(

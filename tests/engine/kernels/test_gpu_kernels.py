@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kvfleet.engine.attention.torch_backend import paged_attention_reference, store_kv_reference
-from kvfleet.engine.kernels.kv_store import store_kv
-from kvfleet.engine.kernels.paged_attention import paged_attention
+from kvfleet.engine.kernels.triton.kv_store import store_kv
+from kvfleet.engine.kernels.triton.paged_attention import paged_attention
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,7 +14,7 @@ import torch
 from kvfleet.engine.attention import LayerKV, get_backend
 from kvfleet.engine.attention.cpu_backend import split_rows
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
-from kvfleet.engine.kernels.cpu_prefill import NativePrefill, load_prefill, prefill_ok
+from kvfleet.engine.kernels.native.paged_prefill import NativePrefill, load_prefill, prefill_ok
 
 from .conftest import PagedBatch, make_paged_batch, needs_compiler
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
-from kvfleet.engine.kernels.paged_attention import choose_tiles, paged_attention
+from kvfleet.engine.kernels.triton.paged_attention import choose_tiles, paged_attention
 
 # (seq_len, query_len): a whole prefill, a chunked prefill across a block boundary, decodes
 MIXED = [(19, 19), (41, 9), (33, 1), (1, 1), (16, 1)]

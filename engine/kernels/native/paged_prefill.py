@@ -15,7 +15,8 @@ import functools
 
 import torch
 
-from kvfleet.engine.kernels.cpu_decode import FLAGS, PagedKernel, build_library
+from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.paged_decode import PagedKernel
 
 # What paged_prefill_f32 takes (the C file's own check returns 2 otherwise).
 MAX_HEAD_DIM = 256
@@ -54,5 +55,5 @@ class NativePrefill(PagedKernel):
 @functools.cache
 def load_prefill() -> NativePrefill | None:
     """The native kernel, built on first use (None where the library does not build)."""
-    lib = build_library(FLAGS).library
+    lib = library()
     return None if lib is None else NativePrefill(lib)
