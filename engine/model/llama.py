@@ -14,6 +14,8 @@ causal attention) and hands it to the backend with the query.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -89,6 +91,14 @@ class RotaryEmbedding(nn.Module):
         return torch.stack(per_seq).repeat_interleave(query_lens, dim=0)
 
 
+class Step(NamedTuple):
+    """What every layer of one forward reads besides its rows and its cache."""
+
+    rope: tuple[torch.Tensor, torch.Tensor]  # (cos, sin) at each row's position
+    meta: AttentionMetadata
+    backend: AttentionBackend
+
+
 class Attention(ProjectedBlock):
     INPUTS, OUTPUT = ("q_proj", "k_proj", "v_proj"), "o_proj"
 
@@ -105,17 +115,11 @@ class Attention(ProjectedBlock):
         self.scale = d**-0.5
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
-        keep: torch.Tensor | None = None,
+        self, x: torch.Tensor, kv_cache: torch.Tensor, step: Step, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The layer's attention output: for every row, or for the rows ``keep`` only (after the
         attention itself, which stores every row's K/V and sees every row)."""
-        matmuls = self.matmuls()
+        matmuls, (rope, meta, backend) = self.matmuls(), step
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = matmuls.inputs(x)
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
@@ -170,10 +174,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
+        step: Step,
         residual: torch.Tensor | None = None,
         keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,11 +188,11 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.add_forward(None, x)
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn(h, rope, kv_cache, meta, backend, keep)
+        h = self.self_attn(h, kv_cache, step, keep)
         if keep is not None:
             residual = residual[keep]
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h, meta.lora), residual
+        return self.mlp(h, step.meta.lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -298,9 +300,10 @@ class LlamaForCausalLM(nn.Module):
         if done is not None:  # every row decodes and samples (prune is False): all layers in one call
             x, residual = done
         else:
+            step = Step(rope, meta, backend)
             for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
                 keep = sample_rows if prune and i == last_layer else None
-                x, residual = layer(x, rope, kv_cache, meta, backend, residual, keep)
+                x, residual = layer(x, kv_cache, step, residual, keep)
         if prune:
             last = x if residual is None else x + residual
         else:
