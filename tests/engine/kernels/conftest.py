@@ -104,6 +104,15 @@ def make_paged_batch(
     return PagedBatch(q.to(device), k_cache.to(device), v_cache.to(device), meta)
 
 
+def run_triton(batch: PagedBatch, scale: float, window: int | None = None) -> torch.Tensor:
+    """The Triton paged attention over ``batch`` (the kernel's positional call, in one place)."""
+    m = batch.meta
+    return paged_attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, m.block_tables, m.seq_lens, m.query_start_loc,
+        m.max_query_len, scale, window,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def paged_batch() -> Iterator[Callable[..., PagedBatch]]:
     yield make_paged_batch
