@@ -22,6 +22,16 @@ import torch
 from kvfleet.engine.kernels.native.build import FLAGS, build_library
 
 
+class PagedCache(NamedTuple):
+    """A layer's paged K/V and the step's block tables: what both attention kernels read."""
+
+    k_cache: torch.Tensor  # (num_blocks, block_size, kv_heads, head_dim) float32
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # (seqs, max_blocks) int32, rows contiguous
+    seq_lens: torch.Tensor  # (seqs,) int32
+    query_start_loc: torch.Tensor  # (seqs + 1,) int32
+
+
 class PagedKernel:
     """A C attention kernel over the paged cache behind a typed call (``paged_decode_f32``,
     ``paged_prefill_f32``): both take the same arguments and return a status, 0 for done."""
@@ -33,19 +43,11 @@ class PagedKernel:
         self._fn = fn
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        seq_lens: torch.Tensor,
-        query_start_loc: torch.Tensor,
-        seqs: torch.Tensor,
-        out: torch.Tensor,
-        scale: float,
+        self, q: torch.Tensor, paged: PagedCache, seqs: torch.Tensor, out: torch.Tensor, scale: float,
         window: int | None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Attend the query rows of the sequences in ``seqs`` (int64 indices) into ``out``."""
+        k_cache, v_cache, block_tables, seq_lens, query_start_loc = paged
         _, block_size, kv_heads, head_dim = k_cache.shape
         status = int(
             self._fn(

@@ -22,6 +22,7 @@ import torch
 from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend, torch_batched
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 from kvfleet.engine.kernels.native import build, paged_decode
+from kvfleet.engine.kernels.native.paged_decode import PagedCache
 from kvfleet.engine.runner import resolve_backend
 
 from .conftest import needs_compiler
@@ -97,8 +98,8 @@ def test_the_portable_loops_match_the_reference_where_the_cpu_has_vector_code_fo
     )
     meta, out = batch.meta, torch.empty_like(batch.q)
     everyone = torch.arange(len(DECODES), dtype=torch.int64)
-    portable(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-             everyone, out, head_dim**-0.5, 7)  # fmt: skip
+    paged = PagedCache(batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    portable(batch.q, paged, everyone, out, head_dim**-0.5, 7)
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5, 7), atol=2e-5, rtol=2e-5)
 
 
@@ -131,8 +132,8 @@ def test_the_kernel_writes_the_rows_of_the_listed_sequences_and_no_other(paged_b
     meta = batch.meta
     out = torch.full_like(batch.q, 7.0)
     listed = torch.tensor([4, 0, 2], dtype=torch.int64)
-    kernel(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-           listed, out, 0.3, None)  # fmt: skip
+    paged = PagedCache(batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    kernel(batch.q, paged, listed, out, 0.3, None)
     expected = _reference(batch, 0.3)
     for s in range(len(DECODES)):
         if s in listed.tolist():
