@@ -24,6 +24,6 @@ for name, path in PARTS.items():
     )
 
 # The native CPU decode kernel ships as C source and is compiled on the user's machine at first use.
-PACKAGE_DATA = {"kvfleet.engine.kernels": ["csrc/*.c", "csrc/*.h"]}
+PACKAGE_DATA = {"kvfleet.engine.kernels.native": ["csrc/*.c", "csrc/*.h"]}
 
 setup(packages=packages, package_dir=dict(PARTS), package_data=PACKAGE_DATA, include_package_data=True)

@@ -82,7 +82,7 @@ def resolve_backend(name: str, device: torch.device) -> str:
             return "triton"  # 6x the torch reference's per-sequence loop on SmolLM2 (H200)
         log.warning("attention backend auto: torch, not triton (Triton is not installed)")
     elif device.type == "cpu":
-        from kvfleet.engine.kernels.cpu_decode import load_kernel
+        from kvfleet.engine.kernels.native.paged_decode import load_kernel
 
         build = load_kernel()
         if build.kernel is not None:

@@ -1,9 +1,9 @@
 """The ``cpu`` attention backend: decodes and prefill chunks through the native kernels.
 
 Where it sits: the runner's default on a CPU (``attention_backend="auto"``) when the native
-library of :mod:`kvfleet.engine.kernels.cpu_decode` builds on the machine. Per layer and step
+library of :mod:`kvfleet.engine.kernels.native.paged_decode` builds on the machine. Per layer and step
 it hands the decoding sequences (one query row each) to the decode kernel and the prefill
-chunks (more than one row) to the prefill kernel of :mod:`kvfleet.engine.kernels.cpu_prefill`;
+chunks (more than one row) to the prefill kernel of :mod:`kvfleet.engine.kernels.native.paged_prefill`;
 both read K/V rows in place through the block table instead of gathering them into a padded
 copy first. A geometry the prefill kernel does not take (a head size not a multiple of 16),
 or a build without AVX-512 (where the kernel measured slower than SDPA), runs the prefill
@@ -25,8 +25,8 @@ from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.attention.torch_batched import BatchedAttention
-from kvfleet.engine.kernels.cpu_decode import NativeDecode, load_kernel
-from kvfleet.engine.kernels.cpu_prefill import NativePrefill, load_prefill, prefill_ok
+from kvfleet.engine.kernels.native.paged_decode import NativeDecode, PagedCache, load_kernel
+from kvfleet.engine.kernels.native.paged_prefill import NativePrefill, load_prefill, prefill_ok
 
 
 class CpuKernelUnavailable(RuntimeError):
@@ -66,20 +66,20 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self._checked = meta
         q = q.contiguous()
         out = torch.empty_like(q)
-        paged = (k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+        paged = PagedCache(k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
         native_prefill = self._native_prefill if prefill_ok(q.shape[1], *k_cache.shape[2:]) else None
         if native_prefill is None:  # a geometry the prefill kernel does not take: SDPA for the chunks
             layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
             if layout.decode_seqs is not None:
-                self._kernel(q, *paged, layout.decode_seqs, out, scale, sliding_window)
+                self._kernel(q, paged, layout.decode_seqs, out, scale, sliding_window)
             if layout.has_prefill:
                 self._prefill.forward(q, layer, meta, out=out)
             return out
         decodes, prefills = self.split(meta)
         if decodes is not None:
-            self._kernel(q, *paged, decodes, out, scale, sliding_window)
+            self._kernel(q, paged, decodes, out, scale, sliding_window)
         if prefills is not None:
-            native_prefill(q, *paged, prefills, out, scale, sliding_window)
+            native_prefill(q, paged, prefills, out, scale, sliding_window)
         return out
 
     def split(self, meta: AttentionMetadata) -> RowSplit:

@@ -3,7 +3,7 @@
 Where it sits: the model runner calls ``get_backend("triton")`` once and then, per layer and
 step, ``store_kv`` and ``forward`` (see ``kvfleet.engine.attention.base`` for the shapes).
 This module only checks shapes, devices and limits (cheaply: no device sync) and launches
-the kernels of ``kvfleet.engine.kernels``.
+the kernels of ``kvfleet.engine.kernels.triton``.
 
 On a GPU the kernels are compiled. On the CPU they need Triton's interpreter, switched on
 with ``TRITON_INTERPRET=1`` in the environment before the kernels are first imported; the
@@ -18,7 +18,7 @@ import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 from kvfleet.engine.attention.checks import check_cache, check_forward
-from kvfleet.engine.kernels import kv_store, paged_attention
+from kvfleet.engine.kernels.triton import kv_store, paged_attention
 
 MAX_HEAD_DIM: Final[int] = 256
 

@@ -11,7 +11,7 @@ Two ways to compute it, equal up to float rounding (a test holds them to it):
   shrink ``x @ [A_1; ...; A_S]ᵀ`` (T, S·R), masked to each token's own slot's R columns, and one
   expand ``@ [B_1; ...; B_S]`` (punica's sgmv as two dense matmuls: no per-adapter loop, no
   gather of per-token matrices); a step whose tokens all share one adapter skips the mask.
-- ``triton`` (CUDA): :func:`kvfleet.engine.kernels.lora.add_lora`, bgmv-style, one program per
+- ``triton`` (CUDA): :func:`kvfleet.engine.kernels.triton.lora.add_lora`, bgmv-style, one program per
   (token, output tile) gathering its slot's A and B.
 """
 
@@ -77,7 +77,7 @@ class LoraContext:
             width = b.shape[3]
             target = out[:, col : col + width]
             if self.kernel == "triton":
-                from kvfleet.engine.kernels.lora import add_lora
+                from kvfleet.engine.kernels.triton.lora import add_lora
 
                 add_lora(x, a[layer], b[layer], self.token_slots, target)
             else:

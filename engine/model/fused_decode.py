@@ -1,7 +1,7 @@
 """Which decode steps run all their decoder layers in one native call, and with which operands.
 
 Where it sits: ``LlamaForCausalLM.forward`` asks :meth:`FusedDecode.run` first; it returns the
-layer loop's result through ``kernels/decode_layers.py`` (``csrc/decode_layers.c``), or None,
+layer loop's result through ``kernels/native/decode_layers.py`` (``csrc/decode_layers.c``), or None,
 and the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
 only takes a step where that path would run exactly those kernels: float32 on the CPU, the
 ``cpu`` attention backend, every row a decode (one new token per sequence, every row sampled),
@@ -14,25 +14,23 @@ a weight replaced afterwards in place of the tensor is not seen.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
-from kvfleet.engine.kernels import native_packed
-from kvfleet.engine.kernels.cpu_linear import SKINNY_MAX_ROWS
-from kvfleet.engine.kernels.decode_layers import (
+from kvfleet.engine.kernels.native.decode_layers import (
     Geometry,
     LayerOperands,
     NativeDecodeLayers,
     StepInputs,
-    library,
+    load_decode_layers,
 )
-
-if TYPE_CHECKING:
-    from kvfleet.engine.model.llama import LlamaForCausalLM
+from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
 
 
 def _f32(t: torch.Tensor | None) -> bool:
@@ -41,17 +39,17 @@ def _f32(t: torch.Tensor | None) -> bool:
 
 def _operands(layer: Any, packed: bool) -> LayerOperands | None:
     attn, mlp = layer.self_attn, layer.mlp
-    if attn.qkv is None or mlp.gate_up is None:
+    if attn.fused is None or mlp.fused is None:
         return None
     if packed:
-        packs = (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up, mlp.packed_down)
-        if not all(isinstance(p, native_packed.PackedWeight) for p in packs):
+        packs = (attn.packed_in, attn.packed_out, mlp.packed_in, mlp.packed_out)
+        if not all(isinstance(p, NativePackedWeight) for p in packs):
             return None
         weights = tuple(p.panels for p in packs)
     else:
-        weights = (attn.qkv.weight, attn.o_proj.weight, mlp.gate_up.weight, mlp.down_proj.weight)
+        weights = (attn.fused.weight, attn.o_proj.weight, mlp.fused.weight, mlp.down_proj.weight)
     qkv, o, gate_up, down = (w.detach() for w in weights)
-    biases = (attn.qkv.bias, attn.o_proj.bias, mlp.gate_up.bias, mlp.down_proj.bias)
+    biases = (attn.fused.bias, attn.o_proj.bias, mlp.fused.bias, mlp.down_proj.bias)
     qkv_b, o_b, gate_up_b, down_b = (None if b is None else b.detach() for b in biases)
     norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
     if not all(_f32(t) for t in (qkv, o, gate_up, down, qkv_b, o_b, gate_up_b, down_b, *norms)):
@@ -68,22 +66,24 @@ class FusedDecode:
         self.native = native
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM) -> FusedDecode | None:
-        """For ``model`` as packed now, or None where its layers do not fit the native call."""
-        layers = list[Any](model.model.layers)
+    def build(cls, layers: Sequence[Any], hidden: int, intermediate: int) -> FusedDecode | None:
+        """For a Llama model's decoder ``layers`` as packed now (of ``hidden`` and ``intermediate``
+        sizes), or None where they do not fit the native call. The layers are read by their
+        attributes only (``engine/model/llama.py``'s ``DecoderLayer``): this module never imports
+        the model, which imports it."""
         if not layers:
             return None
         first = layers[0]
-        packed = first.self_attn.packed_qkv is not None
+        packed = first.self_attn.packed_in is not None
         ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
         eps = {n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
-        lib = library() if all(op is not None for op in ops) and len(eps) == 1 else None
+        lib = load_decode_layers() if all(op is not None for op in ops) and len(eps) == 1 else None
         if lib is None:
             return None
         attn = first.self_attn
         geometry = Geometry(
-            hidden=model.config.hidden_size, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
-            head_dim=attn.head_dim, intermediate=model.config.intermediate_size, eps=eps.pop(), packed=packed,
+            hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=packed,
         )  # fmt: skip
         return cls(NativeDecodeLayers(lib, geometry, [op for op in ops if op is not None]))
 

@@ -20,12 +20,14 @@ import torch
 from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
-from kvfleet.engine.kernels.cpu_fused import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
-from kvfleet.engine.kernels.cpu_linear import linear, load_linear
-from kvfleet.engine.kernels.packing import PackedWeight, pack_weight, resolve
+from kvfleet.engine.kernels.fused_ops import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
+from kvfleet.engine.kernels.linear import Linear, resolve_linear
+from kvfleet.engine.kernels.packing import pack_weight, resolve
+from kvfleet.engine.kernels.packing.base import PackedWeight
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.fused_decode import FusedDecode
+from kvfleet.engine.model.projections import ProjectedBlock, store_for_matmul
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 
 
@@ -89,66 +91,17 @@ class RotaryEmbedding(nn.Module):
         return torch.stack(per_seq).repeat_interleave(query_lens, dim=0)
 
 
-def column_major(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (out, in) stored as its contiguous transpose, seen as (out, in) again.
+class Step(NamedTuple):
+    """What every layer of one forward reads besides its rows and its cache."""
 
-    ``F.linear`` then multiplies by a contiguous (in, out) matrix: on the CPU, MKL's GEMM at the
-    few rows of a decode step runs about twice as fast from that layout (1.5x for the LM head).
-    """
-    return weight.t().contiguous().t()
-
-
-def matmul_layout(weight: torch.Tensor) -> torch.Tensor:
-    """The layout the model's matmuls read fastest here: as stored (row-major) where the native
-    few-row kernel runs the decode steps (``kernels/cpu_linear.py``), else :func:`column_major`."""
-    if weight.device.type == "cpu" and load_linear() is None:
-        return column_major(weight)
-    return weight.contiguous()
+    rope: tuple[torch.Tensor, torch.Tensor]  # (cos, sin) at each row's position
+    meta: AttentionMetadata
+    backend: AttentionBackend
 
 
-def store_for_matmul(linear: nn.Linear) -> None:
-    weight = linear.weight.detach()
-    laid_out = matmul_layout(weight)
-    if laid_out is not weight:
-        linear.weight = nn.Parameter(laid_out, requires_grad=False)
+class Attention(ProjectedBlock):
+    INPUTS, OUTPUT = ("q_proj", "k_proj", "v_proj"), "o_proj"
 
-
-class Packed(NamedTuple):
-    """Several linears of the same input run as one matmul: ``F.linear(x, weight, bias)``.
-
-    ``slices`` names each linear's columns of the output (its Hugging Face name, e.g. ``q_proj``
-    → ``slice(0, heads * head_dim)``): what a per-projection delta (a LoRA adapter) adds onto.
-    """
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    slices: dict[str, slice]
-
-
-def pack_linears(owner: nn.Module, names: tuple[str, ...]) -> Packed:
-    """One weight (and bias) for the linears ``names`` of ``owner``, stacked by output rows.
-
-    The linears' parameters become views of the packed tensors, so the weights are held once
-    and ``state_dict`` keeps the checkpoint's names.
-    """
-    linears = [getattr(owner, name) for name in names]
-    weight = matmul_layout(torch.cat([lin.weight.detach() for lin in linears]))
-    biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
-    if biases and len(biases) != len(linears):
-        raise ValueError("packed linears must all have a bias or none")
-    bias = torch.cat(biases) if biases else None
-    row, slices = 0, {}
-    for name, lin in zip(names, linears, strict=True):
-        rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(weight[row : row + rows], requires_grad=False)
-        if bias is not None:
-            lin.bias = nn.Parameter(bias[row : row + rows], requires_grad=False)
-        slices[name] = slice(row, row + rows)
-        row += rows
-    return Packed(weight, bias, slices)
-
-
-class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -160,38 +113,15 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
         self.scale = d**-0.5
-        self.qkv: Packed | None = None  # packed by pack()
-        self.packed_qkv: PackedWeight | None = None  # packed for the GEMM by prepack()
-        self.packed_o: PackedWeight | None = None
-
-    def pack(self) -> None:
-        """Run q/k/v as one matmul (after the weights are loaded; forward packs if nobody did)."""
-        self.qkv = pack_linears(self, ("q_proj", "k_proj", "v_proj"))
-
-    def prepack(self, kind: str) -> None:
-        """Keep packed copies (packer ``kind``) of the q/k/v and o_proj weights (after :meth:`pack`)."""
-        if self.qkv is None:
-            self.pack()
-        assert self.qkv is not None
-        self.packed_qkv = pack_weight(self.qkv.weight, kind)
-        self.packed_o = pack_weight(self.o_proj.weight, kind)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
-        keep: torch.Tensor | None = None,
+        self, x: torch.Tensor, kv_cache: torch.Tensor, step: Step, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The layer's attention output: for every row, or for the rows ``keep`` only (after the
         attention itself, which stores every row's K/V and sees every row)."""
-        if self.qkv is None:
-            self.pack()
-        assert self.qkv is not None
+        matmuls, (rope, meta, backend) = self.matmuls(), step
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = linear(x, self.qkv.weight, self.qkv.bias, self.packed_qkv)
+        qkv = matmuls.inputs(x)
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
@@ -204,13 +134,15 @@ class Attention(nn.Module):
         attn = out.reshape(t, self.num_heads * self.head_dim)
         if keep is not None:
             attn = attn[keep]
-        o = linear(attn, self.o_proj.weight, self.o_proj.bias, self.packed_o)
+        o = matmuls.output(attn)
         if meta.lora is not None:
             meta.lora.add(attn, o, self.layer, O_PROJ)
         return o
 
 
-class MLP(nn.Module):
+class MLP(ProjectedBlock):
+    INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
+
     def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.layer = layer
@@ -218,33 +150,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
-        self.gate_up: Packed | None = None  # packed by pack()
-        self.packed_gate_up: PackedWeight | None = None  # packed for the GEMM by prepack()
-        self.packed_down: PackedWeight | None = None
-
-    def pack(self) -> None:
-        """Run gate and up as one matmul (after the weights are loaded; forward packs if nobody did)."""
-        self.gate_up = pack_linears(self, ("gate_proj", "up_proj"))
-
-    def prepack(self, kind: str) -> None:
-        """Keep packed copies (packer ``kind``) of the gate/up and down_proj weights (after :meth:`pack`)."""
-        if self.gate_up is None:
-            self.pack()
-        assert self.gate_up is not None
-        self.packed_gate_up = pack_weight(self.gate_up.weight, kind)
-        self.packed_down = pack_weight(self.down_proj.weight, kind)
 
     def forward(self, x: torch.Tensor, lora: LoraContext | None = None) -> torch.Tensor:
-        if self.gate_up is None:
-            self.pack()
-        assert self.gate_up is not None
-        gate_up = linear(x, self.gate_up.weight, self.gate_up.bias, self.packed_gate_up)
-        down_proj = self.down_proj
+        matmuls = self.matmuls()
+        gate_up = matmuls.inputs(x)
         if lora is None:
-            return linear(silu_mul(gate_up), down_proj.weight, down_proj.bias, self.packed_down)
+            return matmuls.output(silu_mul(gate_up))
         lora.add(x, gate_up, self.layer, GATE_UP)
         h = silu_mul(gate_up)
-        down = linear(h, down_proj.weight, down_proj.bias, self.packed_down)
+        down = matmuls.output(h)
         lora.add(h, down, self.layer, DOWN_PROJ)
         return down
 
@@ -260,10 +174,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
+        step: Step,
         residual: torch.Tensor | None = None,
         keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,11 +188,11 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.add_forward(None, x)
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn(h, rope, kv_cache, meta, backend, keep)
+        h = self.self_attn(h, kv_cache, step, keep)
         if keep is not None:
             residual = residual[keep]
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h, meta.lora), residual
+        return self.mlp(h, step.meta.lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -308,6 +220,7 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
+        self._lm_head: Linear | None = None  # resolved on first use; pack() and prepack() drop it
         # Decode steps through one native call where it applies (fused_decode.py); built on first
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
@@ -318,30 +231,26 @@ class LlamaForCausalLM(nn.Module):
         store every matmul's weight in :func:`matmul_layout`. A tied LM head stays tied while that
         layout is the stored one; column-major, it gets a copy of its own (the embedding looks
         rows up, which wants them contiguous)."""
-        self._fused = None
+        self._fused, self._lm_head = None, None
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
-                layer.self_attn.pack()
-                layer.mlp.pack()
-                store_for_matmul(layer.self_attn.o_proj)
-                store_for_matmul(layer.mlp.down_proj)
+                for block in (layer.self_attn, layer.mlp):
+                    store_for_matmul(block.output_linear())
+                    block.pack()
             store_for_matmul(self.lm_head)
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Pack every layer's matmul weights once for a GEMM library (float32 on the CPU; elsewhere
         a no-op): prefill-sized steps then skip the per-call copy ``F.linear`` makes. ``kind``: a
-        packer of ``kernels/packing.py`` (``mkl``, ``onednn``) or ``auto``, the faster of them on
+        packer of ``kernels/packing`` (``mkl``, ``onednn``) or ``auto``, the faster of them on
         this machine, timed on the first layer's gate/up weight. About one more copy of those
         weights in memory. The LM head is packed too (one more copy of the embedding when tied):
         a decode batch of more than 16 rows samples as many rows. Returns the packer used, None
         where none applied."""
         first = self.model.layers[0]
         assert isinstance(first, DecoderLayer)
-        if first.mlp.gate_up is None:
-            first.mlp.pack()
-        assert first.mlp.gate_up is not None
-        sample = first.mlp.gate_up.weight
+        sample = first.mlp.fused_inputs().weight
         if sample.dtype != torch.float32 or sample.device.type != "cpu":
             return None
         chosen = resolve(kind, sample.detach())
@@ -352,15 +261,22 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.prepack(chosen)
             layer.mlp.prepack(chosen)
         self.packed_lm_head = pack_weight(self.lm_head.weight.detach(), chosen)
-        self._fused = None
+        self._fused, self._lm_head = None, None
         return chosen
+
+    def lm_head_matmul(self) -> Linear:
+        """The LM head's matmul as resolved for its weight as (pre)packed now."""
+        if self._lm_head is None:
+            self._lm_head = resolve_linear(self.lm_head.weight, None, self.packed_lm_head)
+        return self._lm_head
 
     def fused_decode(self) -> FusedDecode | None:
         """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
         if not self.use_fused_decode:
             return None
         if self._fused is None:
-            self._fused = (FusedDecode.build(self),)
+            layers = list(self.model.layers)
+            self._fused = (FusedDecode.build(layers, self.config.hidden_size, self.config.intermediate_size),)
         return self._fused[0]
 
     def forward(
@@ -384,11 +300,12 @@ class LlamaForCausalLM(nn.Module):
         if done is not None:  # every row decodes and samples (prune is False): all layers in one call
             x, residual = done
         else:
+            step = Step(rope, meta, backend)
             for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
                 keep = sample_rows if prune and i == last_layer else None
-                x, residual = layer(x, rope, kv_cache, meta, backend, residual, keep)
+                x, residual = layer(x, kv_cache, step, residual, keep)
         if prune:
             last = x if residual is None else x + residual
         else:
             last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
-        return linear(self.model.norm(last), self.lm_head.weight, None, self.packed_lm_head).float()
+        return self.lm_head_matmul()(self.model.norm(last)).float()

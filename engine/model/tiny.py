@@ -24,6 +24,7 @@ from safetensors.numpy import save_file
 
 from kvfleet.engine.model.gguf_tokenizer import added_token
 from kvfleet.engine.model.tokenizer import _byte_decoder
+from kvfleet.engine.paths import cache_root
 
 TINY_VERSION = "v1"
 TINY_SEED = 20240601
@@ -57,11 +58,6 @@ TINY_CONFIG: dict[str, Any] = {
     "pad_token_id": PAD_ID,
     "torch_dtype": "float32",
 }
-
-
-def cache_root() -> Path:
-    env = os.environ.get("KVFLEET_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "kvfleet"
 
 
 def ensure_tiny_model(cache_dir: Path | None = None) -> Path:

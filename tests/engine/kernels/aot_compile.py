@@ -16,7 +16,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvfleet.engine.kernels import kv_store, lora, paged_attention, triton_fused
+from kvfleet.engine.kernels.triton import fused_ops as triton_fused
+from kvfleet.engine.kernels.triton import kv_store, lora, paged_attention
 
 TARGET = GPUTarget("cuda", 90, 32)
 

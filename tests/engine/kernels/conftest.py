@@ -18,7 +18,7 @@ import torch
 
 from kvfleet.engine.attention.base import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import store_kv_reference
-from kvfleet.engine.kernels import paged_attention
+from kvfleet.engine.kernels.triton import paged_attention
 
 if not torch.cuda.is_available() and not paged_attention.INTERPRETED:
     raise pytest.UsageError(
@@ -102,6 +102,15 @@ def make_paged_batch(
         max_seq_len=max(seq_len for seq_len, _ in seqs),
     )
     return PagedBatch(q.to(device), k_cache.to(device), v_cache.to(device), meta)
+
+
+def run_triton(batch: PagedBatch, scale: float, window: int | None = None) -> torch.Tensor:
+    """The Triton paged attention over ``batch`` (the kernel's positional call, in one place)."""
+    m = batch.meta
+    return paged_attention.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, m.block_tables, m.seq_lens, m.query_start_loc,
+        m.max_query_len, scale, window,
+    )  # fmt: skip
 
 
 @pytest.fixture

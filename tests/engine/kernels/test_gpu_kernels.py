@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kvfleet.engine.attention.torch_backend import paged_attention_reference, store_kv_reference
-from kvfleet.engine.kernels.kv_store import store_kv
-from kvfleet.engine.kernels.paged_attention import paged_attention
+from kvfleet.engine.kernels.triton.kv_store import store_kv
+
+from .conftest import run_triton
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,21 +33,6 @@ def _mixed_batch_of_32(max_len: int = 4096, seed: int = 0) -> list[tuple[int, in
     return mixed
 
 
-def _attend(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    m = batch.meta
-    return paged_attention(
-        batch.q,
-        batch.k_cache,
-        batch.v_cache,
-        m.block_tables,
-        m.seq_lens,
-        m.query_start_loc,
-        m.max_query_len,
-        scale,
-        window,
-    )
-
-
 def _assert_close_bf16(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert out.dtype == ref.dtype == torch.bfloat16
     assert not out.isnan().any()
@@ -58,7 +44,7 @@ def test_llama3_8b_mixed_batch_of_32_up_to_4k_tokens_matches_the_reference(paged
         _mixed_batch_of_32(), dtype=torch.bfloat16, device="cuda", strided_q=True, **LLAMA3_8B
     )
     _assert_close_bf16(
-        _attend(batch, 128**-0.5),
+        run_triton(batch, 128**-0.5),
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5),
     )
 
@@ -68,7 +54,7 @@ def test_mistral_7b_shaped_mixed_batch_with_a_1k_sliding_window_matches_the_refe
 ) -> None:
     batch = paged_batch(_mixed_batch_of_32(seed=2), dtype=torch.bfloat16, device="cuda", **LLAMA3_8B)
     _assert_close_bf16(
-        _attend(batch, 128**-0.5, 1000),
+        run_triton(batch, 128**-0.5, 1000),
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5, 1000),
     )
 
@@ -78,7 +64,7 @@ def test_llama3_8b_decode_batch_of_128_matches_the_reference(paged_batch: Callab
     seqs = [(rng.randint(1, 4096), 1) for _ in range(128)]
     batch = paged_batch(seqs, dtype=torch.bfloat16, device="cuda", **LLAMA3_8B)
     _assert_close_bf16(
-        _attend(batch, 128**-0.5),
+        run_triton(batch, 128**-0.5),
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128**-0.5),
     )
 
@@ -102,7 +88,7 @@ def test_other_tile_configurations_compile_and_match_the_reference(
     )
     scale = head_dim**-0.5
     _assert_close_bf16(
-        _attend(batch, scale),
+        run_triton(batch, scale),
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale),
     )
 

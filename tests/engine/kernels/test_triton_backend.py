@@ -13,7 +13,7 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
 from kvfleet.engine.attention.triton_backend import TritonAttentionBackend
-from kvfleet.engine.kernels import paged_attention
+from kvfleet.engine.kernels.triton import paged_attention
 
 
 def test_get_backend_builds_the_triton_backend_by_name() -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfleet.engine.kernels import cpu_fused, triton_fused
+from kvfleet.engine.kernels import fused_ops as cpu_fused
+from kvfleet.engine.kernels.triton import fused_ops as triton_fused
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # one ulp of each dtype, relative: the most a differently rounded rsqrt or exp moves a result

@@ -18,6 +18,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 from kvfleet.engine.model.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Prompts of the byte-level tiny tokenizer (256 is <s>): short, one-block, long and block-crossing.
+PROMPTS = [
+    [256, 72, 101, 108, 108, 111],
+    [256, 1, 2, 3],
+    [256] + list(range(40, 69)),
+    [256, 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211],
+]
 COMMON: dict[str, Any] = dict(
     vocab_size=259,
     hidden_size=64,

@@ -12,12 +12,8 @@ from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sched.plan import SchedulerPlan
 
-PROMPTS = [
-    [256, 72, 101, 108, 108, 111],
-    [256, 1, 2, 3],
-    [256] + list(range(40, 69)),
-    [256, 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211],
-]
+from .conftest import PROMPTS
+
 NEW_TOKENS = 5
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 BACKENDS = ["torch", "triton", "cpu"]

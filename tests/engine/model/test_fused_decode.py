@@ -19,12 +19,12 @@ import torch
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.kernels import native_packed
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.model.fused_decode import FusedDecode
 from kvfleet.engine.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
-    not native_packed.available(), reason="the native library does not build here"
+    not NativePackedWeight.available(), reason="the native library does not build here"
 )
 BLOCK = 16
 PROMPTS = (5, 30, 140)  # tokens already in the cache per sequence; the last passes mistral's window

@@ -2,7 +2,7 @@
 
 ``EngineConfig.prepack_weights`` (default on): after loading, every layer holds a packed copy
 (MKL's, oneDNN's or the native panels, ``EngineConfig.weight_packing``) of its q/k/v, o_proj, gate/up and
-down_proj weights, which steps of more than 16 rows read (kernels/packing.py). The logits of a 40-row prefill equal those with it off up to
+down_proj weights, which steps of more than 16 rows read (kernels/packing). The logits of a 40-row prefill equal those with it off up to
 float32 summation order, biases (qwen2) included; the greedy-token tests against
 transformers run with it on.
 """
@@ -16,13 +16,15 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.kernels import mkl_packed, native_packed, onednn_packed
+from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
+from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight
 from kvfleet.engine.runner import ModelRunner
 
 AVAILABLE = {
-    "mkl": mkl_packed.available(),
-    "onednn": onednn_packed.available(),
-    "native": native_packed.available(),
+    "mkl": MklPackedWeight.available(),
+    "onednn": OnednnPackedWeight.available(),
+    "native": NativePackedWeight.available(),
 }
 ROWS = 40
 
@@ -39,10 +41,10 @@ def packs(runner: ModelRunner) -> list[object]:
         p
         for layer in runner.model.model.layers
         for p in (
-            layer.self_attn.packed_qkv,
-            layer.self_attn.packed_o,
-            layer.mlp.packed_gate_up,
-            layer.mlp.packed_down,
+            layer.self_attn.packed_in,
+            layer.self_attn.packed_out,
+            layer.mlp.packed_in,
+            layer.mlp.packed_out,
         )
     ]
 

@@ -19,14 +19,10 @@ from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence
 
+from .conftest import PROMPTS
+
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
-PROMPTS = [
-    [256, 72, 101, 108, 108, 111],
-    [256, 1, 2, 3],
-    [256] + list(range(40, 69)),
-    [256, 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211],
-]
 NEW_TOKENS = 6
 
 

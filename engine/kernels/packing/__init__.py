@@ -2,11 +2,10 @@
 
 Where it sits: ``ModelRunner`` resolves ``EngineConfig.weight_packing`` here once, at load,
 and ``LlamaForCausalLM.prepack(kind)`` packs every layer's linears with :func:`pack_weight`;
-``cpu_linear.linear`` then runs a step of more than ``SKINNY_MAX_ROWS`` rows through the
-packed weight. Policies by name
-(:data:`PACKERS`): ``mkl`` (``mkl_packed``), ``onednn`` (``onednn_packed``), ``native``
-(``native_packed``, ``csrc/packed_gemm.c``), and ``auto``, which times them all on the
-model's first gate/up weight and keeps the fastest.
+``kernels/linear.py`` then resolves each linear to its callable over the packed weight. Policies
+by name (:data:`PACKERS`, each a subclass of ``base.PackedWeight``): ``mkl`` (``mkl.py``),
+``onednn`` (``onednn.py``), ``native`` (``native/packed_gemm.py``, ``csrc/packed_gemm.c``), and
+``auto``, which times them all on the model's first gate/up weight and keeps the fastest.
 
 Why measure instead of asking the CPU's vendor: the two libraries trade places by machine.
 On an Intel Xeon with AVX-512 MKL's packed GEMM reached the fp32 roof; on an AMD EPYC
@@ -19,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
-from kvfleet.engine.kernels import mkl_packed, native_packed, onednn_packed
+from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
+from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight
 
 log = logging.getLogger(__name__)
 
@@ -32,36 +32,16 @@ CALIBRATION_ROWS = 256  # a prefill chunk's size: the rows the choice matters fo
 CALIBRATION_REPS = 3
 
 
-class PackedWeight(Protocol):
-    """A linear's weight packed once: ``F.linear(x, weight, bias)`` for the inputs it ``takes``."""
-
-    @property
-    def out_features(self) -> int: ...
-
-    @property
-    def in_features(self) -> int: ...
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
-
-    def takes(self, x: torch.Tensor) -> bool: ...
-
-    @property
-    def streams_few_rows(self) -> bool:
-        """Whether a decode step's few rows run here as fast as on the unpacked few-row kernel
-        (``cpu_linear.linear`` then sends it every row count)."""
-        ...
-
-
-PACKERS: dict[str, Callable[[torch.Tensor], PackedWeight | None]] = {
-    "mkl": mkl_packed.pack_weight,
-    "onednn": onednn_packed.pack_weight,
-    "native": native_packed.pack_weight,
+PACKERS: dict[str, type[PackedWeight]] = {
+    "mkl": MklPackedWeight,
+    "onednn": OnednnPackedWeight,
+    "native": NativePackedWeight,
 }
 
 
 def pack_weight(weight: torch.Tensor, kind: str) -> PackedWeight | None:
     """``weight`` packed by the packer named ``kind``, or None where it does not take it."""
-    return PACKERS[kind](weight)
+    return PACKERS[kind].pack(weight)
 
 
 def _seconds(packed: PackedWeight, x: torch.Tensor) -> float:
@@ -84,7 +64,7 @@ def resolve(kind: str, sample: torch.Tensor) -> str | None:
     timed: dict[str, float] = {}
     x = torch.randn(CALIBRATION_ROWS, sample.shape[1], dtype=sample.dtype)
     for name, packer in PACKERS.items():
-        packed = packer(sample)
+        packed = packer.pack(sample)
         if packed is not None:
             timed[name] = _seconds(packed, x)
     if not timed:

@@ -12,7 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels import cpu_linear
+from kvfleet.engine.kernels import linear
+from kvfleet.engine.kernels.linear import few_rows, resolve_linear, skinny_weight
+from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS, NativeLinear, load_linear
 
 from .conftest import needs_compiler
 
@@ -21,8 +23,8 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture
-def native() -> cpu_linear.NativeLinear:
-    kernel = cpu_linear.load_linear()
+def native() -> NativeLinear:
+    kernel = load_linear()
     assert kernel is not None, "a C compiler is present but the linear kernel did not build"
     return kernel
 
@@ -32,7 +34,7 @@ def native() -> cpu_linear.NativeLinear:
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33), (8, 49)])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_every_row_count_and_ragged_shape_matches_f_linear(
-    native: cpu_linear.NativeLinear, threads: int, rows: int, k: int, n: int, bias: bool
+    native: NativeLinear, threads: int, rows: int, k: int, n: int, bias: bool
 ) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + k + n)
     x = torch.randn(rows, k, generator=gen)
@@ -44,7 +46,7 @@ def test_every_row_count_and_ragged_shape_matches_f_linear(
 @needs_compiler
 @pytest.mark.parametrize("rows", [1, 3, 6])
 def test_an_outputs_bits_do_not_depend_on_the_block_its_weight_row_falls_in(
-    native: cpu_linear.NativeLinear, rows: int
+    native: NativeLinear, rows: int
 ) -> None:
     # 4 or 2 weight rows a block, the last n mod 4 (or 2) one at a time: the same sums lane for lane
     gen = torch.Generator().manual_seed(rows)
@@ -55,7 +57,7 @@ def test_an_outputs_bits_do_not_depend_on_the_block_its_weight_row_falls_in(
 
 
 @needs_compiler
-def test_each_output_is_written_once_whatever_was_in_the_buffer(native: cpu_linear.NativeLinear) -> None:
+def test_each_output_is_written_once_whatever_was_in_the_buffer(native: NativeLinear) -> None:
     x, weight = torch.randn(4, 40), torch.randn(70, 40)
     with mock.patch.object(torch.Tensor, "new_empty", lambda self, *s: torch.full(s, float("nan"))):
         out = native(x, weight, None)
@@ -64,13 +66,13 @@ def test_each_output_is_written_once_whatever_was_in_the_buffer(native: cpu_line
 
 @needs_compiler
 def test_a_decode_batch_goes_native_and_a_prefill_chunk_goes_to_torch(
-    native: cpu_linear.NativeLinear,
+    native: NativeLinear,
 ) -> None:
     weight = torch.randn(32, 16)
-    with torch.inference_mode(), mock.patch.object(cpu_linear.F, "linear", wraps=F.linear) as torch_linear:
-        cpu_linear.linear(torch.randn(cpu_linear.SKINNY_MAX_ROWS, 16), weight)
+    with torch.inference_mode(), mock.patch.object(linear.F, "linear", wraps=F.linear) as torch_linear:
+        resolve_linear(weight)(torch.randn(SKINNY_MAX_ROWS, 16))
         assert torch_linear.call_count == 0
-        cpu_linear.linear(torch.randn(cpu_linear.SKINNY_MAX_ROWS + 1, 16), weight)
+        resolve_linear(weight)(torch.randn(SKINNY_MAX_ROWS + 1, 16))
         assert torch_linear.call_count == 1
 
 
@@ -90,11 +92,11 @@ def test_what_the_kernel_cannot_take_falls_back_to_f_linear_with_the_same_result
         x = x[None]
     grad = case == "grad enabled"
     with torch.set_grad_enabled(grad):
-        assert not cpu_linear.skinny_ok(x, weight, bias)
-        torch.testing.assert_close(cpu_linear.linear(x, weight, bias), F.linear(x, weight, bias))
+        assert not (skinny_weight(weight, bias) and few_rows(x, weight.shape[1]))
+        torch.testing.assert_close(resolve_linear(weight, bias)(x), F.linear(x, weight, bias))
 
 
 def test_without_the_native_library_every_call_is_f_linear() -> None:
     x, weight = torch.randn(2, 8), torch.randn(3, 8)
-    with torch.inference_mode(), mock.patch.object(cpu_linear, "load_linear", return_value=None):
-        torch.testing.assert_close(cpu_linear.linear(x, weight), F.linear(x, weight))
+    with torch.inference_mode(), mock.patch.object(linear, "load_linear", return_value=None):
+        torch.testing.assert_close(resolve_linear(weight)(x), F.linear(x, weight))

@@ -1,4 +1,4 @@
-"""The native packed GEMM (kernels/native_packed.py, csrc/packed_gemm.c) against ``F.linear``.
+"""The native packed GEMM (kernels/packing/native.py, native/csrc/packed_gemm.c) against ``F.linear``.
 
 The weight is copied once into panels of 16 output columns, k-major, zero past the last
 column; the kernel keeps 6 rows x 16 columns of the output in registers and sums each output
@@ -14,16 +14,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels import cpu_linear, native_packed
+from kvfleet.engine.kernels.linear import resolve_linear
+from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
 
 pytestmark = pytest.mark.skipif(
-    not native_packed.available(), reason="the native library does not build here"
+    not NativePackedWeight.available(), reason="the native library does not build here"
 )
 TOL = dict(rtol=1e-4, atol=5e-4)  # float32 sums of up to 1536 unit-normal products in another order
 
 
-def packed_of(weight: torch.Tensor) -> native_packed.PackedWeight:
-    packed = native_packed.pack_weight(weight)
+def packed_of(weight: torch.Tensor) -> NativePackedWeight:
+    packed = NativePackedWeight.pack(weight)
     assert packed is not None
     return packed
 
@@ -50,9 +52,7 @@ def test_the_packed_matmul_equals_f_linear(threads: int, rows: int, k: int, n: i
     with torch.inference_mode():
         torch.testing.assert_close(packed(x, None), F.linear(x, weight), **TOL)
         torch.testing.assert_close(packed(x, bias), F.linear(x, weight, bias), **TOL)
-        torch.testing.assert_close(
-            cpu_linear.linear(x, weight, bias, packed), F.linear(x, weight, bias), **TOL
-        )
+        torch.testing.assert_close(resolve_linear(weight, bias, packed)(x), F.linear(x, weight, bias), **TOL)
 
 
 def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(threads: int) -> None:
@@ -66,8 +66,8 @@ def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(threads: i
 
 
 def test_only_float32_cpu_matrices_are_packed_and_only_their_rows_are_taken() -> None:
-    assert native_packed.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None
-    assert native_packed.pack_weight(torch.ones(4)) is None
+    assert NativePackedWeight.pack(torch.ones(4, 4, dtype=torch.bfloat16)) is None
+    assert NativePackedWeight.pack(torch.ones(4)) is None
     packed = packed_of(torch.ones(8, 4))
     with torch.inference_mode():
         assert packed.takes(torch.ones(3, 4))
@@ -82,6 +82,6 @@ def test_a_decode_step_of_any_size_takes_the_native_pack_not_the_few_row_kernel(
     packed = packed_of(other)
     assert packed.streams_few_rows
     with torch.inference_mode():
-        for rows in (1, cpu_linear.SKINNY_MAX_ROWS, cpu_linear.SKINNY_MAX_ROWS + 1):
+        for rows in (1, SKINNY_MAX_ROWS, SKINNY_MAX_ROWS + 1):
             x = torch.randn(rows, 16)
-            torch.testing.assert_close(cpu_linear.linear(x, weight, None, packed), F.linear(x, other), **TOL)
+            torch.testing.assert_close(resolve_linear(weight, None, packed)(x), F.linear(x, other), **TOL)

@@ -1,7 +1,7 @@
-"""Which GEMM library the packed linears run on (kernels/packing.py), and oneDNN's packed path against ``F.linear``.
+"""Which GEMM library the packed linears run on (kernels/packing), and oneDNN's packed path against ``F.linear``.
 
 ``auto`` times each packer the build has on a weight of the model and keeps the faster; a
-name runs that packer. oneDNN's packed matmul (kernels/onednn_packed.py) equals ``F.linear``
+name runs that packer. oneDNN's packed matmul (kernels/packing/onednn.py) equals ``F.linear``
 up to float32 summation order, with and without a bias, at decode and prefill row counts.
 """
 
@@ -13,10 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels import cpu_linear, mkl_packed, native_packed, onednn_packed, packing
+from kvfleet.engine.kernels import packing
+from kvfleet.engine.kernels.linear import resolve_linear
+from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
+from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight
 
 needs_onednn = pytest.mark.skipif(
-    not onednn_packed.available(), reason="this torch build has no oneDNN linear"
+    not OnednnPackedWeight.available(), reason="this torch build has no oneDNN linear"
 )
 TOL = dict(
     rtol=1e-4, atol=5e-4
@@ -33,15 +37,13 @@ def test_the_onednn_packed_matmul_equals_f_linear(threads: int, rows: int, k: in
         torch.randn(n, k, generator=gen),
         torch.randn(n, generator=gen),
     )
-    packed = onednn_packed.pack_weight(weight)
+    packed = OnednnPackedWeight.pack(weight)
     assert packed is not None and (packed.out_features, packed.in_features) == (n, k)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x, None), F.linear(x, weight), **TOL)
         torch.testing.assert_close(packed(x, bias), F.linear(x, weight, bias), **TOL)
         # through the model's entry point: more rows than the native few-row kernel takes
-        torch.testing.assert_close(
-            cpu_linear.linear(x, weight, bias, packed), F.linear(x, weight, bias), **TOL
-        )
+        torch.testing.assert_close(resolve_linear(weight, bias, packed)(x), F.linear(x, weight, bias), **TOL)
 
 
 @pytest.mark.parametrize("kind", sorted(packing.PACKERS))
@@ -57,13 +59,13 @@ def test_every_packers_pack_is_a_copy_later_changes_to_the_weight_do_not_reach_i
 
 
 def test_onednn_packs_only_float32_cpu_matrices() -> None:
-    assert onednn_packed.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None
-    assert onednn_packed.pack_weight(torch.ones(4)) is None
+    assert OnednnPackedWeight.pack(torch.ones(4, 4, dtype=torch.bfloat16)) is None
+    assert OnednnPackedWeight.pack(torch.ones(4)) is None
 
 
 @needs_onednn
 def test_a_packed_weight_takes_only_contiguous_float32_rows_of_its_width() -> None:
-    packed = onednn_packed.pack_weight(torch.ones(8, 4))
+    packed = OnednnPackedWeight.pack(torch.ones(8, 4))
     assert packed is not None
     with torch.inference_mode():
         assert packed.takes(torch.ones(3, 4))
@@ -84,7 +86,7 @@ def test_a_named_packer_is_used_as_named_and_an_unknown_one_packs_nothing() -> N
 def test_auto_keeps_the_fastest_packer_by_its_measured_time() -> None:
     times = {"mkl": 2.0, "onednn": 1.0, "native": 3.0}
     with mock.patch.object(packing, "_seconds", side_effect=lambda packed, x: times[kind_of(packed)]):
-        if mkl_packed.available() and onednn_packed.available() and native_packed.available():
+        if MklPackedWeight.available() and OnednnPackedWeight.available() and NativePackedWeight.available():
             assert packing.resolve("auto", torch.ones(16, 8)) == "onednn"
             times.update(mkl=0.5)
             assert packing.resolve("auto", torch.ones(16, 8)) == "mkl"
@@ -93,11 +95,11 @@ def test_auto_keeps_the_fastest_packer_by_its_measured_time() -> None:
 
 
 def test_auto_packs_nothing_where_no_packer_takes_the_weight() -> None:
-    with mock.patch.dict(packing.PACKERS, {name: lambda w: None for name in packing.PACKERS}):
+    with mock.patch.dict(packing.PACKERS, {name: mock.Mock(pack=lambda w: None) for name in packing.PACKERS}):
         assert packing.resolve("auto", torch.ones(16, 8)) is None
 
 
 def kind_of(packed: object) -> str:
-    if isinstance(packed, mkl_packed.PackedWeight):
+    if isinstance(packed, MklPackedWeight):
         return "mkl"
-    return "native" if isinstance(packed, native_packed.PackedWeight) else "onednn"
+    return "native" if isinstance(packed, NativePackedWeight) else "onednn"

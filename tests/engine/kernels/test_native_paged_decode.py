@@ -21,7 +21,8 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend, torch_batched
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
-from kvfleet.engine.kernels import cpu_decode
+from kvfleet.engine.kernels.native import build, paged_decode
+from kvfleet.engine.kernels.native.paged_decode import PagedCache
 from kvfleet.engine.runner import resolve_backend
 
 from .conftest import needs_compiler
@@ -35,9 +36,9 @@ MIXED = [(19, 19), (41, 9), (33, 1), (1, 1), (16, 1)]
 def fresh_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty kernel cache of the test's own, and ``load_kernel`` forgotten before and after."""
     monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path))
-    cpu_decode.load_kernel.cache_clear()
+    paged_decode.load_kernel.cache_clear()
     yield tmp_path / "kernels"
-    cpu_decode.load_kernel.cache_clear()
+    paged_decode.load_kernel.cache_clear()
 
 
 def _reference(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -90,15 +91,15 @@ def test_the_portable_loops_match_the_reference_where_the_cpu_has_vector_code_fo
     paged_batch: Callable, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> None:
     # built without AVX-512, the kernel runs the portable loops that CPUs without it get
-    portable, reason = cpu_decode.build_kernel((*cpu_decode.FLAGS, "-mno-avx512f"))
+    portable, reason = paged_decode.build_kernel((*build.FLAGS, "-mno-avx512f"))
     assert portable is not None, reason
     batch = paged_batch(
         DECODES, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=8
     )
     meta, out = batch.meta, torch.empty_like(batch.q)
     everyone = torch.arange(len(DECODES), dtype=torch.int64)
-    portable(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-             everyone, out, head_dim**-0.5, 7)  # fmt: skip
+    paged = PagedCache(batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    portable(batch.q, paged, everyone, out, head_dim**-0.5, 7)
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5, 7), atol=2e-5, rtol=2e-5)
 
 
@@ -126,13 +127,13 @@ def test_queries_read_as_a_strided_view_of_a_fused_qkv_projection(paged_batch: C
 @needs_compiler
 def test_the_kernel_writes_the_rows_of_the_listed_sequences_and_no_other(paged_batch: Callable) -> None:
     batch = paged_batch(DECODES, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8)
-    kernel, reason = cpu_decode.load_kernel()
+    kernel, reason = paged_decode.load_kernel()
     assert kernel is not None, reason
     meta = batch.meta
     out = torch.full_like(batch.q, 7.0)
     listed = torch.tensor([4, 0, 2], dtype=torch.int64)
-    kernel(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-           listed, out, 0.3, None)  # fmt: skip
+    paged = PagedCache(batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    kernel(batch.q, paged, listed, out, 0.3, None)
     expected = _reference(batch, 0.3)
     for s in range(len(DECODES)):
         if s in listed.tolist():
@@ -184,16 +185,16 @@ def test_long_prefill_chunks_cut_into_tiles_see_exactly_their_causal_keys(
 def test_the_kernel_is_built_once_into_the_cache_and_reused(
     fresh_kernel: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert cpu_decode.load_kernel().kernel is not None, cpu_decode.load_kernel().reason
+    assert paged_decode.load_kernel().kernel is not None, paged_decode.load_kernel().reason
     built = list(fresh_kernel.iterdir())
     assert len(built) == 1 and built[0].name.startswith("paged_decode-"), "no temporary file is left behind"
-    cpu_decode.load_kernel.cache_clear()
+    paged_decode.load_kernel.cache_clear()
 
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise AssertionError("the cached kernel should have been loaded, not rebuilt")
 
-    monkeypatch.setattr(cpu_decode.subprocess, "run", no_compiler)
-    assert cpu_decode.load_kernel().kernel is not None
+    monkeypatch.setattr(build.subprocess, "run", no_compiler)
+    assert paged_decode.load_kernel().kernel is not None
     assert list(fresh_kernel.iterdir()) == built
 
 
@@ -202,7 +203,7 @@ def test_auto_falls_back_to_torch_when_no_compiler_exists(
 ) -> None:
     monkeypatch.setenv("CC", str(fresh_kernel.parent / "no-such-cc"))
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
-    assert "no-such-cc" in (cpu_decode.load_kernel().reason or "")
+    assert "no-such-cc" in (paged_decode.load_kernel().reason or "")
     from kvfleet.engine.attention.cpu_backend import CpuKernelUnavailable
 
     with pytest.raises(CpuKernelUnavailable, match=r"'cpu' needs its native kernel.*no-such-cc.*'torch'"):
@@ -216,7 +217,7 @@ def test_a_failed_build_is_reported_with_the_compiler_output(
     broken.write_text("#!/bin/sh\necho 'paged_decode.c:1: error: no vectors today' >&2\nexit 1\n")
     broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("CC", str(broken))
-    kernel, reason = cpu_decode.load_kernel()
+    kernel, reason = paged_decode.load_kernel()
     assert kernel is None and "no vectors today" in (reason or "")
     assert not list(fresh_kernel.glob("*")), "a failed build leaves nothing in the cache"
 
@@ -302,13 +303,13 @@ def test_shapes_the_kernel_cannot_serve_are_refused_naming_them(
 
 @needs_compiler
 def test_a_damaged_kernel_in_the_cache_is_built_again(fresh_kernel: Path) -> None:
-    assert cpu_decode.load_kernel().kernel is not None, cpu_decode.load_kernel().reason
+    assert paged_decode.load_kernel().kernel is not None, paged_decode.load_kernel().reason
     (built,) = fresh_kernel.glob("paged_decode-*.so")
     damaged = built.with_suffix(".damaged")
     damaged.write_bytes(b"not an ELF file")
     damaged.replace(built)  # a new file: this process keeps its mapping of the good one
     # a fresh process, which has not loaded the kernel, meets the damaged file
-    code = "from kvfleet.engine.kernels import cpu_decode as c; k, why = c.load_kernel(); print(k is not None, why)"
+    code = "from kvfleet.engine.kernels.native import paged_decode as c; k, why = c.load_kernel(); print(k is not None, why)"
     env = {**os.environ, "KVFLEET_CACHE": str(fresh_kernel.parent)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "True None", done.stderr

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvfleet.engine.attention.torch_backend import store_kv_reference
-from kvfleet.engine.kernels.kv_store import store_kv
+from kvfleet.engine.kernels.triton.kv_store import store_kv
 
 
 def _caches(

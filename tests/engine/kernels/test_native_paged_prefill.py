@@ -14,7 +14,8 @@ import torch
 from kvfleet.engine.attention import LayerKV, get_backend
 from kvfleet.engine.attention.cpu_backend import split_rows
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
-from kvfleet.engine.kernels.cpu_prefill import NativePrefill, load_prefill, prefill_ok
+from kvfleet.engine.kernels.native.paged_decode import PagedCache
+from kvfleet.engine.kernels.native.paged_prefill import NativePrefill, load_prefill, prefill_ok
 
 from .conftest import PagedBatch, make_paged_batch, needs_compiler
 
@@ -40,8 +41,8 @@ def _prefill(batch: PagedBatch, scale: float, window: int | None) -> torch.Tenso
     assert seqs is not None
     out = torch.full_like(batch.q, 7.0)  # rows the kernel does not own keep this
     meta = batch.meta
-    kernel(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens,
-           meta.query_start_loc, seqs, out, scale, window)  # fmt: skip
+    paged = PagedCache(batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    kernel(batch.q, paged, seqs, out, scale, window)
     return out
 
 
@@ -106,8 +107,10 @@ def test_the_kernel_refuses_a_head_size_it_does_not_take_with_a_clear_error() ->
     batch = make_paged_batch([(20, 20)], num_heads=2, num_kv_heads=1, head_dim=24, block_size=16)
     meta = batch.meta
     with pytest.raises(ValueError, match="does not take 2 heads over 1 KV heads of size 24"):
-        kernel(batch.q, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens,
-               meta.query_start_loc, torch.tensor([0]), torch.empty_like(batch.q), 0.2, None)  # fmt: skip
+        paged = PagedCache(
+            batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc
+        )
+        kernel(batch.q, paged, torch.tensor([0]), torch.empty_like(batch.q), 0.2, None)
 
 
 @needs_compiler

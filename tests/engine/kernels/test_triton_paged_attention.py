@@ -8,25 +8,12 @@ import pytest
 import torch
 
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
-from kvfleet.engine.kernels.paged_attention import choose_tiles, paged_attention
+from kvfleet.engine.kernels.triton.paged_attention import choose_tiles, paged_attention
+
+from .conftest import run_triton
 
 # (seq_len, query_len): a whole prefill, a chunked prefill across a block boundary, decodes
 MIXED = [(19, 19), (41, 9), (33, 1), (1, 1), (16, 1)]
-
-
-def _run(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    meta = batch.meta
-    return paged_attention(
-        batch.q,
-        batch.k_cache,
-        batch.v_cache,
-        meta.block_tables,
-        meta.seq_lens,
-        meta.query_start_loc,
-        meta.max_query_len,
-        scale,
-        window,
-    )
 
 
 def _reference(batch, scale: float, window: int | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -61,7 +48,7 @@ def test_mixed_prefill_chunked_prefill_and_decode_batch_matches_the_reference(
         block_size=block_size,
         device=device,
     )
-    out = _run(batch, head_dim**-0.5)
+    out = run_triton(batch, head_dim**-0.5)
     assert out.shape == batch.q.shape and out.dtype == batch.q.dtype
     assert not out.isnan().any()
     torch.testing.assert_close(out, _reference(batch, head_dim**-0.5), atol=2e-5, rtol=2e-5)
@@ -97,7 +84,7 @@ def test_a_sliding_window_batch_matches_the_windowed_reference(
     )
     expected = _reference(batch, head_dim**-0.5, window)
     assert not torch.allclose(expected, _reference(batch, head_dim**-0.5))  # the window masks keys here
-    out = _run(batch, head_dim**-0.5, window)
+    out = run_triton(batch, head_dim**-0.5, window)
     assert not out.isnan().any()
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 
@@ -106,7 +93,7 @@ def test_a_window_wider_than_every_sequence_is_plain_causal_attention(
     paged_batch: Callable, device: torch.device
 ) -> None:
     batch = paged_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device=device)
-    torch.testing.assert_close(_run(batch, 0.125, 41), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(run_triton(batch, 0.125, 41), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered")
@@ -120,8 +107,8 @@ def test_keys_in_tiles_wholly_before_the_window_are_never_read(
     for pos in range(64):  # poison them: a read would turn the output NaN (0 * NaN in p @ v)
         batch.k_cache[table[pos // 16], pos % 16] = float("nan")
         batch.v_cache[table[pos // 16], pos % 16] = float("nan")
-    torch.testing.assert_close(_run(batch, 0.125, 40), expected, atol=2e-5, rtol=2e-5)
-    assert _run(batch, 0.125).isnan().all()  # without the window they are read
+    torch.testing.assert_close(run_triton(batch, 0.125, 40), expected, atol=2e-5, rtol=2e-5)
+    assert run_triton(batch, 0.125).isnan().all()  # without the window they are read
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -132,7 +119,7 @@ def test_decode_only_batch_uses_one_token_tiles_and_matches_the_reference(
     seqs = [(block_size, 1), (block_size + 1, 1), (2 * block_size - 1, 1), (1, 1), (70, 1)]
     batch = paged_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=64, block_size=block_size, device=device)
     assert choose_tiles(group=4, head_dim=64, max_query_len=1).block_q == 4
-    torch.testing.assert_close(_run(batch, 0.125), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(run_triton(batch, 0.125), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
 
 
 def test_long_context_chunk_attends_over_many_key_tiles(paged_batch: Callable, device: torch.device) -> None:
@@ -140,7 +127,7 @@ def test_long_context_chunk_attends_over_many_key_tiles(paged_batch: Callable, d
     batch = paged_batch(
         [(155, 5), (3, 2)], num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, device=device
     )
-    torch.testing.assert_close(_run(batch, 0.2), _reference(batch, 0.2), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(run_triton(batch, 0.2), _reference(batch, 0.2), atol=2e-5, rtol=2e-5)
 
 
 def test_queries_read_as_a_strided_view_of_a_fused_qkv_projection(
@@ -156,7 +143,7 @@ def test_queries_read_as_a_strided_view_of_a_fused_qkv_projection(
         strided_q=True,
     )
     assert not batch.q.is_contiguous()
-    torch.testing.assert_close(_run(batch, 0.125), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(run_triton(batch, 0.125), _reference(batch, 0.125), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
@@ -172,7 +159,7 @@ def test_half_precision_caches_match_the_fp32_reference_within_rounding(
         dtype=dtype,
         device=device,
     )
-    out = _run(batch, 0.125)
+    out = run_triton(batch, 0.125)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), _reference(batch, 0.125).float(), atol=tol, rtol=tol)
 

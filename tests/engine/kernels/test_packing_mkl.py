@@ -1,4 +1,4 @@
-"""Weights packed once for MKL (kernels/mkl_packed.py) against ``F.linear``, and when they are used.
+"""Weights packed once for MKL (kernels/packing/mkl.py) against ``F.linear``, and when they are used.
 
 The packed GEMM runs MKL's own kernels over a copy made once: its output equals
 ``F.linear``'s up to float32 summation order (MKL may split the sums another way, e.g.
@@ -16,15 +16,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels import cpu_linear, mkl_packed
+from kvfleet.engine.kernels.linear import resolve_linear
+from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
+from kvfleet.engine.kernels.packing import mkl
+from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 
-needs_mkl = pytest.mark.skipif(not mkl_packed.available(), reason="this torch build has no MKL pack API")
+needs_mkl = pytest.mark.skipif(not MklPackedWeight.available(), reason="this torch build has no MKL pack API")
 # float32 sums in another order: relative to the size of the terms
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
-def packed_of(weight: torch.Tensor) -> mkl_packed.PackedWeight:
-    packed = mkl_packed.pack_weight(weight)
+def packed_of(weight: torch.Tensor) -> MklPackedWeight:
+    packed = MklPackedWeight.pack(weight)
     assert packed is not None
     return packed
 
@@ -61,14 +64,14 @@ def test_it_takes_only_contiguous_float32_cpu_rows_of_its_width_without_grad() -
 
 
 def test_only_float32_cpu_matrices_are_packed() -> None:
-    assert mkl_packed.pack_weight(torch.randn(8, 16, dtype=torch.bfloat16)) is None
-    assert mkl_packed.pack_weight(torch.randn(8)) is None
+    assert MklPackedWeight.pack(torch.randn(8, 16, dtype=torch.bfloat16)) is None
+    assert MklPackedWeight.pack(torch.randn(8)) is None
 
 
 def test_without_the_pack_api_nothing_is_packed() -> None:
-    with mock.patch.object(mkl_packed, "_mkl", return_value=None):
-        assert mkl_packed.pack_weight(torch.randn(8, 16)) is None
-        assert not mkl_packed.available()
+    with mock.patch.object(mkl, "_mkl", return_value=None):
+        assert MklPackedWeight.pack(torch.randn(8, 16)) is None
+        assert not MklPackedWeight.available()
 
 
 @needs_mkl
@@ -77,10 +80,8 @@ def test_a_decode_batch_keeps_the_plain_weight_and_a_prefill_chunk_takes_the_pac
     # (Both weights' products differ by far more than any summation order.)
     weight, other = torch.randn(32, 16), torch.randn(32, 16)
     packed = packed_of(other)
-    few, many = torch.randn(cpu_linear.SKINNY_MAX_ROWS, 16), torch.randn(cpu_linear.SKINNY_MAX_ROWS + 1, 16)
+    few, many = torch.randn(SKINNY_MAX_ROWS, 16), torch.randn(SKINNY_MAX_ROWS + 1, 16)
     with torch.inference_mode():
-        torch.testing.assert_close(cpu_linear.linear(few, weight, None, packed), F.linear(few, weight))
-        torch.testing.assert_close(
-            cpu_linear.linear(many, weight, None, packed), F.linear(many, other), **TOL
-        )
-        torch.testing.assert_close(cpu_linear.linear(many, weight), F.linear(many, weight), **TOL)
+        torch.testing.assert_close(resolve_linear(weight, None, packed)(few), F.linear(few, weight))
+        torch.testing.assert_close(resolve_linear(weight, None, packed)(many), F.linear(many, other), **TOL)
+        torch.testing.assert_close(resolve_linear(weight)(many), F.linear(many, weight), **TOL)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvfleet.engine.kernels.cpu_decode import FLAGS, build_library
+from kvfleet.engine.kernels.native.build import library
 
 _WEIGHTS: tuple[str, ...] = ("input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up")
 _WEIGHTS += ("gate_up_bias", "down", "down_bias")
@@ -138,6 +138,6 @@ class NativeDecodeLayers:
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
+def load_decode_layers() -> ctypes.CDLL | None:
     """The native library (None where it does not build: the per-op path runs then)."""
-    return build_library(FLAGS).library
+    return library()

@@ -2,7 +2,7 @@
 
 Where it sits: the ``cpu`` attention backend (``engine/attention/cpu_backend.py``) hands it the
 sequences of a step with more than one query row; the decode rows go to
-:mod:`kvfleet.engine.kernels.cpu_decode`'s kernel, built into the same library. It replaces the
+:mod:`kvfleet.engine.kernels.native.paged_decode`'s kernel, built into the same library. It replaces the
 torch path's gather of each chunk's K/V rows into a padded copy and its per-tile SDPA calls: the
 kernel walks each sequence's block table, skips every key past a row's own position, and runs
 the G query heads of a KV head together, flash-style (``csrc/paged_prefill.c`` says how).
@@ -15,7 +15,8 @@ import functools
 
 import torch
 
-from kvfleet.engine.kernels.cpu_decode import FLAGS, PagedKernel, build_library
+from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.paged_decode import PagedKernel
 
 # What paged_prefill_f32 takes (the C file's own check returns 2 otherwise).
 MAX_HEAD_DIM = 256
@@ -54,5 +55,5 @@ class NativePrefill(PagedKernel):
 @functools.cache
 def load_prefill() -> NativePrefill | None:
     """The native kernel, built on first use (None where the library does not build)."""
-    lib = build_library(FLAGS).library
+    lib = library()
     return None if lib is None else NativePrefill(lib)

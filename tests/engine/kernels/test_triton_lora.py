@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfleet.engine.kernels.lora import add_lora
+from kvfleet.engine.kernels.triton.lora import add_lora
 from kvfleet.engine.lora.context import LoraContext, lora_delta
 
 

@@ -1,9 +1,9 @@
 """Weights packed once for MKL's GEMM: the prefill-sized matmuls of a float32 model on the CPU.
 
 Where it sits: ``ModelRunner`` calls ``LlamaForCausalLM.prepack()`` after loading (when
-``EngineConfig.prepack_weights``, and ``kernels/packing.py`` picks MKL over oneDNN: by
+``EngineConfig.prepack_weights``, and ``kernels/packing`` picks MKL over oneDNN: by
 name, or for ``auto`` as the faster here); each layer then holds a :class:`PackedWeight` beside
-its q/k/v, o_proj, gate/up and down_proj weights, and ``cpu_linear.linear`` sends a step
+its q/k/v, o_proj, gate/up and down_proj weights, and ``kernels/linear.py`` sends a step
 of more than ``SKINNY_MAX_ROWS`` rows through it. Fewer rows (decode) stay on the native
 few-row kernel, which reads the plain weight.
 
@@ -27,9 +27,10 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
+
+from kvfleet.engine.kernels.packing.base import PackedWeight
 
 # CBLAS enum values (mkl_cblas.h)
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162
@@ -61,35 +62,32 @@ def _mkl() -> _Mkl | None:
         return None
 
 
-def available() -> bool:
-    return _mkl() is not None
+class MklPackedWeight(PackedWeight):
+    """A linear's (out, in) weight, packed as the right operand of ``x @ weight.T``; MKL's GEMM walks
+    panels, so the few-row kernel streams a decode step faster (``streams_few_rows`` False)."""
 
+    def __init__(self, buffer: torch.Tensor, out_features: int, in_features: int) -> None:
+        super().__init__(out_features, in_features)
+        self.buffer = buffer  # uint8, MKL's opaque layout
 
-def packable_input(x: torch.Tensor, in_features: int) -> bool:
-    """Whether ``x`` is what a packed float32 weight of ``in_features`` inputs multiplies (MKL's and
-    oneDNN's alike): contiguous float32 CPU rows of that width, outside autograd."""
-    return (
-        x.dim() == 2
-        and x.shape[0] > 0
-        and x.shape[1] == in_features
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and x.is_contiguous()
-        and not torch.is_grad_enabled()
-    )
+    @classmethod
+    def available(cls) -> bool:
+        return _mkl() is not None
 
-
-class PackedWeight(NamedTuple):
-    """A linear's (out, in) weight, packed as the right operand of ``x @ weight.T``."""
-
-    buffer: torch.Tensor  # uint8, MKL's opaque layout
-    out_features: int
-    in_features: int
+    @classmethod
+    def from_matrix(cls, source: torch.Tensor) -> MklPackedWeight:
+        mkl = _mkl()
+        assert mkl is not None  # pack() asks available() first
+        n, k = source.shape
+        buffer = torch.empty(mkl.get_size(_B_MATRIX, _PACK_ROWS_HINT, n, k), dtype=torch.uint8)
+        mkl.pack(
+            _ROW_MAJOR, _B_MATRIX, _TRANS, _PACK_ROWS_HINT, n, k, 1.0, source.data_ptr(), k, buffer.data_ptr()
+        )
+        return cls(buffer, n, k)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear(x, weight, bias)`` for a contiguous float32 (rows, in) ``x``."""
         mkl = _mkl()
-        assert mkl is not None  # a PackedWeight exists only where packing worked
+        assert mkl is not None  # a packed weight exists only where packing worked
         rows, n, k = x.shape[0], self.out_features, self.in_features
         out = x.new_empty(rows, n)
         mkl.compute(
@@ -99,26 +97,3 @@ class PackedWeight(NamedTuple):
         if bias is not None:
             out += bias
         return out
-
-    @property
-    def streams_few_rows(self) -> bool:
-        """MKL's GEMM walks panels: the few-row kernel streams a decode step faster."""
-        return False
-
-    def takes(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` can run through this packed weight."""
-        return packable_input(x, self.in_features)
-
-
-def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
-    """``weight`` (out, in) packed for MKL, or None (not float32 on the CPU, or no MKL pack API)."""
-    mkl = _mkl()
-    if mkl is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-        return None
-    n, k = weight.shape
-    source = weight.detach().contiguous()
-    buffer = torch.empty(mkl.get_size(_B_MATRIX, _PACK_ROWS_HINT, n, k), dtype=torch.uint8)
-    mkl.pack(
-        _ROW_MAJOR, _B_MATRIX, _TRANS, _PACK_ROWS_HINT, n, k, 1.0, source.data_ptr(), k, buffer.data_ptr()
-    )
-    return PackedWeight(buffer, n, k)
