@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvfleet.engine.kernels import cpu_fused as f
+from kvfleet.engine.kernels import fused_ops as f
 
 
 def cases(k: f.NativeFused, rows: int) -> dict[str, Callable[[], object]]:

@@ -1,4 +1,4 @@
-"""Every weight packer of ``engine/kernels/packing.py`` (and the unpacked few-row kernel) on
+"""Every weight packer of ``engine/kernels/packing/`` (and the unpacked few-row kernel) on
 SmolLM2's 30 layers of linears plus the LM head, weights streamed from memory as in a step.
 
     OMP_NUM_THREADS=2 python bench/packers_micro.py [--threads 2] [--reps 5] [--rows 1,4,8,16,32,64,256]
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from kvfleet.engine.kernels import packing
-from kvfleet.engine.kernels.cpu_linear import SKINNY_MAX_ROWS, load_linear
+from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS, load_linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]  # (in, out)
 

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from kvfleet.engine.attention.base import AttentionMetadata, LayerKV
 from kvfleet.engine.attention.torch_batched import BatchedAttention
-from kvfleet.engine.kernels.cpu_prefill import NativePrefill, load_prefill
+from kvfleet.engine.kernels.native.paged_decode import PagedCache
+from kvfleet.engine.kernels.native.paged_prefill import NativePrefill, load_prefill
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -98,8 +99,10 @@ def contenders(n: int, kernel: NativePrefill) -> dict[str, Callable[[], object]]
         "torch one call": lambda: F.scaled_dot_product_attention(
             qs, ks, vs, is_causal=True, enable_gqa=True, scale=layer.scale
         ),
-        "native": lambda: kernel(q, *paged, seqs, out, layer.scale, None),
-        "native, cached half": lambda: kernel(half_q, *half_paged, seqs, half_out, half_layer.scale, None),
+        "native": lambda: kernel(q, PagedCache(*paged), seqs, out, layer.scale, None),
+        "native, cached half": lambda: kernel(
+            half_q, PagedCache(*half_paged), seqs, half_out, half_layer.scale, None
+        ),
     }
 
 

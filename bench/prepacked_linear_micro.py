@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels.mkl_packed import PackedWeight, pack_weight
+from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out) of SmolLM2's linears
 LAYERS = 30
@@ -40,9 +40,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     weights = [[torch.randn(n, k) * 0.05 for k, n in SHAPES] for _ in range(LAYERS)]
     before = resident_mb()
-    packs: list[list[PackedWeight]] = []
+    packs: list[list[MklPackedWeight]] = []
     for layer in weights:
-        row = [pack_weight(w) for w in layer]
+        row = [MklPackedWeight.pack(w) for w in layer]
         if any(p is None for p in row):
             raise SystemExit("this torch build has no MKL pack API")
         packs.append([p for p in row if p is not None])

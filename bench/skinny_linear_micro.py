@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvfleet.engine.kernels.cpu_linear import load_linear
+from kvfleet.engine.kernels.native.skinny_gemm import load_linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out)
 
