@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kvfleet.engine.config import EngineConfig
     from kvfleet.engine.engine import Engine
     from kvfleet.engine.interfaces import Tokenizer
-    from kvfleet.engine.server.state import ServerState
+    from kvfleet.engine.server.state import ServerState, ToolSettings
     from kvfleet.engine.sim_lora import SimAdapters
 
 _UNITS = {
@@ -53,6 +53,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _engine_arguments(parser)
     _lora_arguments(parser)
     _sim_arguments(parser)
+    _tool_arguments(parser)
+
+
+def _tool_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.engine.server.tool_parsers import PARSERS
+
+    t = parser.add_argument_group("tool calling")
+    t.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="how the model writes tool calls (tool_choice auto reads them with it): hermes (also the "
+        "prompt kvfleet renders for templates without tools), llama3_json, mistral, qwen",
+    )
+    t.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="serve tool_choice 'auto' (needs --tool-call-parser); 'required' and named choices always work",
+    )
+
+
+def tool_settings(args: argparse.Namespace) -> ToolSettings:
+    """The server's ToolSettings; ``--enable-auto-tool-choice`` without a parser is a ValueError."""
+    from kvfleet.engine.server.state import ToolSettings
+
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral, qwen)"
+        )
+    return ToolSettings(parser=args.tool_call_parser, auto=args.enable_auto_tool_choice)
 
 
 def _server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -244,6 +274,7 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
     """The server's state over an engine core: its own process (``--engine-core process``) or a thread."""
     from kvfleet.engine.server.app import build_state
 
+    tools = tool_settings(args)  # a bad flag fails before any spawn
     core: CoreTransport
     if args.engine_core == "thread":
         from kvfleet.engine.client import ThreadCore
@@ -258,7 +289,7 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
         process = ProcessCore(functools.partial(build_engine, args))
         hello = process.launch()
         core, name, max_model_len = process, hello.model_name, hello.max_model_len
-    return build_state(
+    state = build_state(
         core,
         tokenizer,
         name=name,
@@ -266,6 +297,8 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
     )
+    state.tools = tools
+    return state
 
 
 def sim_adapters(args: argparse.Namespace) -> SimAdapters | None:

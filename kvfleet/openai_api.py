@@ -196,7 +196,6 @@ MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 UNSUPPORTED_FIELDS = {
     "functions": "function calling is not implemented",
     "function_call": "function calling is not implemented",
-    "parallel_tool_calls": "tool calling is not implemented",
     "use_beam_search": "beam search is not implemented",
     "length_penalty": "beam search is not implemented",
     "prompt_logprobs": "prompt logprobs are not implemented",
@@ -270,6 +269,42 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class FunctionDef(BaseModel):
+    model_config = FORBID_EXTRA
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    """One entry of ``tools``: a function the model may call."""
+
+    model_config = FORBID_EXTRA
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = FORBID_EXTRA
+
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call exactly this function."""
+
+    model_config = FORBID_EXTRA
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class _SamplingFields(_Request):
     """The fields completions and chat share; ranges as OpenAI (and vLLM, for its extensions) document them."""
 
@@ -299,8 +334,9 @@ class _SamplingFields(_Request):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = Field(default=None, description="vLLM extension; only xgrammar")
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     user: str | None = None
     priority: int = Field(default=0, ge=-(1 << 31), lt=1 << 31, description="extension: lower runs first")
     ignore_eos: bool = Field(default=False, description="vLLM extension")
@@ -345,20 +381,6 @@ class _SamplingFields(_Request):
             raise ValueError(
                 f"only {' or '.join(map(repr, STRUCTURED_BACKENDS))} is implemented, got {_short(v)}"
             )
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError("tool calling is not implemented; remove tools")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice_none(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if v is not None and v != "none":
-            raise ValueError(f"tool calling is not implemented; only 'none' is accepted (got {_short(v)})")
         return v
 
     @model_validator(mode="after")
@@ -457,6 +479,14 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("suffix is not supported by this engine")
         return v
 
+    @model_validator(mode="after")
+    def _tools_are_for_chat(self) -> CompletionRequest:
+        if self.tools:
+            raise ValueError("tools: only chat completions call tools (POST /v1/chat/completions)")
+        if self.tool_choice not in (None, "none"):
+            raise ValueError("tool_choice: only chat completions call tools (POST /v1/chat/completions)")
+        return self
+
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts, each a string or a list of token ids."""
         p = self.prompt
@@ -478,12 +508,58 @@ class TextPart(BaseModel):
     text: str
 
 
+class MessageFunctionCall(BaseModel):
+    model_config = FORBID_EXTRA
+
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class MessageToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, sent back in the history."""
+
+    model_config = FORBID_EXTRA
+
+    id: str
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = FORBID_EXTRA
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None  # role "tool": the call this message answers
+    tool_calls: list[MessageToolCall] | None = None  # role "assistant": the calls it made
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only assistant messages carry tool calls, not {self.role!r} ones")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError(f"tool_call_id: only tool messages answer a call, not {self.role!r} ones")
+        return self
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it (transformers' convention): ``tool_calls`` with their
+        arguments as objects (as vLLM hands them over), ``tool_call_id`` on tool results."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _arguments(c)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
 
     @property
     def text(self) -> str:
@@ -523,8 +599,36 @@ class ChatCompletionRequest(_SamplingFields):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def message_dicts(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text} for m in self.messages]
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and not self.tools:
+            raise ValueError("tool_choice: needs tools (the functions the model may call)")
+        if isinstance(choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice: the function {choice.function.name!r} is not in tools {names}"
+                )
+        return self
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """``tool_choice``, defaulting as OpenAI's does: ``auto`` when tools are given, else ``none``."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.template_dict() for m in self.messages]
+
+
+def _arguments(call: MessageToolCall) -> Any:
+    """A call's arguments as an object when they are JSON (templates index into them), else the text."""
+    try:
+        return json.loads(call.function.arguments)
+    except json.JSONDecodeError:
+        return call.function.arguments
 
 
 class TokenizeRequest(_Request):

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 # One server-sent event of a stream, as OpenAPI documents ``text/event-stream`` (and schemathesis
 # checks each event against it): its ``data`` is a chunk's JSON, or ``[DONE]``.
@@ -76,9 +76,27 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    """One call of ``message.tool_calls`` (ids ``chatcmpl-tool-<hex>``, as vLLM's)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+def _none(value: object) -> bool:
+    return value is None
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=_none)
 
 
 class ChatChoice(BaseModel):
@@ -98,9 +116,25 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = Field(default=None, exclude_if=_none)
+    arguments: str | None = Field(default=None, exclude_if=_none)
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of a streamed tool call: its first one carries ``id``, ``type`` and the name; the
+    next ones carry argument fragments, which concatenate to the call's arguments."""
+
+    index: int
+    id: str | None = Field(default=None, exclude_if=_none)
+    type: Literal["function"] | None = Field(default=None, exclude_if=_none)
+    function: DeltaFunctionCall
+
+
 class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda v: v is None)
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=_none)
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_none)
 
 
 class ChatChunkChoice(BaseModel):

@@ -253,8 +253,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-read-timeout", type=float, default=60.0, help="the router's --engine-read-timeout (seconds)"
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="the engines' --tool-call-parser (hermes, llama3_json, mistral, qwen)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice", action="store_true", help="the engines' --enable-auto-tool-choice"
+    )
     add_stream_arguments(parser)  # the router's; the engines take theirs with --engine-arg
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def tool_flags(args: argparse.Namespace) -> list[str]:
+    """The tool-calling flags every engine of the fleet gets."""
+    flags = [] if args.tool_call_parser is None else ["--tool-call-parser", args.tool_call_parser]
+    return flags + (["--enable-auto-tool-choice"] if args.enable_auto_tool_choice else [])
 
 
 def _served_name(args: argparse.Namespace) -> str:
@@ -412,7 +426,7 @@ def _build(
     )
     discovery = StaticDiscovery([], services=(service,))
     engine_command = ["--model", args.model, "--served-model-name", name, "--log-level", args.log_level]
-    engine_command += args.engine_arg
+    engine_command += tool_flags(args) + args.engine_arg
     if args.simulate:
         engine_command.append("--simulate")
     fleet = LocalFleet(engine_command)

@@ -141,9 +141,19 @@ class HFTokenizer:
             return piece.replace("\u2581", " ").encode()
         return str(self._tok.decode([token_id], skip_special_tokens=False)).encode()
 
+    @property
+    def template_renders_tools(self) -> bool:
+        """Whether the chat template takes ``tools`` (it names them), as tool-calling templates do."""
+        return self.chat_template is not None and "tools" in self.chat_template
+
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
+        """The chat as the template renders it; ``tools`` (OpenAI's tool objects) are handed to it as
+        transformers hands them (a template that does not name them ignores them)."""
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template (tokenizer_config.json has none)")
         template = _compile_template(self.chat_template)
@@ -151,6 +161,7 @@ class HFTokenizer:
             return template.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
+                tools=None if tools is None else [dict(t) for t in tools],
                 **self._special_tokens,
             )
         except jinja2.TemplateError as e:

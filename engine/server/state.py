@@ -65,6 +65,14 @@ class InFlight:
         return True
 
 
+@dataclass(frozen=True)
+class ToolSettings:
+    """How the server reads tool calls (``--tool-call-parser``, ``--enable-auto-tool-choice``)."""
+
+    parser: str | None = None  # the parser of tool_choice "auto"
+    auto: bool = False  # whether tool_choice "auto" is served
+
+
 @dataclass
 class ServerState:
     engine: AsyncEngine
@@ -75,6 +83,7 @@ class ServerState:
     draining: bool = False
     in_flight: InFlight = field(default_factory=InFlight)
     stream_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S  # a client reading nothing this long: aborted
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
     @property
     def stats(self) -> EngineStats:

@@ -158,8 +158,6 @@ def test_min_tokens_over_max_tokens_is_a_400_not_a_clamp() -> None:
         ({"response_format": {"type": "yaml"}}, "response_format.type", "Input should be 'text', 'json_object' or 'json_schema'"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema is required when type is 'json_schema'"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.json_schema.name", "field required"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling is not implemented"),
-        ({"tool_choice": "auto"}, "tool_choice", "only 'none' is accepted"),
         ({"functions": [{"name": "f"}]}, "functions", "function calling is not implemented; remove it"),
         ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "whitespace pattern for guided decoding is not implemented"),
         ({"guided_decoding_backend": "outlines"}, "guided_decoding_backend", "only 'auto' or 'xgrammar' is implemented"),
@@ -193,8 +191,8 @@ def test_the_harmless_forms_of_unimplemented_fields_are_accepted() -> None:
 
 
 def test_unknown_fields_inside_messages_and_stream_options_are_refused() -> None:
-    msgs = [{"role": "user", "content": "x", "tool_calls": []}]
-    assert _error(ChatCompletionRequest, {"model": "m", "messages": msgs})["param"] == "messages.0.tool_calls"
+    msgs = [{"role": "user", "content": "x", "audio": {}}]
+    assert _error(ChatCompletionRequest, {"model": "m", "messages": msgs})["param"] == "messages.0.audio"
     body = {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True, "x": 1}}
     assert _error(CompletionRequest, body)["param"] == "stream_options.x"
 
@@ -319,3 +317,56 @@ def test_the_error_body_has_openais_four_fields() -> None:
     }
     err = model_not_found("gpt-4", "tiny")
     assert (err.status_code, err.code, err.param) == (404, "model_not_found", "model")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "message"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice", "tool_choice: needs tools (the functions the model may call)"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+         "tool_choice: the function 'f' is not in tools ['get_weather']"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "Input should be 'none', 'auto' or 'required'"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function", "field required"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name", "String should match pattern"),
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages.0",
+         "tool_call_id: only tool messages answer a call, not 'user' ones"),
+    ],
+)  # fmt: skip
+def test_bad_tool_fields_are_400s_naming_the_field(extra: dict[str, Any], param: str, message: str) -> None:
+    err = _error(ChatCompletionRequest, {"model": "m", "messages": USER} | extra)
+    assert (err["param"], message in err["message"]) == (param, True), err
+
+
+def test_completions_refuse_tools_but_take_their_harmless_forms() -> None:
+    base = {"model": "m", "prompt": "x"}
+    err = _error(CompletionRequest, base | {"tools": [WEATHER]})
+    assert (err["param"], err["message"]) == (
+        "tools",
+        "tools: only chat completions call tools (POST /v1/chat/completions)",
+    )
+    assert _error(CompletionRequest, base | {"tool_choice": "required"})["param"] == "tool_choice"
+    assert validate_request(CompletionRequest, base | {"tools": [], "tool_choice": "none"}).tools == []
+
+
+def test_tool_choice_defaults_to_auto_with_tools_and_history_keeps_calls_as_objects() -> None:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    msgs = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    msgs.append({"role": "tool", "tool_call_id": "c1", "content": "18C"})
+    req = validate_request(ChatCompletionRequest, {"model": "m", "messages": msgs, "tools": [WEATHER]})
+    assert (req.effective_tool_choice, req.parallel_tool_calls) == ("auto", None)
+    assert req.message_dicts() == [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "18C", "tool_call_id": "c1"},
+    ]  # fmt: skip
+    without = validate_request(ChatCompletionRequest, {"model": "m", "messages": USER})
+    assert without.effective_tool_choice == "none"

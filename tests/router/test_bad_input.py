@@ -73,7 +73,7 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
         (COMPLETIONS, b'{"model": "tiny", "prompt": "x", "max_tokens": 2, "min_tokens": 3}', 400, "min_tokens", "at most max_tokens (2)"),
         (CHAT, b'{"model": "tiny", "messages": []}', 400, "messages", "messages: must contain at least one message"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400, "messages.0.role", "Input should be"),
-        (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools", "tool calling is not implemented"),
+        (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools.0.function", "field required"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}', 400, "response_format", "json_schema is required"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "frobnicate": 1}', 400, "frobnicate", "not a field this server knows"),
     ],

@@ -1,32 +1,33 @@
-"""``POST /v1/chat/completions``: chat, whole or streamed as SSE ending in ``data: [DONE]``.
+"""``POST /v1/chat/completions``: chat, whole or streamed as SSE ending in ``data: [DONE]``, with tool calls.
 
-Where it sits: the messages are rendered by the tokenizer's chat template and encoded
-without adding special tokens (the template holds them, as transformers does it); one
-engine request carries the ``n`` choices. A stream opens each choice with a
-``{"role": "assistant", "content": ""}`` delta, then sends content deltas, then a delta
-with the finish reason, then (``stream_options.include_usage``) a usage chunk.
+Where it sits: the messages (and the request's tools, :mod:`kvfleet.engine.server.tool_calling`)
+are rendered by the chat template (:mod:`kvfleet.engine.server.chat_prompt`) and encoded
+without adding special tokens; one engine request carries the ``n`` choices, through the
+shared collect/stream path (:mod:`kvfleet.engine.server.shaping`) with :class:`ChatShaper`.
+A stream opens each choice with a ``{"role": "assistant", "content": ""}`` delta, then sends
+content deltas, then a delta with the finish reason, then (``stream_options.include_usage``)
+a usage chunk. When a tool parser reads the output, its content and calls go out as they are
+recognised: a call's id and name first, then its argument fragments (``delta.tool_calls``),
+and a choice that called a tool finishes with ``tool_calls``.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Iterable
 
 from fastapi import APIRouter, Request
 
-from kvfleet.engine.outputs import TokenLogprob
+from kvfleet.engine.outputs import CompletionOutput, SeqDelta, TokenLogprob
 from kvfleet.engine.server import generation as gen
-from kvfleet.engine.server.sse import (
-    GENERATION_RESPONSES,
-    ChunkTemplate,
-    GenerationStream,
-    generation_response,
-    sse_done,
-    sse_event,
-)
+from kvfleet.engine.server.chat_prompt import chat_prompt_ids
+from kvfleet.engine.server.shaping import Shaper, respond
+from kvfleet.engine.server.sse import GENERATION_RESPONSES, ChunkTemplate, GenerationStream, sse_event
 from kvfleet.engine.server.state import ServerState, State
-from kvfleet.openai_api import APIError, ChatCompletionRequest
+from kvfleet.engine.server.tool_calling import ToolPlan, constrain, plan_tools
+from kvfleet.engine.server.tool_parsers.base import ArgumentsDelta, CallStart, StreamEvent, ToolStream
+from kvfleet.openai_api import ChatCompletionRequest
 from kvfleet.openai_responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -36,19 +37,18 @@ from kvfleet.openai_responses import (
     ChatLogprobs,
     ChatResponseMessage,
     ChatTokenLogprob,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FinishReason,
+    FunctionCall,
+    ToolCall,
     TopLogprob,
     Usage,
 )
 
 router = APIRouter(tags=["chat"])
 
-
-def chat_prompt_ids(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
-    try:
-        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except ValueError as exc:  # ChatTemplateError: no template, or it refused the messages
-        raise APIError(400, f"messages: {exc}", param="messages") from None
-    return state.tokenizer.encode(text, add_special_tokens=False)
+__all__ = ["chat_prompt_ids", "router"]
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
@@ -56,100 +56,134 @@ async def create_chat_completion(
     body: ChatCompletionRequest, state: State, request: Request
 ) -> ChatCompletionResponse | GenerationStream:
     lora = state.check_accepting(body.model)
-    ids = chat_prompt_ids(state, body.message_dicts())
+    plan = plan_tools(body, state.tools)
+    ids = chat_prompt_ids(state, body.message_dicts(), plan.tools)
     gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
     max_tokens = gen.resolve_max_tokens(body.requested_max_tokens, len(ids), state.model.max_model_len)
     params = gen.sampling_params(body, max_tokens, body.num_logprobs, state.tokenizer.vocab_size)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    return await generation_response(
+    return await respond(
         state,
         request,
+        ChatShaper(state, body, response_id, plan),
         stream=body.stream,
+        include_usage=body.include_usage,
+        n=body.n,
         response_id=response_id,
         prompts=[ids],
-        params=[params],
+        params=[constrain(plan, params)],
         priority=body.priority,
-        stream_body=lambda sub: _stream(state, body, response_id, sub),
-        collect=lambda sub: _collect(state, body, response_id, sub),
         lora=lora,
     )
 
 
-async def _collect(
-    state: ServerState, body: ChatCompletionRequest, response_id: str, sub: gen.Submitted
-) -> ChatCompletionResponse:
-    final = await gen.final_outputs(sub, body.n)
-    choices = [
-        ChatChoice(
-            index=i,
-            message=ChatResponseMessage(content=c.text),
-            logprobs=_logprobs(state, c.logprobs or [], body.top_logprobs or 0) if body.logprobs else None,
-            finish_reason=gen.finish_reason(c),
-            stop_reason=c.stop_reason,
+def _finish(reason: FinishReason | None, called: bool) -> FinishReason | None:
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _delta(event: StreamEvent) -> ChatDelta:
+    if isinstance(event, CallStart):
+        function = DeltaFunctionCall(name=event.name, arguments="")
+        return ChatDelta(
+            tool_calls=[DeltaToolCall(index=event.index, id=event.id, type="function", function=function)]
         )
-        for i, c in sorted(final.items())
-    ]
-    tokens = sum(len(c.token_ids) for c in final.values())
-    prompt = sub.prompt_lens[0]
-    return ChatCompletionResponse(
-        id=response_id,
-        created=int(time.time()),
-        model=body.model,
-        choices=choices,
-        usage=Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens),
-    )
-
-
-async def _stream(
-    state: ServerState, body: ChatCompletionRequest, response_id: str, sub: gen.Submitted
-) -> AsyncIterator[str]:
-    created = int(time.time())
-    cursor = gen.ChoiceCursor(body.n)
-    template = ChunkTemplate(response_id, "chat.completion.chunk", created, body.model, chat=True)
-
-    def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
-        return sse_event(
-            ChatCompletionChunk(
-                id=response_id, created=created, model=body.model, choices=choices, usage=usage
-            )
+    if isinstance(event, ArgumentsDelta):
+        return ChatDelta(
+            tool_calls=[DeltaToolCall(index=event.index, function=DeltaFunctionCall(arguments=event.text))]
         )
+    return ChatDelta(content=event.text)
 
-    yield chunk(
-        [ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")) for i in range(body.n)]
-    )
-    async for _, delta in gen.merged(sub.streams):
-        for s in delta.seqs:
-            cursor.record(s.choice, s)
-            if not s.new_text and s.finish_reason is None and not s.new_logprobs:
-                continue
-            if not body.logprobs:  # the hot path: prebuilt JSON
-                yield template.render(s.choice, s.new_text or None, gen.finish_reason(s), s.stop_reason)
-                continue
-            lp = _logprobs(state, s.new_logprobs or [], body.top_logprobs or 0)
-            yield chunk(
+
+class ChatShaper(Shaper[ChatCompletionResponse]):
+    def __init__(
+        self, state: ServerState, body: ChatCompletionRequest, response_id: str, plan: ToolPlan
+    ) -> None:
+        self.state, self.body, self.id, self.plan = state, body, response_id, plan
+        self.created = int(time.time())
+        self.template = ChunkTemplate(
+            response_id, "chat.completion.chunk", self.created, body.model, chat=True
+        )
+        self.tool_streams: dict[int, ToolStream] = {}
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
+        chunk = ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.body.model, choices=choices, usage=usage
+        )
+        return sse_event(chunk)
+
+    def opening(self) -> list[str]:
+        opening = [
+            ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))
+            for i in range(self.body.n)
+        ]
+        return [self._chunk(opening)]
+
+    def delta_events(self, index: int, delta: SeqDelta, cursor: gen.ChoiceCursor) -> Iterable[str]:
+        reason = gen.finish_reason(delta)
+        if self.plan.parser is None and not self.body.logprobs:  # the hot path: prebuilt JSON
+            return [self.template.render(index, delta.new_text or None, reason, delta.stop_reason)]
+        lp = self._logprobs(delta.new_logprobs or []) if self.body.logprobs else None
+        if self.plan.parser is None:
+            deltas = [ChatDelta(content=delta.new_text or None)]
+        else:
+            stream = self.tool_streams.setdefault(index, self.plan.parser.stream())
+            events = stream.feed(delta.new_text, final=reason is not None)
+            deltas = [_delta(e) for e in events] or ([ChatDelta()] if reason is not None or lp else [])
+            reason = _finish(reason, stream.called)
+        last = len(deltas) - 1
+        return [
+            self._chunk(
                 [
                     ChatChunkChoice(
-                        index=s.choice,
-                        delta=ChatDelta(content=s.new_text or None),
-                        logprobs=lp,
-                        finish_reason=gen.finish_reason(s),
-                        stop_reason=s.stop_reason,
+                        index=index,
+                        delta=d,
+                        logprobs=lp if k == 0 else None,
+                        finish_reason=reason if k == last else None,
+                        stop_reason=delta.stop_reason if k == last else None,
                     )
                 ]
             )
-    if body.include_usage:
-        yield chunk([], cursor.usage(sub.prompt_lens[0]))
-    yield sse_done()
+            for k, d in enumerate(deltas)
+        ]
 
+    def usage_event(self, usage: Usage) -> str:
+        return self._chunk([], usage)
 
-def _logprobs(state: ServerState, items: list[TokenLogprob], k: int) -> ChatLogprobs:
-    def entry(token_id: int, logprob: float) -> TopLogprob:
-        raw = state.tokenizer.token_bytes(token_id)
-        return TopLogprob(token=raw.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(raw))
+    def choice(self, index: int, out: CompletionOutput) -> ChatChoice:
+        message, reason = ChatResponseMessage(content=out.text), gen.finish_reason(out)
+        if self.plan.parser is not None:
+            parsed = self.plan.parser.parse(out.text)
+            calls = [
+                ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                for c in parsed.calls
+            ]
+            message = ChatResponseMessage(content=parsed.content, tool_calls=calls or None)
+            reason = _finish(reason, bool(calls))
+        return ChatChoice(
+            index=index,
+            message=message,
+            logprobs=self._logprobs(out.logprobs or []) if self.body.logprobs else None,
+            finish_reason=reason,
+            stop_reason=out.stop_reason,
+        )
 
-    content = []
-    for t in items:
-        e = entry(t.token_id, t.logprob)
-        tops = [entry(tid, lp) for tid, lp in t.top[:k]]
-        content.append(ChatTokenLogprob(token=e.token, logprob=e.logprob, bytes=e.bytes, top_logprobs=tops))
-    return ChatLogprobs(content=content)
+    def response(self, choices: list[ChatChoice], usage: Usage) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=self.id, created=self.created, model=self.body.model, choices=choices, usage=usage
+        )
+
+    def _logprobs(self, items: list[TokenLogprob]) -> ChatLogprobs:
+        k = self.body.top_logprobs or 0
+
+        def entry(token_id: int, logprob: float) -> TopLogprob:
+            raw = self.state.tokenizer.token_bytes(token_id)
+            return TopLogprob(token=raw.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(raw))
+
+        content = []
+        for t in items:
+            e = entry(t.token_id, t.logprob)
+            tops = [entry(tid, lp) for tid, lp in t.top[:k]]
+            content.append(
+                ChatTokenLogprob(token=e.token, logprob=e.logprob, bytes=e.bytes, top_logprobs=tops)
+            )
+        return ChatLogprobs(content=content)

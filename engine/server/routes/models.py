@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from kvfleet.engine.server.routes.chat import chat_prompt_ids
+from kvfleet.engine.server.chat_prompt import chat_prompt_ids
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
 from kvfleet.engine.server.state import ServerState, State
-from kvfleet.openai_api import ChatMessage, TokenizeRequest, model_not_found
+from kvfleet.openai_api import TokenizeRequest, model_not_found
 from kvfleet.openai_responses import ModelCard, ModelList, TokenizeResponse
 
 router = APIRouter(tags=["models"])
@@ -57,9 +57,5 @@ async def tokenize(body: TokenizeRequest, state: State) -> TokenizeResponse:
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = chat_prompt_ids(state, _dicts(body.messages or []))
+        ids = chat_prompt_ids(state, [m.template_dict() for m in body.messages or []])
     return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=state.model.max_model_len)
-
-
-def _dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.text} for m in messages]

@@ -191,7 +191,7 @@ def test_a_body_over_the_limit_is_a_413_and_the_server_stays_up(fast_server: Liv
     ("body", "param", "message"),
     [
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}, "response_format.json_schema.schema", "not a valid JSON schema at type: 5 is not valid"),
-        ({"tools": [{"type": "function"}]}, "tools", "tool calling is not implemented"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "only chat completions call tools"),
         ({"guided_regex": "a("}, "guided_regex", "guided_regex: not a valid regular expression: missing ), unterminated subpattern"),
         ({"guided_choice": []}, "guided_choice", "guided_choice: the choice list is empty"),
         ({"guided_json": "{"}, "guided_json", "guided_json: the schema is not valid JSON"),

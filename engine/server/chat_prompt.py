@@ -1,0 +1,102 @@
+"""A chat's prompt: messages and tools through the model's chat template, or Hermes's tool prompt around it.
+
+Where it sits: the chat route (and ``/tokenize``) call :func:`chat_prompt_ids`. A template
+that mentions ``tools`` (Qwen 2.5, Llama 3.1, Hermes, Mistral) gets the tools, the assistant
+``tool_calls`` and the ``tool`` messages as transformers hands them over. A template that
+does not (SmolLM2's plain ChatML) would drop the tools, so the chat is rewritten first the
+way Hermes-format templates (Qwen 2.5's) render it, and the model answers in the format the
+``hermes`` parser reads:
+
+* the tools go into the system message (appended to the first one, or a new one first): a
+  ``# Tools`` block listing each tool's JSON in ``<tools></tools>`` and asking for calls as
+  ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``;
+* an assistant message's ``tool_calls`` become those ``<tool_call>`` blocks after its content;
+* consecutive ``tool`` messages become one ``user`` message of ``<tool_response>`` blocks
+  (a role every template accepts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from kvfleet.engine.server.state import ServerState
+from kvfleet.openai_api import APIError
+
+TOOLS_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+@runtime_checkable
+class ToolTemplating(Protocol):
+    """A tokenizer whose chat template may take tools itself (``HFTokenizer``)."""
+
+    @property
+    def template_renders_tools(self) -> bool: ...
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str: ...
+
+
+def chat_prompt_ids(
+    state: ServerState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    tok = state.tokenizer
+    try:
+        if isinstance(tok, ToolTemplating) and tok.template_renders_tools:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        else:
+            text = tok.apply_chat_template(hermes_messages(messages, tools), add_generation_prompt=True)
+    except ValueError as exc:  # ChatTemplateError: no template, or it refused the messages
+        raise APIError(400, f"messages: {exc}", param="messages") from None
+    return tok.encode(text, add_special_tokens=False)
+
+
+def hermes_messages(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The chat as plain role/content messages, tools and tool turns written in Hermes's format."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "tool":
+            block = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+            if out and out[-1].get("tool_responses"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "tool_responses": True})
+        elif m.get("tool_calls"):
+            calls = [_call_block(c["function"]) for c in m["tool_calls"]]
+            out.append({"role": m["role"], "content": "\n".join(filter(None, [m.get("content"), *calls]))})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    for m in out:
+        m.pop("tool_responses", None)
+    if tools:
+        prompt = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0]["content"] = f"{out[0]['content']}\n\n{prompt}" if out[0]["content"] else prompt
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _call_block(function: Mapping[str, Any]) -> str:
+    call = {"name": function["name"], "arguments": function["arguments"]}
+    return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"

@@ -1,0 +1,55 @@
+"""Mistral (v0.3 tokenizers): content, then the ``[TOOL_CALLS]`` token and a JSON array of calls.
+
+    [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+
+``[TOOL_CALLS]`` is a special token, so requests this parser reads keep special tokens in
+the text (``skip_special_tokens=False``, as vLLM's ``mistral`` parser asks); call ids are
+nine alphanumeric characters, the only ids Mistral's chat template accepts back.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import ClassVar
+
+from kvfleet.engine.server.tool_parsers.base import CallSoFar, Snapshot, ToolParser
+from kvfleet.engine.server.tool_parsers.json_scan import held_back, scan_call, skip_ws
+
+BOT = "[TOOL_CALLS]"
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def read_call_array(text: str, pos: int) -> list[CallSoFar]:
+    """The calls of a JSON array ``[{call}, {call}, ...]`` opening at ``text[pos]``, as far as it goes."""
+    calls: list[CallSoFar] = []
+    i = skip_ws(text, pos + 1)
+    while i < len(text) and text[i] == "{":
+        scan = scan_call(text, i)
+        if not scan.valid:
+            break
+        calls.append(CallSoFar(scan.name, scan.arguments, scan.end is not None))
+        if scan.end is None:
+            break
+        i = skip_ws(text, scan.end)
+        if i < len(text) and text[i] == ",":
+            i = skip_ws(text, i + 1)
+    return calls
+
+
+class MistralParser(ToolParser):
+    name: ClassVar[str] = "mistral"
+    skip_special_tokens: ClassVar[bool] = False
+
+    def new_call_id(self) -> str:
+        return "".join(random.choices(_ID_CHARS, k=9))
+
+    def snapshot(self, text: str, final: bool) -> Snapshot:
+        bot = text.find(BOT)
+        if bot < 0:
+            return Snapshot(text if final else text[: len(text) - held_back(text, BOT)])
+        start = skip_ws(text, bot + len(BOT))
+        calls = read_call_array(text, start) if start < len(text) and text[start] == "[" else []
+        if final and not any(c.name is not None for c in calls):
+            return Snapshot(text)
+        return Snapshot(text[:bot], calls)
