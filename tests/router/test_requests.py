@@ -60,3 +60,25 @@ def test_a_structured_output_request_is_forwarded_as_sent_and_its_schema_is_not_
         COMPLETIONS, b'{"model": "tiny", "prompt": "hi", "guided_choice": ["a", "b"]}', 256
     )
     assert guided.prompt_tokens_estimate(4.0) == 1
+
+
+def test_a_tool_call_request_is_forwarded_as_sent_and_its_tools_are_not_counted_as_prompt() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+    with_tools = body | {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    raw = json.dumps(with_tools).encode()
+    parsed, plain = parse_request(CHAT, raw, 256), parse_request(CHAT, json.dumps(body).encode(), 256)
+    assert parsed.upstream_content() is raw
+    assert parsed.prompt_tokens_estimate(4.0) == plain.prompt_tokens_estimate(4.0) == 2
+
+
+def test_a_named_tool_choice_that_names_no_tool_is_refused_naming_the_field() -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": {"type": "function", "function": {"name": "g"}},
+    }
+    with pytest.raises(RouterError) as info:
+        parse_request(CHAT, json.dumps(body).encode(), 256)
+    assert (info.value.status, info.value.param) == (400, "tool_choice")

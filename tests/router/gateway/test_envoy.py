@@ -117,6 +117,28 @@ async def test_a_chat_stream_passes_through_event_by_event_with_usage_taken_from
     )
 
 
+async def test_a_tool_call_request_passes_through_envoy_whole_and_is_accounted(stack: Stack) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    history = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call-1", "content": "sunny"},
+    ]  # fmt: skip
+    generated = stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+    raw = await stack.client().chat.completions.with_raw_response.create(
+        model="tiny", messages=history, tools=tools, tool_choice="required", parallel_tool_calls=False
+    )
+    received = stack.engines[raw.headers["x-kvfleet-engine"]].received[-1]
+    assert (received["messages"], received["tools"]) == (history, tools)
+    assert (received["tool_choice"], received["parallel_tool_calls"]) == ("required", False)
+    assert (
+        stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+        == generated + 3
+    )
+    assert stack.state.quota.in_flight("alpha") == 0
+
+
 async def test_a_client_that_asks_for_usage_gets_the_engines_usage_chunk(stack: Stack) -> None:
     chunks = await stack.client().completions.create(
         model="tiny", prompt="x", stream=True, stream_options={"include_usage": True}

@@ -1,0 +1,150 @@
+"""Tool calling through the official ``openai`` client on real SmolLM2 (issue #28): a call, the tool's
+result, then the final answer, with ``tool_choice="required"`` and with a named function, whole and
+streamed. The forced choices are grammar-constrained, so the arguments always validate."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import openai
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import LiveServer
+
+WEATHER_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": WEATHER_PARAMETERS,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The local time in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}},
+        },
+    },
+]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _check_call(name: str, arguments: str) -> None:
+    assert name in {"get_weather", "get_time"}
+    schema = WEATHER_PARAMETERS if name == "get_weather" else TOOLS[1]["function"]["parameters"]
+    jsonschema.validate(json.loads(arguments), schema)
+
+
+def _stream_call(client: openai.OpenAI, tool_choice: Any) -> tuple[str, str, str, str | None]:
+    """The streamed call's (id, name, arguments, finish_reason), checking OpenAI's chunk order."""
+    call_id, name, arguments, finish, fragments = "", "", "", None, 0
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        max_tokens=60,
+        stream=True,
+        temperature=0,
+    )
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for delta in choice.delta.tool_calls or []:
+            assert delta.index == 0
+            if delta.id is not None:  # the first delta of a call: its id and name, before any argument
+                assert not call_id and not arguments
+                call_id, name = delta.id, delta.function.name
+            elif delta.function and delta.function.arguments:
+                assert call_id, "an argument fragment came before the call's id and name"
+                arguments += delta.function.arguments
+                fragments += 1
+    assert fragments >= 1
+    return call_id, name, arguments, finish
+
+
+def _final_answer(client: openai.OpenAI, call_id: str, name: str, arguments: str) -> str | None:
+    """The tool's result goes back through the chat template; the model answers in text."""
+    history: list[Any] = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": '{"temperature": 18, "sky": "sunny"}'},
+    ]
+    answer = client.chat.completions.create(
+        model="smollm2", messages=history, tools=TOOLS, tool_choice="none", max_tokens=24, temperature=0
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason in {"stop", "length"}
+    assert not choice.message.tool_calls
+    assert answer.usage is not None and answer.usage.prompt_tokens > 40  # the history was rendered
+    return choice.message.content
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+def test_a_forced_tool_call_round_trip_whole(smollm2_server: LiveServer, tool_choice: Any) -> None:
+    with _client(smollm2_server) as client:
+        response = client.chat.completions.create(
+            model="smollm2",
+            messages=QUESTION,
+            tools=TOOLS,
+            tool_choice=tool_choice,
+            max_tokens=60,
+            temperature=0,
+        )
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        calls = choice.message.tool_calls or []
+        assert len(calls) >= 1
+        call = calls[0]
+        assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+        if tool_choice == NAMED:
+            assert call.function.name == "get_weather"
+        _check_call(call.function.name, call.function.arguments)
+        answer = _final_answer(client, call.id, call.function.name, call.function.arguments)
+        assert isinstance(answer, str) and answer
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+def test_a_forced_tool_call_round_trip_streamed(smollm2_server: LiveServer, tool_choice: Any) -> None:
+    with _client(smollm2_server) as client:
+        call_id, name, arguments, finish = _stream_call(client, tool_choice)
+        assert finish == "tool_calls"
+        assert call_id.startswith("chatcmpl-tool-")
+        if tool_choice == NAMED:
+            assert name == "get_weather"
+        _check_call(name, arguments)
+        answer = _final_answer(client, call_id, name, arguments)
+        assert isinstance(answer, str) and answer
+
+
+def test_auto_tool_choice_without_the_flag_is_a_400_naming_it(smollm2_server: LiveServer) -> None:
+    with _client(smollm2_server) as client, pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="smollm2", messages=QUESTION, tools=TOOLS, tool_choice="auto")
+    assert "--enable-auto-tool-choice" in str(err.value)
