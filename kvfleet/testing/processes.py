@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -202,16 +202,9 @@ def routers(
 
 
 @contextlib.contextmanager
-def router_processes(
-    n: int,
-    engine_urls: Sequence[str],
-    tenants: Path,
-    extra: Sequence[str] = (),
-    cpus: str | None = None,
-    timeout_s: float = 30.0,
-) -> Iterator[list[str]]:
-    """As :func:`routers`, yielding only the base URLs."""
-    with routers(n, engine_urls, tenants, extra, cpus, timeout_s) as started:
+def router_processes(n: int, *args: Any, **kwargs: Any) -> Iterator[list[str]]:
+    """As :func:`routers` (same arguments), yielding only the base URLs."""
+    with routers(n, *args, **kwargs) as started:
         yield [r.url for r in started]
 
 

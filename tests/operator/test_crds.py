@@ -13,6 +13,7 @@ import yaml
 
 from kvfleet.operator.spec import SpecError, parse_inferenceservice, parse_tenantquota
 
+from ..operator_kit.cluster import manifest
 from ..operator_kit.crdschema import CRD_DIR, ROOT, admit, apply_defaults, load_crds, schema_of
 
 CRDS = load_crds()
@@ -21,25 +22,11 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
 def isvc(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": {"name": "m", "uri": "file:///w"}}
-    body.update(spec)
-    return {
-        "apiVersion": "kvfleet.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "m"},
-        "spec": body,
-    }
+    return manifest("InferenceService", "m", {"model": {"name": "m", "uri": "file:///w"}} | spec)
 
 
 def tq(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"tenant": "t", "apiKeySecretRef": {"name": "s"}}
-    body.update(spec)
-    return {
-        "apiVersion": "kvfleet.dev/v1alpha1",
-        "kind": "TenantQuota",
-        "metadata": {"name": "t"},
-        "spec": body,
-    }
+    return manifest("TenantQuota", "t", {"tenant": "t", "apiKeySecretRef": {"name": "s"}} | spec)
 
 
 @pytest.mark.parametrize("path", sorted(CRD_DIR.glob("*.yaml")), ids=lambda p: p.name)

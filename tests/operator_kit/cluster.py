@@ -21,27 +21,24 @@ from kvfleet.protocol import API_GROUP, API_VERSION, INFERENCESERVICE_PLURAL, TE
 NAMESPACE = "default"
 
 
-def inferenceservice(name: str = "llama", **spec: Any) -> dict[str, Any]:
-    """A manifest as a user writes one (no defaults filled in)."""
-    body: dict[str, Any] = {"model": {"name": "llama-3-8b", "uri": "file:///models/llama-3-8b"}}
-    body.update(spec)
+def manifest(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A kvfleet resource as a user writes one (no defaults filled in)."""
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
-        "kind": "InferenceService",
+        "kind": kind,
         "metadata": {"name": name},
-        "spec": body,
+        "spec": spec,
     }
+
+
+def inferenceservice(name: str = "llama", **spec: Any) -> dict[str, Any]:
+    model = {"model": {"name": "llama-3-8b", "uri": "file:///models/llama-3-8b"}}
+    return manifest("InferenceService", name, model | spec)
 
 
 def tenantquota(name: str = "acme", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"tenant": name, "apiKeySecretRef": {"name": f"{name}-key"}}
-    body.update(spec)
-    return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
-        "kind": "TenantQuota",
-        "metadata": {"name": name},
-        "spec": body,
-    }
+    key = {"tenant": name, "apiKeySecretRef": {"name": f"{name}-key"}}
+    return manifest("TenantQuota", name, key | spec)
 
 
 class User:

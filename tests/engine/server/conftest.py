@@ -75,24 +75,29 @@ def stop_server(live: LiveServer) -> None:
     live.thread.join(10)
 
 
+def _serve(*args: str, simulate: bool = True) -> Iterator[LiveServer]:
+    """A fixture's server: started, yielded, stopped even when the test failed."""
+    live = start_server(*args, simulate=simulate)
+    try:
+        yield live
+    finally:
+        stop_server(live)
+
+
 @pytest.fixture(scope="module")
 def fast_server() -> Iterator[LiveServer]:
-    live = start_server(*FAST)
-    yield live
-    stop_server(live)
+    yield from _serve(*FAST)
 
 
 @pytest.fixture
 def slow_server() -> Iterator[LiveServer]:
-    live = start_server(*SLOW)
-    yield live
-    stop_server(live)
+    yield from _serve(*SLOW)
 
 
 @pytest.fixture(scope="module")
 def tiny_server() -> Iterator[LiveServer]:
     """The real tiny model (torch, CPU) behind the server."""
-    live = start_server(
+    yield from _serve(
         "--model",
         "tiny",
         "--num-kv-blocks",
@@ -103,35 +108,27 @@ def tiny_server() -> Iterator[LiveServer]:
         "4",
         simulate=False,
     )
-    yield live
-    stop_server(live)
 
 
 @pytest.fixture(scope="module")
 def smollm2_server() -> Iterator[LiveServer]:
     """Real SmolLM2-135M-Instruct (torch, CPU) behind the server."""
-    live = start_server(
+    yield from _serve(
         "--model", "smollm2", "--num-kv-blocks", "64", "--max-model-len", "512", "--max-num-seqs", "4",
         simulate=False,
     )  # fmt: skip
-    yield live
-    stop_server(live)
 
 
 @pytest.fixture
 def own_fast_server() -> Iterator[LiveServer]:
     """A fast server of the test's own, for a test that breaks it."""
-    live = start_server(*FAST)
-    yield live
-    stop_server(live)
+    yield from _serve(*FAST)
 
 
 @pytest.fixture
 def thread_server() -> Iterator[LiveServer]:
     """The engine core in a thread of the server (``--engine-core thread``)."""
-    live = start_server("--engine-core", "thread", *FAST)
-    yield live
-    stop_server(live)
+    yield from _serve("--engine-core", "thread", *FAST)
 
 
 class Procs:

@@ -54,18 +54,16 @@ def _check_call(name: str, arguments: str) -> None:
     jsonschema.validate(json.loads(arguments), schema)
 
 
+def _asking(tool_choice: Any) -> dict[str, Any]:
+    """The question with the tools, greedy (SmolLM2-135M sampled at temperature 1 rambles in strings)."""
+    return {"model": "smollm2", "messages": QUESTION, "tools": TOOLS, "tool_choice": tool_choice,
+            "max_tokens": 60, "temperature": 0}  # fmt: skip
+
+
 def _stream_call(client: openai.OpenAI, tool_choice: Any) -> tuple[str, str, str, str | None]:
     """The streamed call's (id, name, arguments, finish_reason), checking OpenAI's chunk order."""
     call_id, name, arguments, finish, fragments = "", "", "", None, 0
-    stream = client.chat.completions.create(
-        model="smollm2",
-        messages=QUESTION,
-        tools=TOOLS,
-        tool_choice=tool_choice,
-        max_tokens=60,
-        stream=True,
-        temperature=0,
-    )
+    stream = client.chat.completions.create(**_asking(tool_choice), stream=True)
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -110,14 +108,7 @@ def _final_answer(client: openai.OpenAI, call_id: str, name: str, arguments: str
 @pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
 def test_a_forced_tool_call_round_trip_whole(smollm2_server: LiveServer, tool_choice: Any) -> None:
     with _client(smollm2_server) as client:
-        response = client.chat.completions.create(
-            model="smollm2",
-            messages=QUESTION,
-            tools=TOOLS,
-            tool_choice=tool_choice,
-            max_tokens=60,
-            temperature=0,
-        )
+        response = client.chat.completions.create(**_asking(tool_choice))
         choice = response.choices[0]
         assert choice.finish_reason == "tool_calls"
         calls = choice.message.tool_calls or []
