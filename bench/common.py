@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -69,3 +70,10 @@ def thread_env(threads: str, **extra: str) -> dict[str, str]:
         env["OPENBLAS_NUM_THREADS"] = "1"
     env.update(extra)
     return env
+
+
+def publish(lines: Sequence[str], filename: str) -> None:
+    """Print the figure and write it to ``bench/results/<filename>``."""
+    text = "\n".join(lines)
+    print(text)
+    (RESULTS / filename).write_text(text + "\n")

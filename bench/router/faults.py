@@ -21,7 +21,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.router.router_fleet import RESULTS, header
+from bench.common import publish
+from bench.router.router_fleet import header
 from kvfleet.testing import fault_scenarios as scenarios
 from kvfleet.testing.faults import local_up, static_fleet
 
@@ -42,9 +43,7 @@ def main() -> None:
     lines += [run.row() for run in runs]
     lines.append("")
     lines += [f"{run.fault}: quota held after (requests, tokens) {run.held}; {run.facts}" for run in runs]
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / "faults.txt").write_text(text + "\n")
+    publish(lines, "faults.txt")
 
 
 if __name__ == "__main__":

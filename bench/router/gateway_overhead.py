@@ -20,8 +20,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from bench.common import publish
 from bench.router.router_fleet import (
-    RESULTS,
     EngineFlags,
     drive,
     engines,
@@ -100,9 +100,7 @@ def main() -> None:
     for name, m in results.items():
         if m.errors:
             lines.append(f"{name} failures: " + ", ".join(f"{k} x{v}" for k, v in m.errors.most_common()))
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / "gateway_overhead.txt").write_text(text + "\n")
+    publish(lines, "gateway_overhead.txt")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import httpx
 
 import bench.router.router_fleet as rf
+from bench.common import publish
 from kvfleet.testing.processes import lora_flags
 
 ADAPTERS = [f"lora-{i:02d}" for i in range(32)]
@@ -86,7 +87,7 @@ def main() -> None:
         if lr.ttft and aa.ttft:
             lines.append(f"adapter-aware / least-request: TTFT p99 {aa.ttft.p99 / lr.ttft.p99:.2f}x, "
                          f"adapter loads/min {aa_loads / lr_loads if lr_loads else 0.0:.2f}x")  # fmt: skip
-    rf.publish(lines, "lora_routing.txt")
+    publish(lines, "lora_routing.txt")
 
 
 if __name__ == "__main__":

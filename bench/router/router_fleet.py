@@ -24,7 +24,6 @@ from typing import NamedTuple
 
 import httpx
 
-from bench.common import RESULTS
 from kvfleet.bench.load import LoadSpec, new_session, stream_one
 from kvfleet.bench.stats import BenchSummary, RequestRecord, summarize
 from kvfleet.testing.processes import SimFlags as EngineFlags
@@ -194,13 +193,6 @@ def summary(records: list[RequestRecord], duration: float, slo_ttft_s: float | N
 
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
-
-
-def publish(lines: Sequence[str], filename: str) -> None:
-    """Print the figure and write it to ``bench/results/<filename>``."""
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / filename).write_text(text + "\n")
 
 
 def header(title: str) -> str:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench.common import cpu_seconds
+from bench.common import cpu_seconds, publish
 from bench.router.router_fleet import (
-    RESULTS,
     EngineFlags,
     drive,
     engines,
@@ -66,9 +65,7 @@ def main() -> None:
     lines.append(f"added TTFT: p50 {ms(added50)} ms, p99 {ms(added99)} ms; "
                  f"ceiling ratio router/direct {routed_heavy.request_throughput / direct_heavy.request_throughput:.2f}; "
                  f"router CPU {cpu * 1e6:.0f} us per request")  # fmt: skip
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / "router_overhead.txt").write_text(text + "\n")
+    publish(lines, "router_overhead.txt")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ import argparse
 import asyncio
 import time
 
-from bench.router.router_fleet import KEY, RESULTS, EngineFlags, engines, header, kvfleet_router, ms
+from bench.common import publish
+from bench.router.router_fleet import KEY, EngineFlags, engines, header, kvfleet_router, ms
 from kvfleet.bench.stats import BenchSummary, summarize
 from kvfleet.testing.fault_load import LoadSpec, Tally, Tenant, run_load
 
@@ -63,9 +64,7 @@ def main() -> None:
         share = (s.goodput or 0.0) / capacity if capacity else 0.0
         lines.append(f"{name:<15}{s.goodput:>10.2f}{share:>11.0%} {ms(s.ttft.p50 if s.ttft else None):>12}"
                      f"{ms(s.ttft.p99 if s.ttft else None):>12}{tally.count('clean_error'):>6}{len(tally.lost):>6}")  # fmt: skip
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / "router_overload.txt").write_text(text + "\n")
+    publish(lines, "router_overload.txt")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from bench.common import publish
 from bench.router.router_fleet import (
-    RESULTS,
     ChatWorkload,
     EngineFlags,
     drive,
@@ -71,9 +71,7 @@ def main() -> None:
     df = results["default"].ttft if "default" in results else None
     if rr and df:
         lines.append(f"default TTFT p99 / round-robin TTFT p99 = {df.p99 / rr.p99:.2f} (target <= 0.5)")
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / "router_policies.txt").write_text(text + "\n")
+    publish(lines, "router_policies.txt")
 
 
 if __name__ == "__main__":

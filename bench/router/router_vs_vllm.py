@@ -20,9 +20,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from bench.common import cpu_seconds
+from bench.common import RESULTS, cpu_seconds
 from bench.router.router_fleet import (
-    RESULTS,
     ChatWorkload,
     EngineFlags,
     Front,
