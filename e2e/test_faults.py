@@ -6,7 +6,7 @@ real ``redis-server`` for the rest. Every request of the load ends completed, re
 it was sent, or with a clean OpenAI error (a status and error body, or an SSE error event
 then ``[DONE]``); ``lost`` (a hang, a truncated stream that looks finished, another error
 shape, a broken connection with no terminal event) must be 0, and every quota charge is
-settled afterwards. ``bench/faults.py`` runs the same scenarios and prints their table.
+settled afterwards. ``bench/router/faults.py`` runs the same scenarios and prints their table.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A small multi-tenant streaming load that says what became of every request: the fault suite's yardstick.
 
 Where it sits: the fault scenarios (:mod:`kvfleet.testing.faults`), their e2e tests
-(``e2e/test_faults.py``) and bench (``bench/faults.py``), and the overload goodput figure
-(``bench/router_overload.py``) drive a fleet with :func:`run_load` while something breaks,
+(``e2e/test_faults.py``) and bench (``bench/router/faults.py``), and the overload goodput figure
+(``bench/router/router_overload.py``) drive a fleet with :func:`run_load` while something breaks,
 then read the :class:`Tally`. Each request streams a completion (``ignore_eos``, so the
 length is known) with the usage chunk, under a hard bound, and ends as exactly one of:
 

@@ -1,7 +1,7 @@
 """The faults, one function each: break a fleet under a multi-tenant load, return what it cost.
 
 Where it sits: ``e2e/test_faults.py`` asserts on each :class:`FaultRun` (nothing lost, clean
-error shapes, every quota charge settled), ``bench/faults.py`` prints them as one table.
+error shapes, every quota charge settled), ``bench/router/faults.py`` prints them as one table.
 Each function takes a running fleet (:mod:`kvfleet.testing.faults`), starts a
 :class:`~kvfleet.testing.fault_load.BackgroundLoad`, waits until a few requests have ended,
 injects its fault, and measures ``heal_s``: from the fault (or its end, where the fault is

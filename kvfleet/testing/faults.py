@@ -2,7 +2,7 @@
 
 Where it sits: :mod:`kvfleet.testing.fault_scenarios` breaks these fleets under the load of
 :mod:`kvfleet.testing.fault_load`; ``e2e/test_faults.py`` asserts on what it finds and
-``bench/faults.py`` prints it. Two fleets, both of simulated engines (the real scheduler,
+``bench/router/faults.py`` prints it. Two fleets, both of simulated engines (the real scheduler,
 KV accounting and HTTP server on a timing model: the faults are in the processes, not the
 model):
 

@@ -1,4 +1,4 @@
-"""The arithmetic of bench/peers_bounds.py: the least work a cell of bench/peers.py needs.
+"""The arithmetic of bench/peers/peers_bounds.py: the least work a cell of bench/peers/peers.py needs.
 
 A perfect prefix cache computes each distinct prefix once (the trie counts positions); requests
 that arrive together give their first tokens one by one, the k-th after k prompts' private
@@ -8,27 +8,26 @@ vLLM's best figures per cell are read from a peers results file.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+ROOT = Path(__file__).resolve().parents[2]  # bench/ is a package run from the repository root
 
 
 @pytest.fixture(scope="module")
 def bounds() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
+    added = str(ROOT) not in sys.path
+    if added:
+        sys.path.insert(0, str(ROOT))
     try:
-        spec = importlib.util.spec_from_file_location("peers_bounds", BENCH / "peers_bounds.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return importlib.import_module("bench.peers.peers_bounds")
     finally:
-        sys.path.remove(str(BENCH))
+        if added:
+            sys.path.remove(str(ROOT))
 
 
 def test_the_trie_counts_new_positions_and_each_sequences_private_tail(bounds: ModuleType) -> None:

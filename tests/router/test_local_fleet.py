@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvfleet.router.local import LocalFleet, _validate, add_arguments, run
+from kvfleet.router.local import LocalFleet, add_arguments, run
+from kvfleet.router.local_args import validate
 from kvfleet.testing.processes import free_port, kvfleet_argv
 
 
@@ -41,7 +42,7 @@ def _args(*argv: str) -> argparse.Namespace:
     ],
 )
 def test_bad_fleet_flags_are_refused_with_a_message_naming_the_flag(argv: list[str], message: str) -> None:
-    assert _validate(_args(*argv)) == message
+    assert validate(_args(*argv)) == message
 
 
 def test_offline_smollm2_is_one_line_naming_tiny_before_any_engine_starts(
@@ -58,7 +59,7 @@ def test_offline_smollm2_is_one_line_naming_tiny_before_any_engine_starts(
 
 
 def test_good_fleet_flags_pass_validation() -> None:
-    assert _validate(_args("--replicas", "0", "--max-replicas", "3")) is None
+    assert validate(_args("--replicas", "0", "--max-replicas", "3")) is None
 
 
 async def _wait_ready(url: str) -> None:

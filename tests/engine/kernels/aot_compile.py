@@ -98,7 +98,7 @@ def lora_delta(dtype: str, rank: int) -> str:
 
 
 def fused(dtype: str) -> list[str]:
-    """The decoder's fused ops (engine/kernels/triton_fused.py) at SmolLM2's and Llama-3-8B's sizes."""
+    """The decoder's fused ops (engine/kernels/triton/fused_ops.py) at SmolLM2's and Llama-3-8B's sizes."""
     norm = compile_kernel(
         triton_fused._add_rms_norm_kernel,
         {name: f"*{dtype}" for name in ("x_ptr", "res_ptr", "w_ptr", "out_ptr")},
@@ -128,7 +128,7 @@ def main() -> int:
         attention("fp16", 7, 256, 32, 64),  # group not a power of two, the widest head
         attention("bf16", 4, 128, 16, 512, window=True),  # Mistral-7B: a sliding window
         store("fp32", "bf16", 8, 128, 16),
-        lora_delta("bf16", 16),  # a LoRA delta (multi-LoRA, engine/kernels/lora.py)
+        lora_delta("bf16", 16),  # a LoRA delta (multi-LoRA, engine/kernels/triton/lora.py)
         *fused("bf16"),
     ]
     print("\n".join(lines))

@@ -168,7 +168,7 @@ def test_an_unsupported_rope_or_window_is_a_load_error_naming_the_value(
 
 @pytest.mark.parametrize("rope", ["default", "llama3"])
 def test_the_rope_buffer_sits_on_the_device_the_model_is_built_on(rope: str) -> None:
-    """``with torch.device("cuda"): LlamaForCausalLM(...)`` (bench/gpu_decode.py) put every weight on
+    """``with torch.device("cuda"): LlamaForCausalLM(...)`` (bench/gpu/gpu_decode.py) put every weight on
     the GPU but left ``inv_freq`` on the CPU; meta stands in for the GPU here."""
     from kvfleet.engine.model.llama import RotaryEmbedding
 

@@ -1,0 +1,79 @@
+"""The bits every benchmark shares: where results go, a process's CPU time, the engine core's pid,
+model folders, thread settings and the peers' side venvs.
+
+bench/ is a package run from the repository root (``python -m bench.peers.peers --smoke``); its
+subjects (``serving``, ``router``, ``kernels``, ``gpu``, ``peers``) import one another only as
+``bench.<subject>.<module>`` and share what is general through this module.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"  # only what README.md or docs/architecture.md cite is committed here
+SIDE_VENVS = BENCH / "peers"  # vllm_env.sh, guidellm_env.sh (through side_venv.sh)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads) has used so far, from ``/proc/PID/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+def core_pid(server_pid: int) -> int | None:
+    """The engine core process of a ``kvfleet engine`` (its multiprocessing child), if it has one."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == server_pid and b"spawn_main" in (stat.parent / "cmdline").read_bytes():
+                return int(stat.parent.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def resolve_model(name: str) -> Path:
+    """A folder as is; a name (``smollm2``) through kvfleet's model sources where that module exists."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        from kvfleet.engine.model.sources import resolve_model as resolve  # type: ignore[import-not-found]
+    except ImportError:
+        raise SystemExit(
+            f"--model {name}: not a folder, and this kvfleet has no kvfleet.engine.model.sources to resolve "
+            "names: give a Hugging Face folder (fp32 safetensors, config.json, tokenizer)"
+        ) from None
+    return Path(resolve(name)).resolve()
+
+
+def side_venv(script: str, timeout_s: float) -> str:
+    """The last line a side-venv script prints (its tool's path), creating the venv first if needed
+    (``bench/peers/vllm_env.sh``, ``bench/peers/guidellm_env.sh``)."""
+    out = subprocess.run(
+        ["bash", str(SIDE_VENVS / script)], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout_s
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def thread_env(threads: str, **extra: str) -> dict[str, str]:
+    """This environment with ``OMP_NUM_THREADS`` set and numpy's OpenBLAS held to one thread (its
+    pool spins on the cores torch's OpenMP pool uses; kvfleet's engine sets that itself), or for
+    ``default`` both removed: every contender gets the same tuning."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    if threads != "default":
+        env["OMP_NUM_THREADS"] = threads
+        env["OPENBLAS_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def publish(lines: Sequence[str], filename: str) -> None:
+    """Print the figure and write it to ``bench/results/<filename>``."""
+    text = "\n".join(lines)
+    print(text)
+    (RESULTS / filename).write_text(text + "\n")

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU checks as runs on a lent machine, by stage (default: kernels):
+#   kernels  issue #2: the gpu-marked kernel tests at Llama-3-8B shapes in bf16, then
+#            bench/gpu/gpu_decode.py (copy bandwidth, decode tok/s and MBU, 1B and 8B shapes at
+#            batch 1/32/128). Output: $OUT/gpu_tests.txt and $OUT/gpu_decode.txt.
+#   smollm2  issue #11: bench/gpu/gpu_smollm2.py (SmolLM2 on the GPU against transformers, then
+#            offline speed). Output: $OUT/gpu_smollm2.txt.
+#   fused    the Triton fused-op tests (tests/engine/kernels/test_triton_fused.py), compiled.
+#   profile  bench/gpu/gpu_step_profile.py: where a step's time goes, SmolLM2's shapes with random
+#            weights (one call: carry .gpumodel/shapes, made here by its `prepare`).
+#
+# The device image has torch, triton, transformers, safetensors, tokenizers and pytest, but not
+# pydantic (the engine's config) nor gguf (SmolLM2's checkpoint), and it reaches no network.
+# Before the runs, here, in the repository root:
+#   echo /.whl/ >> .git/info/exclude; echo /.gpumodel/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic pydantic-core annotated-types typing-inspection typing-extensions gguf
+# The 98 MB GGUF is over one call's 64 MiB, so it travels in two halves, one per call, on the
+# same warm machine (each run keeps what it was given under /tmp/kvfleet-gguf-parts):
+#   mkdir -p .gpumodel/a .gpumodel/b
+#   split -b 50000000 -d ~/.cache/kvfleet/downloads/SmolLM2-135M-Instruct.Q4_1.gguf part-
+#   mv part-00 .gpumodel/a/; mv part-01 .gpumodel/b/
+#   run(command="bash bench/gpu/gpu_checks.sh kernels", carry=[".whl", ".gpumodel/a"], timeout_s=420)
+#   run(command="bash bench/gpu/gpu_checks.sh smollm2", carry=[".whl", ".gpumodel/b"], timeout_s=420)
+# Without a GPU it checks itself: SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu/gpu_checks.sh all
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+stage=${1:-kernels}
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-$(mktemp -d)}
+export PYTHONUNBUFFERED=1
+site=$(mktemp -d)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site/wheels" .whl/*.whl || exit 1
+fi
+# kvfleet.<part> lives in the top-level folders (docs/architecture.md §2): a tree of links lays them out as Python imports them.
+mkdir -p "$site/tree/kvfleet"
+for f in "$PWD"/kvfleet/*; do ln -s "$f" "$site/tree/kvfleet/"; done
+for p in engine router operator; do ln -s "$PWD/$p" "$site/tree/kvfleet/$p"; done
+export PYTHONPATH="$site/tree:$site/wheels${PYTHONPATH:+:$PYTHONPATH}"
+smoke=()
+if [ "${SMOKE:-0}" = 1 ]; then smoke=(--smoke); fi
+parts=/tmp/kvfleet-gguf-parts
+mkdir -p "$parts"
+for f in .gpumodel/*/part-*; do [ -f "$f" ] && cp "$f" "$parts/"; done
+rc=0
+
+kernels() {
+  "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee "$OUT/gpu_tests.txt"
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider -m gpu tests/engine/kernels 2>&1 | tee -a "$OUT/gpu_tests.txt"
+  local tests=${PIPESTATUS[0]}
+  if [ "${SMOKE:-0}" = 1 ]; then export TRITON_INTERPRET=1; fi
+  "$PYTHON" -m bench.gpu.gpu_decode --out "$OUT" "${smoke[@]}" 2>&1 | tail -40
+  local bench=${PIPESTATUS[0]}
+  unset TRITON_INTERPRET
+  echo "gpu tests rc=$tests, gpu_decode rc=$bench"
+  return $((tests || bench))
+}
+
+fused() {
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider tests/engine/kernels/test_triton_fused.py 2>&1 | tee "$OUT/gpu_tests_fused.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+smollm2() {
+  export KVFLEET_CACHE=${KVFLEET_CACHE:-/tmp/kvfleet-cache}
+  local gguf=$KVFLEET_CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ ! -f "$gguf" ] && compgen -G "$parts/part-*" >/dev/null; then
+    mkdir -p "$(dirname "$gguf")"
+    cat "$parts"/part-* >"$gguf.tmp" && mv "$gguf.tmp" "$gguf"
+  fi
+  ls -la "$parts" "$gguf" 2>&1
+  "$PYTHON" -m bench.gpu.gpu_smollm2 --out "$OUT" "${smoke[@]}" "$@" 2>&1 | grep -v "it/s\]"
+  local bench=${PIPESTATUS[0]}
+  echo "gpu_smollm2 rc=$bench"
+  return "$bench"
+}
+
+profile() {
+  "$PYTHON" -m bench.gpu.gpu_step_profile run --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
+  return "${PIPESTATUS[0]}"
+}
+
+case $stage in
+  kernels) kernels || rc=1 ;;
+  profile) profile || rc=1 ;;
+  smollm2) smollm2 "${@:2}" || rc=1 ;;
+  fused) fused || rc=1 ;;
+  all) kernels || rc=1; smollm2 || rc=1 ;;
+  *) echo "unknown stage $stage: kernels, smollm2 [ARGS], fused, profile or all" >&2; exit 2 ;;
+esac
+echo "stage $stage rc=$rc; output in $OUT"
+exit $rc

@@ -1,0 +1,1 @@
+"""Benchmarks of the peers, run as ``python -m bench.peers.<module>`` from the repository root."""
