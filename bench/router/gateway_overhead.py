@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from bench.common import publish
 from bench.router.router_fleet import (
     EngineFlags,
+    bodies,
     drive,
     engines,
     free_port,
@@ -34,12 +35,6 @@ from bench.router.router_fleet import (
 from kvfleet.bench.stats import BenchSummary
 from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.process import EnvoyProcess
-
-
-def bodies(n: int, max_tokens: int) -> list[dict[str, object]]:
-    return [{"model": "tiny", "prompt": f"request {i}: the quick brown fox", "max_tokens": max_tokens,
-             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
-            for i in range(n)]  # fmt: skip
 
 
 @dataclass(frozen=True)

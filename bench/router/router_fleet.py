@@ -55,6 +55,13 @@ class Front(NamedTuple):
     pid: int
 
 
+def bodies(n: int, max_tokens: int) -> list[dict[str, object]]:
+    """``n`` streamed completions of the tiny model, each generating exactly ``max_tokens``."""
+    return [{"model": "tiny", "prompt": f"request {i}: the quick brown fox", "max_tokens": max_tokens,
+             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+            for i in range(n)]  # fmt: skip
+
+
 @contextlib.contextmanager
 def kvfleet_front(urls: Sequence[str], extra: Sequence[str] = (), cpus: str | None = None) -> Iterator[Front]:
     """A ``kvfleet router`` process in front of ``urls``."""

@@ -14,6 +14,7 @@ import asyncio
 from bench.common import cpu_seconds, publish
 from bench.router.router_fleet import (
     EngineFlags,
+    bodies,
     drive,
     engines,
     header,
@@ -23,12 +24,6 @@ from bench.router.router_fleet import (
     summary,
 )
 from kvfleet.bench.stats import BenchSummary
-
-
-def bodies(n: int, max_tokens: int) -> list[dict[str, object]]:
-    return [{"model": "tiny", "prompt": f"request {i}: the quick brown fox", "max_tokens": max_tokens,
-             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
-            for i in range(n)]  # fmt: skip
 
 
 def measure(url: str, n: int, ceiling_n: int, ceiling_clients: int) -> tuple[BenchSummary, BenchSummary]:

@@ -25,6 +25,7 @@ from bench.router.router_fleet import (
     ChatWorkload,
     EngineFlags,
     Front,
+    bodies,
     drive,
     engines,
     header,
@@ -35,7 +36,6 @@ from bench.router.router_fleet import (
     summary,
     vllm_router,
 )  # fmt: skip
-from bench.router.router_overhead import bodies
 from bench.router.router_policies import FLAGS, SLO_TPOT, SLO_TTFT
 from kvfleet.bench.stats import BenchSummary
 
