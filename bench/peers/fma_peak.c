@@ -1,9 +1,9 @@
 /* The machine's float32 FMA peak: independent AVX2 FMA chains on every OpenMP thread, best of 5.
  *
- *     gcc -O2 -mavx2 -mfma -fopenmp bench/fma_peak.c -o /tmp/fma_peak && OMP_NUM_THREADS=2 /tmp/fma_peak
+ *     gcc -O2 -mavx2 -mfma -fopenmp bench/peers/fma_peak.c -o /tmp/fma_peak && OMP_NUM_THREADS=2 /tmp/fma_peak
  *
  * Where it sits: the roof against which bench/results/native_packed.txt reads the GEMMs' GFLOP/s
- * (bench/peers.py's roof is torch.mm's, which on an AMD EPYC is MKL's generic path, 62% of this).
+ * (bench/peers/peers.py's roof is torch.mm's, which on an AMD EPYC is MKL's generic path, 62% of this).
  * 12 chains of 8 floats per thread keep both FMA pipes busy past their 4-5 cycle latency. */
 #include <immintrin.h>
 #include <stdio.h>

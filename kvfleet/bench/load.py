@@ -10,7 +10,7 @@ length is exact on any tokenizer; chat prompts are words (about one token each).
 Streams go through ``aiohttp`` and the split-on-blank-line reader of ``kvfleet/sse.py``:
 with httpx's line iterator the client spent 279 µs of CPU per output token at concurrency
 32 (most of what the engine step it was measuring costs); with these, 64 to 77 µs
-(``bench/serving_vs_offline.py``, several runs).
+(``bench/serving/serving_vs_offline.py``, several runs).
 
 Open loop: requests start at Poisson arrival times of ``rate`` per second, whatever the
 server's pace. Closed loop: ``concurrency`` clients each send the next request when their

@@ -9,7 +9,7 @@ the unpacked few-row kernel (at 8 rows 28.5 against 36.8 ms a pass here).
 Why: on an AMD EPYC (Zen 2, AVX2, 2 threads, FMA peak 215 GFLOP/s) oneDNN's packed GEMM ran
 SmolLM2's 30 layers of linears plus the LM head, weights streamed from memory, at 101 GFLOP/s
 for 32 rows, 122 for 64 and 144 for 256; this kernel ran 119, 152 and 169
-(bench/packers_micro.py, bench/results/native_packed.txt). Each output is a float32 sum in
+(bench/kernels/packers_micro.py, bench/results/native_packed.txt). Each output is a float32 sum in
 index order, so a row's result does not depend on the other rows of the batch (tested).
 The packed copy replaces the library's: one more copy of the linears' weights, as before.
 """

@@ -7,7 +7,7 @@
  * Why: at a few rows a layer's work is small (SmolLM2 at one row: 14 MB of weights a layer, about
  * half a millisecond of memory), and the per-op path pays Python and torch's dispatch for each of
  * its ten ops: the one call made a one-row step 1.41x faster, 8 rows 1.29x, 32 rows 1.18x
- * (bench/decode_step.py, bench/results/decode_step.txt). Same kernels, back to back from C.
+ * (bench/kernels/decode_step.py, bench/results/decode_step.txt). Same kernels, back to back from C.
  *
  * Invariant: the result is the per-op path's, bit for bit: the same functions (add_rms_norm_f32,
  * packed_linear_f32 or skinny_linear_f32, rope_f32, paged_decode_f32, silu_mul_f32 of this
