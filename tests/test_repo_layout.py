@@ -29,7 +29,7 @@ def _citing_text() -> str:
     return "\n".join(f.read_text(errors="replace") for f in files)
 
 
-def test_every_file_in_bench_results_is_cited_by_a_document_script_or_comment() -> None:
+def test_every_file_in_bench_results_is_cited_by_the_readme_or_the_docs() -> None:
     text = _citing_text()
     uncited = sorted(
         p.name for p in RESULTS.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in text
