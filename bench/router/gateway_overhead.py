@@ -11,7 +11,6 @@ Run: ``.venv/bin/python -m bench.router.gateway_overhead``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import shutil
@@ -30,6 +29,7 @@ from bench.router.router_fleet import (
     header,
     kvfleet_router,
     ms,
+    overhead_args,
     summary,
 )
 from kvfleet.bench.stats import BenchSummary
@@ -65,11 +65,7 @@ def pinned_envoy(config: GatewayConfig, cpus: str) -> Iterator[EnvoyProcess]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--ceiling-requests", type=int, default=600)
-    ap.add_argument("--clients", type=int, default=32)
-    args = ap.parse_args()
+    args = overhead_args(__doc__)
     flags = EngineFlags(max_num_seqs=128, base_ms=2.0, per_token_ms=0.0)
     gw = GatewayConfig(xds_port=free_port(), listen_port=free_port(), admin_port=free_port())
     extra = ["--envoy-xds-port", str(gw.xds_port), "--envoy-port", str(gw.listen_port),

@@ -7,6 +7,7 @@ and KV accounting on a timing model) as the fleet, ``kvfleet router`` (or vLLM's
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -90,6 +91,15 @@ def vllm_router(urls: Sequence[str], policy: str, cpus: str | None = None) -> It
         yield Front(url, proc.pid)
     finally:
         stop([proc])
+
+
+def overhead_args(description: str | None) -> argparse.Namespace:
+    """The overhead benches' command line: a light run's requests, then a ceiling run's and its clients."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--ceiling-requests", type=int, default=600)
+    ap.add_argument("--clients", type=int, default=32)
+    return ap.parse_args()
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ per request (``/proc/PID/stat``) are printed beside them. Run: ``.venv/bin/pytho
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 from bench.common import cpu_seconds, publish
@@ -20,6 +19,7 @@ from bench.router.router_fleet import (
     header,
     kvfleet_front,
     ms,
+    overhead_args,
     pinned_here,
     summary,
 )
@@ -35,11 +35,7 @@ def measure(url: str, n: int, ceiling_n: int, ceiling_clients: int) -> tuple[Ben
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--ceiling-requests", type=int, default=600)
-    ap.add_argument("--clients", type=int, default=32)
-    args = ap.parse_args()
+    args = overhead_args(__doc__)
     flags = EngineFlags(max_num_seqs=128, base_ms=2.0, per_token_ms=0.0)
     lines = [header("router overhead: kvfleet router vs straight to one simulated engine")]
     with pinned_here(0), engines(1, flags, cpus="0") as urls:
