@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from kvfleet.router.gateway.config import GatewayConfig
+    from kvfleet.router.gateway_config import GatewayConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +118,7 @@ def _add_envoy_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
-    from kvfleet.router.gateway.config import GatewayConfig
+    from kvfleet.router.gateway_config import GatewayConfig
 
     if args.envoy_xds_port is None:
         return None

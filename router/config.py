@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES
 from kvfleet.resources import SLOSpec, TenantLimits, TenantSpec
-from kvfleet.router.gateway.config import GatewayConfig
+from kvfleet.router.gateway_config import GatewayConfig
 
 
 class ConfigError(ValueError):

@@ -33,8 +33,8 @@ from bench.router.router_fleet import (
     summary,
 )
 from kvfleet.bench.stats import BenchSummary
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.process import EnvoyProcess
+from kvfleet.router.gateway_config import GatewayConfig
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,13 @@ import torch
 
 from kvfleet.engine.lora.config import AdapterConfig, LoraError, read_adapter_config, unknown_adapter
 from kvfleet.engine.lora.context import Kernel, LoraContext
-from kvfleet.engine.lora.weights import LoraWeights, load_weights, module_shapes
-from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.lora.weights import LoraWeights, ModelShape, load_weights, module_shapes
 
 
 class LoraManager:
     def __init__(
         self,
-        model: ModelConfig,
+        model: ModelShape,
         *,
         max_loras: int,
         max_rank: int,

@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from kvfleet.engine.model.config import ModelConfig
+
+class ModelConfig(Protocol):
+    """What the rope reads of ``kvfleet.engine.model.config.ModelConfig`` (which imports this module)."""
+
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
+    @property
+    def rope_theta(self) -> float: ...
+    @property
+    def rope_scaling(self) -> dict[str, Any] | None: ...
 
 
 class RopeFrequencies(NamedTuple):

@@ -43,9 +43,9 @@ from envoy_data_plane.envoy.service.ext_proc.v3 import (
 )
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 
-from kvfleet.router.gateway.config import CLUSTER_HEADER, ENDPOINTS_HEADER, UPSTREAM_HEADER
 from kvfleet.router.gateway.gate import Admitted, Gate, Outcome, Reply
 from kvfleet.router.gateway.xds import model_cluster
+from kvfleet.router.gateway_config import CLUSTER_HEADER, ENDPOINTS_HEADER, UPSTREAM_HEADER
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.xds import write_bootstrap
+from kvfleet.router.gateway_config import GatewayConfig
 
 
 class EnvoyError(RuntimeError):

@@ -26,9 +26,9 @@ from kvfleet.router import pipeline
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
-from kvfleet.router.gateway.config import UPSTREAM_HEADER
 from kvfleet.router.gateway.gate import Admitted, Outcome, Reply, reply_for
 from kvfleet.router.gateway.xds import is_ip
+from kvfleet.router.gateway_config import UPSTREAM_HEADER
 from kvfleet.router.requests import CHAT, COMPLETIONS
 from kvfleet.router.state import RouterState
 from kvfleet.sse import SseReader

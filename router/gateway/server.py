@@ -16,11 +16,11 @@ from fastapi import FastAPI
 from grpclib.server import Server
 
 from kvfleet.router.gateway.ads import AdsServer
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.extproc import ExtProcServer
 from kvfleet.router.gateway.gate import Admitted, Gate
 from kvfleet.router.gateway.router_gate import RouterGate
 from kvfleet.router.gateway.xds import CLUSTER_TYPE, model_cluster, resources
+from kvfleet.router.gateway_config import GatewayConfig
 
 SYNC_INTERVAL_S = 0.1
 CLUSTER_WAIT_S = 2.0  # how long a request for a model Envoy has no cluster for yet waits for one

@@ -90,7 +90,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 )
 from envoy_data_plane.google.protobuf import Any as AnyProto
 
-from kvfleet.router.gateway.config import (
+from kvfleet.router.gateway_config import (
     ADS_CLUSTER,
     CLUSTER_HEADER,
     ENDPOINTS_HEADER,

@@ -18,8 +18,8 @@ from helm_python.errors import HelmRenderError
 
 from kvfleet.router import cli
 from kvfleet.router.config import RouterConfig
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.xds import bootstrap_json
+from kvfleet.router.gateway_config import GatewayConfig
 from kvfleet.router.prefix import tenant_cache_salt
 from kvfleet.testing.processes import free_port
 

@@ -22,8 +22,8 @@ with warnings.catch_warnings():
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.process import EnvoyError, EnvoyProcess
+from kvfleet.router.gateway_config import GatewayConfig
 from kvfleet.router.state import RouterState
 
 from ..fakes import FakeEngine, served

@@ -16,9 +16,9 @@ from grpclib.client import Channel
 
 from kvfleet.router.gateway import xds
 from kvfleet.router.gateway.ads import AdsServer
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.gate import Reply
 from kvfleet.router.gateway.server import serve
+from kvfleet.router.gateway_config import GatewayConfig
 
 CONFIG = GatewayConfig(xds_port=18000)
 FLEET = {"tiny": ["127.0.0.1:8001"]}

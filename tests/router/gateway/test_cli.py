@@ -8,7 +8,7 @@ import pytest
 
 from kvfleet.router import cli
 from kvfleet.router.config import RouterConfig
-from kvfleet.router.gateway.config import GatewayConfig
+from kvfleet.router.gateway_config import GatewayConfig
 
 KEY = "sk-cli-0123456789"
 

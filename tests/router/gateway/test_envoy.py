@@ -21,8 +21,8 @@ import pytest_asyncio
 from kvfleet.protocol import EngineLoad
 from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway import server, xds
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.router_gate import RouterGate, fallbacks
+from kvfleet.router.gateway_config import GatewayConfig
 from kvfleet.router.prefix import tenant_cache_salt
 
 from ..fakes import FakeEngine

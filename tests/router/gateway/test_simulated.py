@@ -23,8 +23,8 @@ import pytest
 import pytest_asyncio
 
 from kvfleet.router.gateway import xds
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.process import EnvoyProcess
+from kvfleet.router.gateway_config import GatewayConfig
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
 
 from kvfleet.router.gateway import xds
-from kvfleet.router.gateway.config import GatewayConfig
 from kvfleet.router.gateway.process import envoy_binary
+from kvfleet.router.gateway_config import GatewayConfig
 
 CONFIG = GatewayConfig(xds_port=18000, listen_port=10001, admin_port=9902, message_timeout_s=12.5)
 HTTP2 = {

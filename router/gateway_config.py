@@ -1,5 +1,8 @@
 """The Envoy gateway's settings (docs/architecture.md §3 ``--envoy-xds-port``, §6 "Envoy gateway mode").
 
+Where it sits: beside the router's own config, which holds them, and outside ``gateway/``, which
+reads them, so neither package imports the other back.
+
 One :class:`GatewayConfig` says where the router's gRPC server (ADS and ext_proc on one
 port) listens, where Envoy listens for clients, and Envoy's admin port. The xDS
 resources (:mod:`kvfleet.router.gateway.xds`) and the bootstrap file are rendered
