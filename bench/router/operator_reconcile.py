@@ -2,7 +2,7 @@
 
 The operator runs as a user runs it (``kvfleet operator --namespace default`` in its own
 process, found through KUBECONFIG); the API server is kmock's emulator with admission
-(``tests/operator_kit/apiserver.py``) in this process. Printed:
+(``operator/testing/apiserver.py``) in this process. Printed:
 
 - apply → Deployment created latency, p50/p99 over N InferenceServices applied in a burst,
   against the baseline of the same client creating one Deployment directly;
@@ -29,12 +29,9 @@ import attrs
 import kmock
 from kmock._internal import enums
 
-TESTS = str(Path(__file__).resolve().parents[2] / "tests")  # the operator's test kit lives there
-sys.path.insert(0, TESTS)
-
-from operator_kit.apiserver import ApiServer, register, write_kubeconfig  # noqa: E402
-from operator_kit.cluster import User, inferenceservice  # noqa: E402
-from operator_kit.harness import kubeconfig_for  # noqa: E402
+from kvfleet.operator.testing.apiserver import ApiServer, register, write_kubeconfig
+from kvfleet.operator.testing.cluster import User, inferenceservice
+from kvfleet.operator.testing.harness import kubeconfig_for
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -90,7 +87,7 @@ from kvfleet.operator import renderers
 from kvfleet.kubeconfig import client_configuration
 from kvfleet.operator.kube import KubeApi, api_client
 from kvfleet.operator.spec import parse_inferenceservice
-from operator_kit.cluster import inferenceservice
+from kvfleet.operator.testing.cluster import inferenceservice
 api = KubeApi(api_client(client_configuration()))
 spec = parse_inferenceservice(inferenceservice()["spec"])
 objs = [renderers.render_children(renderers.Owner(f"base-{i:03d}", "default", "uid"), spec, "img") for i in range(int(sys.argv[1]))]
@@ -122,8 +119,7 @@ async def main(latency_count: int, cpu_count: int) -> None:
         register(server)
         with tempfile.TemporaryDirectory() as tmp, kubeconfig_for(server, Path(tmp)) as client:
             kubeconfig = write_kubeconfig(Path(tmp) / "operator-kubeconfig", server)
-            path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
-            env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": path}
+            env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
             cmd = [sys.executable, "-m", "kvfleet.cli", "operator", "--namespace", "default", "--standalone"]
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:

@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from ..operator_kit.chart import (
+from kvfleet.operator.testing.chart import (
     CHART,
     DASHBOARDS,
     LORA_METRICS,
@@ -22,7 +22,7 @@ from ..operator_kit.chart import (
     lint,
     render,
 )
-from ..operator_kit.crdschema import CRD_DIR, admit, load_crds
+from kvfleet.operator.testing.crdschema import CRD_DIR, admit, load_crds
 
 K8S = "1.35"
 # docs/architecture.md §8: every name the engine and the router export.

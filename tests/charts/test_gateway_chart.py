@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 from helm_python.errors import HelmRenderError
 
+from kvfleet.operator.testing.chart import render
 from kvfleet.router import cli
 from kvfleet.router.config import RouterConfig
 from kvfleet.router.gateway.xds import bootstrap_json
@@ -23,7 +24,6 @@ from kvfleet.router.gateway_config import GatewayConfig
 from kvfleet.router.prefix import tenant_cache_salt
 from kvfleet.testing.processes import free_port
 
-from ..operator_kit.chart import render
 from ..router.fakes import FakeEngine
 from ..router.gateway.stack import ALPHA, gateway, tenant
 

@@ -22,9 +22,8 @@ from kvfleet.cli import build_parser
 from kvfleet.operator import renderers
 from kvfleet.operator.cli import config_from_args
 from kvfleet.operator.spec import parse_inferenceservice
-
-from ..operator_kit.chart import CHART, render
-from ..operator_kit.crdschema import ROOT
+from kvfleet.operator.testing.chart import CHART, render
+from kvfleet.operator.testing.crdschema import ROOT
 
 IMAGES = json.loads((ROOT / "images" / "images.json").read_text())
 CONTAINERFILE = ROOT / IMAGES["containerfile"]

@@ -21,9 +21,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvfleet.operator.testing.chart import LORA_METRICS, METRIC_NAME, chart_metric_names, expressions
 from kvfleet.testing.processes import SimFlags, lora_flags, router_processes, sim_engines
-
-from ..operator_kit.chart import LORA_METRICS, METRIC_NAME, chart_metric_names, expressions
 
 KEY = "sk-metrics-0123456789"
 ADAPTERS = ("sql", "chat")

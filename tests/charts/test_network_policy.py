@@ -16,8 +16,7 @@ from kvfleet.cli import build_parser
 from kvfleet.operator import renderers
 from kvfleet.operator.cli import config_from_args
 from kvfleet.operator.spec import parse_inferenceservice
-
-from ..operator_kit.chart import render
+from kvfleet.operator.testing.chart import render
 
 K8S = "1.35"
 RELEASE_NS = "kvfleet-system"

@@ -15,11 +15,10 @@ import pytest
 
 from kvfleet.operator.config import OperatorConfig
 from kvfleet.operator.kube import USER_AGENT
-
-from ..operator_kit.apiserver import ApiServer, serve
-from ..operator_kit.chart import render
-from ..operator_kit.cluster import User, inferenceservice, roll_out, tenantquota
-from ..operator_kit.harness import eventually, kubeconfig_for, running_operator, settle
+from kvfleet.operator.testing.apiserver import ApiServer, serve
+from kvfleet.operator.testing.chart import render
+from kvfleet.operator.testing.cluster import User, inferenceservice, roll_out, tenantquota
+from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator, settle
 
 Triple = tuple[str, str, str]
 DISCOVERY = {"api", "apis", "version"}

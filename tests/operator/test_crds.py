@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from kvfleet.operator.spec import SpecError, parse_inferenceservice, parse_tenantquota
-
-from ..operator_kit.cluster import manifest
-from ..operator_kit.crdschema import CRD_DIR, ROOT, admit, apply_defaults, load_crds, schema_of
+from kvfleet.operator.testing.cluster import manifest
+from kvfleet.operator.testing.crdschema import CRD_DIR, ROOT, admit, apply_defaults, load_crds, schema_of
 
 CRDS = load_crds()
 K8S = "1.35"

@@ -12,10 +12,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.operator.config import OperatorConfig
-
-from ..operator_kit.apiserver import ApiServer, serve
-from ..operator_kit.cluster import User, inferenceservice, tenantquota
-from ..operator_kit.harness import eventually, kubeconfig_for, running_operator
+from kvfleet.operator.testing.apiserver import ApiServer, serve
+from kvfleet.operator.testing.cluster import User, inferenceservice, tenantquota
+from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator
 
 ISVC = "kvfleet.dev/v1alpha1/inferenceservices"
 TQ = "kvfleet.dev/v1alpha1/tenantquotas"

@@ -15,10 +15,9 @@ import pytest
 from kvfleet.operator import renderers
 from kvfleet.operator.config import OperatorConfig
 from kvfleet.operator.spec import parse_inferenceservice
-
-from ..operator_kit.apiserver import ApiServer, serve
-from ..operator_kit.cluster import User, inferenceservice, roll_out
-from ..operator_kit.harness import eventually, kubeconfig_for, running_operator, settle
+from kvfleet.operator.testing.apiserver import ApiServer, serve
+from kvfleet.operator.testing.cluster import User, inferenceservice, roll_out
+from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator, settle
 
 ISVC = "kvfleet.dev/v1alpha1/inferenceservices"
 DEPLOY = "apps/v1/deployments"

@@ -6,10 +6,9 @@ import contextlib
 from pathlib import Path
 
 from kvfleet.operator.config import OperatorConfig
-
-from ..operator_kit.apiserver import ApiServer, serve
-from ..operator_kit.cluster import User, inferenceservice
-from ..operator_kit.harness import eventually, kubeconfig_for, running_operator, settle
+from kvfleet.operator.testing.apiserver import ApiServer, serve
+from kvfleet.operator.testing.cluster import User, inferenceservice
+from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator, settle
 
 DEPLOY = "apps/v1/deployments"
 PEERING = "kopf.dev/v1/kopfpeerings"

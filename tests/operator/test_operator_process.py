@@ -14,11 +14,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from kvfleet.operator.testing.apiserver import ApiServer, serve, write_kubeconfig
+from kvfleet.operator.testing.cluster import User, inferenceservice, tenantquota
+from kvfleet.operator.testing.harness import eventually, kubeconfig_for
 from kvfleet.testing.processes import kvfleet_argv, stop
-
-from ..operator_kit.apiserver import ApiServer, serve, write_kubeconfig
-from ..operator_kit.cluster import User, inferenceservice, tenantquota
-from ..operator_kit.harness import eventually, kubeconfig_for
 
 DEPLOY = "apps/v1/deployments"
 PEERING = "kopf.dev/v1/clusterkopfpeerings"

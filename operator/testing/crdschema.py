@@ -19,7 +19,7 @@ import celpy
 import jsonschema
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]  # tests/operator_kit/ → the repository
+ROOT = Path(__file__).resolve().parents[2]  # operator/testing/ → the repository (a checkout: crds/, charts/)
 CRD_DIR = ROOT / "crds"
 
 
