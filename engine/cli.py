@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvfleet.engine.model.errors import ModelLoadError
+from kvfleet.flags import same_named
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 if TYPE_CHECKING:
@@ -221,29 +222,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     from kvfleet.engine.lora.config import parse_lora_modules
 
     return EngineConfig(
-        model=args.model,
-        served_model_name=args.served_model_name,
-        dtype=args.dtype,
-        device="cpu" if args.simulate else args.device,
-        seed=args.seed,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        num_kv_blocks=args.num_kv_blocks,
-        enable_prefix_caching=not args.no_prefix_caching,
-        prepack_weights=not args.no_prepack_weights,
-        weight_packing=args.weight_packing,
-        scheduling_policy=args.scheduling_policy,
-        attention_backend=args.attention,
-        enable_lora=args.enable_lora,
-        lora_modules=parse_lora_modules(args.lora_modules),
-        max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank,
-        max_cpu_loras=args.max_cpu_loras,
-        structured_outputs_compile_timeout=args.structured_outputs_compile_timeout,
+        **same_named(args, EngineConfig)
+        | {
+            "device": "cpu" if args.simulate else args.device,
+            "enable_prefix_caching": not args.no_prefix_caching,
+            "prepack_weights": not args.no_prepack_weights,
+            "attention_backend": args.attention,
+            "lora_modules": parse_lora_modules(args.lora_modules),
+        }
     )
 
 

@@ -135,26 +135,19 @@ def _envoy_from_args(args: argparse.Namespace) -> GatewayConfig | None:
 
 
 def config_from_args(args: argparse.Namespace) -> object:
+    from kvfleet.flags import same_named
     from kvfleet.resources import SLOSpec
     from kvfleet.router.config import RouterConfig, load_tenants_file, stream_bounds
 
     tenants = load_tenants_file(args.tenants) if args.tenants else []
     return RouterConfig(
-        engines=[u.strip() for u in args.engines.split(",") if u.strip()],
-        tenants=tenants,
-        kubernetes=args.kubernetes,
-        namespace=args.namespace,
-        redis_url=args.redis_url,
-        host=args.host,
-        port=args.port,
-        policy=args.policy,
-        admission=not args.no_admission,
-        max_queue_wait_s=args.max_queue_wait,
-        max_engine_queue=args.max_engine_queue,
-        chars_per_token=args.chars_per_token,
-        prefix_chunk_chars=args.prefix_chunk_chars,
-        max_request_bytes=args.max_request_bytes,
-        shared_prefix_cache=args.shared_prefix_cache,
+        **same_named(args, RouterConfig)
+        | {
+            "engines": [u.strip() for u in args.engines.split(",") if u.strip()],
+            "tenants": tenants,
+            "admission": not args.no_admission,
+            "max_queue_wait_s": args.max_queue_wait,
+        },
         **stream_bounds(args),
         slo=SLOSpec(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
         envoy=_envoy_from_args(args),
