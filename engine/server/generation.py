@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 from fastapi import Request
 
@@ -108,16 +108,20 @@ class Submitted:
     prompt_lens: list[int]
 
 
-async def submit(
-    state: ServerState,
-    response_id: str,
-    prompts: Sequence[list[int]],
-    params: Sequence[SamplingParams],
-    priority: int,
-    lora: str | None = None,
-) -> Submitted:
-    """One engine request per prompt (under the adapter ``lora``, None: the base model); if the engine
-    refuses one, the ones already added are aborted."""
+class Submission(NamedTuple):
+    """What a generation route asks of the engine: one request per prompt, ids ``<response_id>-<i>``,
+    under the adapter ``lora`` (None: the base model)."""
+
+    response_id: str
+    prompts: Sequence[list[int]]
+    params: Sequence[SamplingParams]
+    priority: int = 0
+    lora: str | None = None
+
+
+async def submit(state: ServerState, submission: Submission) -> Submitted:
+    """One engine request per prompt; if the engine refuses one, the ones already added are aborted."""
+    response_id, prompts, params, priority, lora = submission
     streams: list[RequestStream] = []
     try:
         for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):

@@ -10,7 +10,7 @@ Choice ``i`` of prompt ``p`` has index ``p × n + i``, as OpenAI numbers them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Generic, TypeVar
 
 from fastapi import Request
@@ -49,15 +49,11 @@ async def respond(
     state: ServerState,
     request: Request,
     shaper: Shaper[R],
+    submission: gen.Submission,
     *,
     stream: bool,
     include_usage: bool,
     n: int,
-    response_id: str,
-    prompts: Sequence[list[int]],
-    params: Sequence[gen.SamplingParams],
-    priority: int,
-    lora: str | None,
 ) -> R | GenerationStream:
     async def collect(sub: gen.Submitted) -> R:
         final = await gen.final_outputs(sub, n)
@@ -82,14 +78,5 @@ async def respond(
         yield sse_done()
 
     return await generation_response(
-        state,
-        request,
-        stream=stream,
-        response_id=response_id,
-        prompts=prompts,
-        params=params,
-        priority=priority,
-        stream_body=events,
-        collect=collect,
-        lora=lora,
+        state, request, submission, stream=stream, stream_body=events, collect=collect
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import json.encoder
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -115,17 +115,11 @@ class GenerationStream(StallBoundedStream):
 
 
 async def start_stream(
-    state: ServerState,
-    response_id: str,
-    prompts: Sequence[list[int]],
-    params: Sequence[gen.SamplingParams],
-    priority: int,
-    body: Callable[[gen.Submitted], AsyncIterator[str]],
-    lora: str | None = None,
+    state: ServerState, submission: gen.Submission, body: Callable[[gen.Submitted], AsyncIterator[str]]
 ) -> GenerationStream:
     state.in_flight.enter()
     try:
-        sub = await gen.submit(state, response_id, prompts, params, priority, lora)
+        sub = await gen.submit(state, submission)
     except BaseException:
         state.in_flight.exit()
         raise
@@ -143,15 +137,11 @@ R = TypeVar("R")
 async def generation_response(
     state: ServerState,
     request: Request,
+    submission: gen.Submission,
     *,
     stream: bool,
-    response_id: str,
-    prompts: Sequence[list[int]],
-    params: Sequence[gen.SamplingParams],
-    priority: int,
     stream_body: Callable[[gen.Submitted], AsyncIterator[str]],
     collect: Callable[[gen.Submitted], Awaitable[R]],
-    lora: str | None = None,
 ) -> R | GenerationStream:
     """What both generation routes do with their validated prompts: submit, then stream or collect.
 
@@ -160,8 +150,8 @@ async def generation_response(
     goes away aborts the sequences; either way the request counts as in flight for the drain.
     """
     if stream:
-        return await start_stream(state, response_id, prompts, params, priority, stream_body, lora)
+        return await start_stream(state, submission, stream_body)
     async with state.in_flight.track():
-        sub = await gen.submit(state, response_id, prompts, params, priority, lora)
+        sub = await gen.submit(state, submission)
         async with gen.abort_on_disconnect(request, state, sub.streams):
             return await collect(sub)

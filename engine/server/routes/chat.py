@@ -66,14 +66,10 @@ async def create_chat_completion(
         state,
         request,
         ChatShaper(state, body, response_id, plan),
+        gen.Submission(response_id, [ids], [constrain(plan, params)], body.priority, lora),
         stream=body.stream,
         include_usage=body.include_usage,
         n=body.n,
-        response_id=response_id,
-        prompts=[ids],
-        params=[constrain(plan, params)],
-        priority=body.priority,
-        lora=lora,
     )
 
 

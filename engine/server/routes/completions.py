@@ -54,14 +54,10 @@ async def create_completion(
         state,
         request,
         CompletionShaper(state, body, response_id),
+        gen.Submission(response_id, prompts, params, body.priority, lora),
         stream=body.stream,
         include_usage=body.include_usage,
         n=body.n,
-        response_id=response_id,
-        prompts=prompts,
-        params=params,
-        priority=body.priority,
-        lora=lora,
     )
 
 
