@@ -11,10 +11,11 @@ then per call its id and name, then its argument fragments.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from kvfleet.engine.server.tool_parsers.json_scan import is_json
+from kvfleet.engine.server.tool_parsers.json_scan import is_json, scan_call, skip_ws
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,38 @@ class CallSoFar:
     name: str | None  # None until the model has written it whole
     arguments: str  # the raw JSON argument text written so far
     complete: bool
+
+
+def calls_or_content(text: str, content: str, calls: list[CallSoFar], final: bool) -> Snapshot:
+    """``content`` and ``calls``; but a finished text that holds no named call was all content."""
+    if final and not any(c.name is not None for c in calls):
+        return Snapshot(text)
+    return Snapshot(content, calls)
+
+
+def read_calls(text: str, pos: int, next_call: Callable[[int], int]) -> list[CallSoFar]:
+    """The call objects opening at ``text[pos]`` and then at ``next_call(end of the last one)``, as far as
+    the text goes: what every format's parser reads once it has found where its calls begin."""
+    calls: list[CallSoFar] = []
+    while pos < len(text) and text[pos] == "{":
+        scan = scan_call(text, pos)
+        if not scan.valid:
+            break
+        calls.append(CallSoFar(scan.name, scan.arguments, scan.end is not None))
+        if scan.end is None:
+            break
+        pos = next_call(scan.end)
+    return calls
+
+
+def separated_by(text: str, separator: str) -> Callable[[int], int]:
+    """``next_call`` of calls written one after another, ``separator`` (and blanks) between them."""
+
+    def after(end: int) -> int:
+        pos = skip_ws(text, end)
+        return skip_ws(text, pos + 1) if pos < len(text) and text[pos] == separator else pos
+
+    return after
 
 
 @dataclass(frozen=True)

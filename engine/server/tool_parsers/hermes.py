@@ -12,10 +12,11 @@ Content is the text before the first ``<tool_call>``; text between or after call
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
-from kvfleet.engine.server.tool_parsers.base import CallSoFar, Snapshot, ToolParser
-from kvfleet.engine.server.tool_parsers.json_scan import held_back, scan_call, skip_ws
+from kvfleet.engine.server.tool_parsers.base import Snapshot, ToolParser, calls_or_content, read_calls
+from kvfleet.engine.server.tool_parsers.json_scan import held_back, skip_ws
 
 
 class HermesParser(ToolParser):
@@ -26,19 +27,14 @@ class HermesParser(ToolParser):
         first = text.find(self.open_tag)
         if first < 0:
             return Snapshot(text if final else text[: len(text) - held_back(text, self.open_tag)])
-        calls: list[CallSoFar] = []
-        tag = first
-        while tag >= 0:
-            start = skip_ws(text, tag + len(self.open_tag))
-            if start >= len(text) or text[start] != "{":
-                break  # not started yet, or not a JSON object: nothing more to read
-            scan = scan_call(text, start)
-            if not scan.valid:
-                break
-            calls.append(CallSoFar(scan.name, scan.arguments, scan.end is not None))
-            if scan.end is None:
-                break
-            tag = text.find(self.open_tag, scan.end)
-        if final and not any(c.name is not None for c in calls):
-            return Snapshot(text)  # no call after all: it was all content
-        return Snapshot(text[:first], calls)
+        calls = read_calls(text, skip_ws(text, first + len(self.open_tag)), self._next_tag(text))
+        return calls_or_content(text, text[:first], calls, final)
+
+    def _next_tag(self, text: str) -> Callable[[int], int]:
+        """``next_call``: the object after the next tag (the text's end where none follows)."""
+
+        def after(end: int) -> int:
+            tag = text.find(self.open_tag, end)
+            return len(text) if tag < 0 else skip_ws(text, tag + len(self.open_tag))
+
+        return after

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from kvfleet.engine.server.tool_parsers.base import CallSoFar, Snapshot, ToolParser
-from kvfleet.engine.server.tool_parsers.json_scan import scan_call, skip_ws
+from kvfleet.engine.server.tool_parsers.base import (
+    Snapshot,
+    ToolParser,
+    calls_or_content,
+    read_calls,
+    separated_by,
+)
+from kvfleet.engine.server.tool_parsers.json_scan import skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -28,18 +34,5 @@ class Llama3JsonParser(ToolParser):
             return Snapshot("")  # maybe the tag: wait
         if start < len(text) and text[start] != "{":
             return Snapshot(text)
-        calls: list[CallSoFar] = []
-        pos = start
-        while pos < len(text) and text[pos] == "{":
-            scan = scan_call(text, pos)
-            if not scan.valid:
-                break
-            calls.append(CallSoFar(scan.name, scan.arguments, scan.end is not None))
-            if scan.end is None:
-                break
-            pos = skip_ws(text, scan.end)
-            if pos < len(text) and text[pos] == ";":
-                pos = skip_ws(text, pos + 1)
-        if final and not any(c.name is not None for c in calls):
-            return Snapshot(text)
-        return Snapshot("", calls)
+        calls = read_calls(text, start, separated_by(text, ";"))
+        return calls_or_content(text, "", calls, final)

@@ -13,8 +13,15 @@ import random
 import string
 from typing import ClassVar
 
-from kvfleet.engine.server.tool_parsers.base import CallSoFar, Snapshot, ToolParser
-from kvfleet.engine.server.tool_parsers.json_scan import held_back, scan_call, skip_ws
+from kvfleet.engine.server.tool_parsers.base import (
+    CallSoFar,
+    Snapshot,
+    ToolParser,
+    calls_or_content,
+    read_calls,
+    separated_by,
+)
+from kvfleet.engine.server.tool_parsers.json_scan import held_back, skip_ws
 
 BOT = "[TOOL_CALLS]"
 _ID_CHARS = string.ascii_letters + string.digits
@@ -22,19 +29,7 @@ _ID_CHARS = string.ascii_letters + string.digits
 
 def read_call_array(text: str, pos: int) -> list[CallSoFar]:
     """The calls of a JSON array ``[{call}, {call}, ...]`` opening at ``text[pos]``, as far as it goes."""
-    calls: list[CallSoFar] = []
-    i = skip_ws(text, pos + 1)
-    while i < len(text) and text[i] == "{":
-        scan = scan_call(text, i)
-        if not scan.valid:
-            break
-        calls.append(CallSoFar(scan.name, scan.arguments, scan.end is not None))
-        if scan.end is None:
-            break
-        i = skip_ws(text, scan.end)
-        if i < len(text) and text[i] == ",":
-            i = skip_ws(text, i + 1)
-    return calls
+    return read_calls(text, skip_ws(text, pos + 1), separated_by(text, ","))
 
 
 class MistralParser(ToolParser):
@@ -50,6 +45,4 @@ class MistralParser(ToolParser):
             return Snapshot(text if final else text[: len(text) - held_back(text, BOT)])
         start = skip_ws(text, bot + len(BOT))
         calls = read_call_array(text, start) if start < len(text) and text[start] == "[" else []
-        if final and not any(c.name is not None for c in calls):
-            return Snapshot(text)
-        return Snapshot(text[:bot], calls)
+        return calls_or_content(text, text[:bot], calls, final)
