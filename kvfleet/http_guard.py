@@ -49,7 +49,24 @@ class _Refused(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-class RequestGuard:
+class HttpMiddleware:
+    """Pure ASGI middleware that sees HTTP requests only (:meth:`handle`); lifespan and websocket
+    scopes go on to ``app`` untouched. What every middleware of both servers is."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+        else:
+            await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class RequestGuard(HttpMiddleware):
     """Pure ASGI middleware: bounded, UTF-8 request bodies, and a 500 body for what escapes the app.
 
     ``on_error(status)`` is told of each 500 it sends (the router counts it in its metrics).
@@ -61,14 +78,11 @@ class RequestGuard:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         on_error: Callable[[Scope, int], None] | None = None,
     ) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_body_bytes = max_body_bytes
         self.on_error = on_error
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_tracked(message: Message) -> None:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
+from kvfleet.http_guard import ASGIApp, HttpMiddleware, Receive, Scope, Send
 from kvfleet.openai_api import IGNORE_UNKNOWN_FIELDS
 
 log = logging.getLogger(__name__)
@@ -59,17 +58,14 @@ class IgnoredFields:
         return name
 
 
-class IgnoreUnknownFields:
+class IgnoreUnknownFields(HttpMiddleware):
     """Pure ASGI middleware: the request models ignore unknown top-level fields for the requests it serves."""
 
     def __init__(self, app: ASGIApp, report: IgnoredFields) -> None:
-        self.app = app
+        super().__init__(app)
         self.report = report
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = IGNORE_UNKNOWN_FIELDS.set(self.report)
         try:
             await self.app(scope, receive, send)
