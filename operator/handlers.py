@@ -20,16 +20,8 @@ from typing import Any, cast
 
 import kopf
 
+from kvfleet import protocol
 from kvfleet.kubeconfig import client_configuration
-from kvfleet.protocol import (
-    API_GROUP,
-    API_VERSION,
-    INFERENCESERVICE_PLURAL,
-    LABEL_APP,
-    LABEL_APP_ENGINE,
-    LABEL_INFERENCESERVICE,
-    TENANTQUOTA_PLURAL,
-)
 
 from . import reconcile
 from .config import OperatorConfig
@@ -37,8 +29,8 @@ from .kube import KubeApi, api_client, backoff_seconds, connection_info
 
 log = logging.getLogger(__name__)
 
-ISVC = (API_GROUP, API_VERSION, INFERENCESERVICE_PLURAL)
-TQ = (API_GROUP, API_VERSION, TENANTQUOTA_PLURAL)
+ISVC = (protocol.API_GROUP, protocol.API_VERSION, protocol.INFERENCESERVICE_PLURAL)
+TQ = (protocol.API_GROUP, protocol.API_VERSION, protocol.TENANTQUOTA_PLURAL)
 DEPLOYMENTS = ("apps", "v1", "deployments")
 
 
@@ -68,7 +60,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         namespace, name = body.metadata.namespace or "", body.metadata.name or ""
         api = KubeApi(client, retry)
         with locks[namespace, name]:
-            fresh = api.get_custom(INFERENCESERVICE_PLURAL, namespace, name)  # the status as stored now
+            fresh = api.get_custom(
+                protocol.INFERENCESERVICE_PLURAL, namespace, name
+            )  # the status as stored now
             if fresh is None:
                 return
             outcome = reconcile.sync_inferenceservice(api, config, fresh, apply_children=True)
@@ -79,13 +73,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         log.info("deleted %s of %s/%s", deleted, body.metadata.namespace, body.metadata.name)
 
     def deployment_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        name = body.metadata.labels.get(LABEL_INFERENCESERVICE)
+        name = body.metadata.labels.get(protocol.LABEL_INFERENCESERVICE)
         namespace = body.metadata.namespace
         if not name or not namespace:
             return
         api = KubeApi(client)
         with locks[namespace, name]:
-            isvc = api.get_custom(INFERENCESERVICE_PLURAL, namespace, name)
+            isvc = api.get_custom(protocol.INFERENCESERVICE_PLURAL, namespace, name)
             if isvc is None or isvc["metadata"].get("deletionTimestamp"):
                 return
             outcome = reconcile.sync_inferenceservice(
@@ -104,6 +98,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         on(*ISVC, registry=registry, id="reconcile")(reconcile_isvc)
         on(*TQ, registry=registry, id="validate")(validate_tq)
     kopf.on.delete(*ISVC, registry=registry, id="delete-children")(delete_isvc)
-    kopf.on.event(*DEPLOYMENTS, labels={LABEL_APP: LABEL_APP_ENGINE}, registry=registry, id="engine-status")(
-        deployment_event
-    )
+    kopf.on.event(
+        *DEPLOYMENTS,
+        labels={protocol.LABEL_APP: protocol.LABEL_APP_ENGINE},
+        registry=registry,
+        id="engine-status",
+    )(deployment_event)
