@@ -53,7 +53,7 @@ from kvfleet.engine.messages import (
     to_wire,
 )
 from kvfleet.engine.outputs import EngineStats, ReqDelta
-from kvfleet.engine.sampling_params import RequestError, SamplingParams
+from kvfleet.engine.sampling_params import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +61,7 @@ log = logging.getLogger(__name__)
 class EngineLike(Protocol):
     """What the core needs of ``kvfleet.engine.Engine`` (only ever called from the core's loop)."""
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        arrival_time: float | None = None,
-        lora: str | None = None,
-    ) -> list[int]: ...
+    def add(self, cmd: AddCmd) -> list[int]: ...
 
     def verdict_deferred(self, request_id: str) -> bool: ...
 
@@ -139,14 +130,7 @@ class CoreLoop:
 
     def _add(self, cmd: AddCmd) -> None:
         try:
-            self.engine.add_request(
-                cmd.request_id,
-                cmd.prompt,
-                cmd.params,
-                priority=cmd.priority,
-                arrival_time=cmd.arrival_time,
-                lora=cmd.lora,
-            )
+            self.engine.add(cmd)
         except RequestError as exc:  # the caller's 400
             self._verdicts.append(Verdict(cmd.request_id, exc.reason, exc.field))
             return

@@ -28,6 +28,7 @@ from kvfleet.engine.kv.block_hash import cache_namespace
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.lora.config import LoraError, unknown_adapter
 from kvfleet.engine.lora.stats import LoraHost, LoraUsage
+from kvfleet.engine.messages import AddCmd
 from kvfleet.engine.model.sources import served_name
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
 from kvfleet.engine.outputs import EngineStats, ReqDelta
@@ -136,6 +137,17 @@ class Engine:
         return structured
 
     # ---- requests in
+    def add(self, cmd: AddCmd) -> list[int]:
+        """:meth:`add_request` of a command from the API side (``engine/messages.py``)."""
+        return self.add_request(
+            cmd.request_id,
+            cmd.prompt,
+            cmd.params,
+            priority=cmd.priority,
+            arrival_time=cmd.arrival_time,
+            lora=cmd.lora,
+        )
+
     def add_request(
         self,
         request_id: str,
