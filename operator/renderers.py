@@ -171,7 +171,7 @@ def shm_size_limit(gpus: int, shm_per_gpu: str = DEFAULT_SHM_PER_GPU) -> str | N
 
 
 def _scratch_volumes(gpus: int, shm_per_gpu: str) -> list[Obj]:
-    volumes = [{"name": name, "emptyDir": dict(empty)} for name, _, empty in SCRATCH_VOLUMES]
+    volumes: list[Obj] = [{"name": name, "emptyDir": dict(empty)} for name, _, empty in SCRATCH_VOLUMES]
     if (limit := shm_size_limit(gpus, shm_per_gpu)) is not None:
         volumes[-1]["emptyDir"]["sizeLimit"] = limit
     return volumes
