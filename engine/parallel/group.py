@@ -11,6 +11,7 @@ it, never hang. :class:`TPComm` is the model's ``Collective`` (``engine/model/tp
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -66,11 +67,14 @@ class TPComm:
     def __init__(self, rank: int, world_size: int, vocab_sizes: list[int]) -> None:
         self.rank, self.world_size = rank, world_size
         self.vocab_sizes = vocab_sizes  # each rank's vocabulary slice, rank 0 first
-        self.reduces = 0  # all-reduces run (the bench's count)
+        self.reduces = 0  # all-reduces run, and their wall time here (waiting for the slower rank included)
+        self.reduce_seconds = 0.0
 
     def all_reduce(self, x: torch.Tensor) -> None:
-        self.reduces += 1
+        start = time.perf_counter()
         dist.all_reduce(x)
+        self.reduce_seconds += time.perf_counter() - start
+        self.reduces += 1
 
     def gather_vocab(self, local: torch.Tensor) -> torch.Tensor:
         """Each rank's (rows, its slice) padded to the widest slice and gathered on rank 0, unpadded there."""
