@@ -161,6 +161,21 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="a structured-output request whose grammar is not compiled in S seconds is a 400",
     )
+    e.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks, one process each (engine/parallel; cuda:0..N-1 on a GPU host)",
+    )
+    e.add_argument(
+        "--distributed-timeout-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="with -tp > 1: a collective (or the group's set-up) that does not finish in S seconds fails",
+    )
 
 
 def _lora_arguments(parser: argparse.ArgumentParser) -> None:

@@ -47,6 +47,10 @@ class EngineConfig(BaseModel):
     max_loras: int = Field(default=1, ge=1)  # adapters resident on the device (and in one step) at once
     max_lora_rank: int = Field(default=16, ge=1)
     max_cpu_loras: int | None = Field(default=None, ge=1)  # adapters kept in CPU memory; None: max_loras
+    # Tensor parallelism (engine/parallel): ranks, each a process holding its shard of the weights and
+    # KV heads; every collective (gloo) and the group's set-up fail after this many seconds, never hang.
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    distributed_timeout_seconds: float = Field(default=30.0, gt=0.0)
     # Structured outputs (engine/structured): a grammar not compiled in this many seconds is a 400.
     structured_outputs_compile_timeout: float = Field(default=30.0, gt=0.0)
 

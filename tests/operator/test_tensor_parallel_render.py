@@ -71,11 +71,6 @@ def test_a_tensor_parallel_deployment_is_valid_kubernetes() -> None:
     kubernetes_validate.validate(deployment(8), "1.35", strict=True)
 
 
-@pytest.mark.xfail(
-    raises=SystemExit,
-    strict=True,
-    reason="the engine's --tensor-parallel-size comes with issue #29's engine part; drop this marker then",
-)
 def test_the_engine_command_line_accepts_the_rendered_tensor_parallel_size() -> None:
     from kvfleet.cli import build_parser
 
