@@ -152,6 +152,12 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "mkl", "onednn", "native"],
         help="CPU float32: the GEMM library the packed linears run on (auto: the faster here, timed at load)",
     )
+    e.add_argument(
+        "--quantization",
+        default=None,
+        choices=["gguf", "int8", "fp8"],
+        help="gguf: serve a .gguf model's linears in their quantised blocks on the CPU (default: float)",
+    )
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
     e.add_argument(
         "--structured-outputs-compile-timeout",
@@ -244,6 +250,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
         structured_outputs_compile_timeout=args.structured_outputs_compile_timeout,
+        quantization=args.quantization,
     )
 
 

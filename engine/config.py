@@ -49,6 +49,8 @@ class EngineConfig(BaseModel):
     max_cpu_loras: int | None = Field(default=None, ge=1)  # adapters kept in CPU memory; None: max_loras
     # Structured outputs (engine/structured): a grammar not compiled in this many seconds is a 400.
     structured_outputs_compile_timeout: float = Field(default=30.0, gt=0.0)
+    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py)
+    quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
     def lora_enabled(self) -> bool:
@@ -60,4 +62,10 @@ class EngineConfig(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
+        if self.quantization in ("int8", "fp8"):
+            raise ValueError(
+                f"quantization={self.quantization!r} is not implemented; 'gguf' is (a .gguf model)"
+            )
+        if self.quantization is not None and self.lora_enabled:
+            raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
         return self

@@ -32,6 +32,7 @@ from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.quant_loader import load_quantized_model
 from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.model.sources import resolve_model, served_name
 from kvfleet.engine.model.tokenizer import HFTokenizer
@@ -111,8 +112,12 @@ class ModelRunner:
         self.model_path = Path(model_path)
         self.device = pick_device(config)
         self.dtype = pick_dtype(config, self.device)
-        self.model = load_model(self.model_path, self.dtype, self.device)
-        self.weight_packing = self.model.prepack(config.weight_packing) if config.prepack_weights else None
+        if config.quantization == "gguf":  # the linears stay in the file's blocks: nothing to (pre)pack
+            self.model = load_quantized_model(config.model, self.model_path, self.dtype, self.device)
+        else:
+            self.model = load_model(self.model_path, self.dtype, self.device)
+        prepack = config.prepack_weights and config.quantization is None
+        self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
         self.backend = get_backend(resolve_backend(config.attention_backend, self.device))
