@@ -102,7 +102,9 @@ def main() -> None:
         lines.append(f"{'re-quantised ' + fmt.name:34s} agreement {agree:.4f}  perplexity {ppl:7.3f}")
         quant = LLM("smollm2", quantization="gguf", **kw)
     lines.append("Q4_K, Q5_K, Q6_K: not measured (gguf.quants.quantize has no K-quants)")
-    lines.append("the reference is the Q4_1 values: re-quantised Q4_1 reproduces them, Q8_0 adds its own rounding")
+    lines.append(
+        "the reference is the Q4_1 values: re-quantised Q4_1 reproduces them, Q8_0 adds its own rounding"
+    )
     publish(lines, "quant_accuracy.txt")
 
 
