@@ -55,6 +55,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "max_lora_rank": 8,
         "max_cpu_loras": 4,
         "structured_outputs_compile_timeout": 2.5,
+        "quantization": None,
     }
     assert config.lora_enabled
     default = cli.engine_config(_args("--model", "tiny"))
