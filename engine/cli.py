@@ -153,6 +153,12 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "mkl", "onednn", "native"],
         help="CPU float32: the GEMM library the packed linears run on (auto: the faster here, timed at load)",
     )
+    e.add_argument(
+        "--quantization",
+        default=None,
+        choices=["gguf", "int8", "fp8"],
+        help="gguf: serve a .gguf model's linears in their quantised blocks on the CPU (default: float)",
+    )
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
     e.add_argument(
         "--structured-outputs-compile-timeout",

@@ -39,6 +39,7 @@ from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_config, load_model
+from kvfleet.engine.model.quant_loader import load_quantized_model
 from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.model.sources import resolve_model, served_name
 from kvfleet.engine.model.tokenizer import HFTokenizer
@@ -126,8 +127,12 @@ class ModelRunner:
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:
             self.leader = self._start_workers(backend)
-        self.model = load_model(self.model_path, self.dtype, self.device, self.shard)
-        self.weight_packing = self.model.prepack(config.weight_packing) if config.prepack_weights else None
+        if config.quantization == "gguf":  # the linears stay in the file's blocks: nothing to (pre)pack
+            self.model = load_quantized_model(config.model, self.model_path, self.dtype, self.device)
+        else:
+            self.model = load_model(self.model_path, self.dtype, self.device, self.shard)
+        prepack = config.prepack_weights and config.quantization is None
+        self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
         self.backend = get_backend(backend)

@@ -252,6 +252,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
         self._lm_head: Linear | None = None  # resolved on first use; pack() and prepack() drop it
+        self.fixed_lm_head: Linear | None = None  # resolved elsewhere (model/quant_loader.py): wins
         # Decode steps through one native call where it applies (fused_decode.py); built on first
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
@@ -297,6 +298,8 @@ class LlamaForCausalLM(nn.Module):
 
     def lm_head_matmul(self) -> Linear:
         """The LM head's matmul as resolved for its weight as (pre)packed now."""
+        if self.fixed_lm_head is not None:
+            return self.fixed_lm_head
         if self._lm_head is None:
             self._lm_head = resolve_linear(self.lm_head.weight, None, self.packed_lm_head)
         return self._lm_head

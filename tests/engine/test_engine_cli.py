@@ -57,6 +57,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "structured_outputs_compile_timeout": 2.5,
         "tensor_parallel_size": 2,
         "distributed_timeout_seconds": 12.0,
+        "quantization": None,
     }
     assert config.lora_enabled
     default = cli.engine_config(_args("--model", "tiny"))
