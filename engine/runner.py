@@ -10,8 +10,9 @@ under ``torch.inference_mode`` and samples.
 the model and the tokenizer and reports a :class:`ModelInfo`.
 
 KV cache size, in order: ``num_kv_blocks`` if given; else ``kv_cache_memory`` bytes;
-else on CUDA ``gpu_memory_utilization`` of the device's memory minus what the weights and
-an activation reserve already take; else on the CPU :data:`CPU_DEFAULT_KV_BYTES` (512 MiB),
+else on CUDA what :func:`gpu_kv_budget` gives (``gpu_memory_utilization`` of the device's memory
+minus what the weights and an activation reserve take, by ``kvfleet.capacity``'s one verdict, which
+also refuses a model whose KV blocks would not hold one ``max_model_len`` sequence); else on the CPU :data:`CPU_DEFAULT_KV_BYTES` (512 MiB),
 capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
 
 Tensor parallelism (``tensor_parallel_size`` > 1, ``engine/parallel/``): this runner is rank 0.
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kvfleet.capacity import check_engine_fits, model_shape_from_config
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
@@ -54,7 +57,6 @@ from kvfleet.engine.structured import StructuredOutputs
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
-CUDA_ACTIVATION_RESERVE = 0.05  # of the device's memory, kept free for activations and the sampler
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -112,6 +114,34 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
             f"(max_position_embeddings in config.json, as far as its rope_scaling stretches it)"
         )
     return config.max_model_len
+
+
+def gpu_kv_budget(
+    config: EngineConfig, model_path: Path, dtype: torch.dtype, max_model_len: int, *, used: int, total: int
+) -> int:
+    """This rank's KV cache bytes on a GPU of ``total`` bytes with ``used`` taken (weights loaded), as
+    :func:`kvfleet.capacity.check_engine_fits` gives them: the operator's CapacityFits asks the same
+    function (with the used bytes predicted), so the two never disagree on what fits. A model that
+    does not fit is a :class:`ModelLoadError` with the verdict's reason."""
+    try:
+        shape = model_shape_from_config(json.loads((model_path / "config.json").read_text()), model_path.name)
+        verdict = check_engine_fits(
+            shape,
+            str(dtype).removeprefix("torch."),
+            config.tensor_parallel_size,
+            total,
+            config.gpu_memory_utilization,
+            max_model_len,
+            config.block_size,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            used_bytes=used,
+        )
+    except (OSError, ValueError) as e:  # CapacityError is a ValueError
+        raise ModelLoadError(f"{model_path}: cannot size the KV cache ({e})") from e
+    if not verdict.fits:
+        raise ModelLoadError(f"{model_path} does not fit: {verdict.reason}")
+    return verdict.kv_cache_bytes_per_rank
 
 
 class ModelRunner:
@@ -217,8 +247,9 @@ class ModelRunner:
 
     def _cuda_kv_budget(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
-        used = total - free
-        return int(total * (self.config.gpu_memory_utilization - CUDA_ACTIVATION_RESERVE)) - used
+        return gpu_kv_budget(
+            self.config, self.model_path, self.dtype, self.max_model_len, used=total - free, total=total
+        )
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         if plan.is_empty:
