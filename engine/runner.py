@@ -178,16 +178,8 @@ class ModelRunner:
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
         if config.lora_enabled:
-            self.lora = LoraManager(
-                self.model_config,
-                max_loras=config.max_loras,
-                max_rank=config.max_lora_rank,
-                max_cpu_loras=config.max_cpu_loras or config.max_loras,
-                device=self.device,
-                dtype=self.dtype,
-                served_model=config.served_model_name or str(config.model),
-                slices=None if self.shard is None else lora_slices(self.shard, self.model_config.head_dim),
-            )
+            slices = None if self.shard is None else lora_slices(self.shard, self.model_config.head_dim)
+            self.lora = LoraManager.for_engine(config, self.model_config, self.device, self.dtype, slices)
         if self.leader is not None:
             if self.lora is not None:
                 self.lora.mirror = self.leader.mirror_lora

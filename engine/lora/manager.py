@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import torch
 
+from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.lora.config import AdapterConfig, LoraError, read_adapter_config, unknown_adapter
 from kvfleet.engine.lora.context import Kernel, LoraContext
 from kvfleet.engine.lora.weights import LoraWeights, ModelShape, load_weights, module_shapes
@@ -62,6 +63,27 @@ class LoraManager:
         # Called after each accepted register (name, path) and unregister (name, None): rank 0 of
         # tensor parallelism repeats them on its workers.
         self.mirror: Callable[[str, str | None], None] | None = None
+
+    @classmethod
+    def for_engine(
+        cls,
+        config: EngineConfig,
+        model: ModelShape,
+        device: torch.device,
+        dtype: torch.dtype,
+        slices: Mapping[str, tuple[slice | None, slice | None]] | None = None,
+    ) -> LoraManager:
+        """The manager ``config``'s LoRA flags ask for (each rank's: ``slices`` are its share)."""
+        return cls(
+            model,
+            max_loras=config.max_loras,
+            max_rank=config.max_lora_rank,
+            max_cpu_loras=config.max_cpu_loras or config.max_loras,
+            device=device,
+            dtype=dtype,
+            served_model=config.served_model_name or str(config.model),
+            slices=slices,
+        )
 
     # ---- known adapters
     def register(self, name: str, path: str) -> None:

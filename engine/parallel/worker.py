@@ -80,15 +80,8 @@ class RankWorker:
         self.lora: LoraManager | None = None
         config, model_config = init.config, self.model.config
         if config.lora_enabled:
-            self.lora = LoraManager(
-                model_config,
-                max_loras=config.max_loras,
-                max_rank=config.max_lora_rank,
-                max_cpu_loras=config.max_cpu_loras or config.max_loras,
-                device=self.device,
-                dtype=self.dtype,
-                served_model=config.served_model_name or str(config.model),
-                slices=lora_slices(shard, model_config.head_dim),
+            self.lora = LoraManager.for_engine(
+                config, model_config, self.device, self.dtype, lora_slices(shard, model_config.head_dim)
             )
 
     def allocate_kv(self, num_blocks: int) -> None:
