@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from kvfleet.engine.lora.config import PROJECTION_AXES
 from kvfleet.engine.model.errors import ModelLoadError
 
 
@@ -126,17 +127,10 @@ def lora_slices(shard: RankShard, head_dim: int) -> dict[str, tuple[slice | None
 
     Column-parallel modules keep A whole and cut B's outputs; row-parallel ones cut A's inputs
     and keep B whole (``engine/lora/manager.py`` says why the sum is exact)."""
-    q, kv, inter = (
-        shard.q_heads.scaled(head_dim),
-        shard.kv_heads.scaled(head_dim),
-        shard.intermediate.scaled(1),
-    )
-    return {
-        "q_proj": (None, q),
-        "k_proj": (None, kv),
-        "v_proj": (None, kv),
-        "o_proj": (q, None),
-        "gate_proj": (None, inter),
-        "up_proj": (None, inter),
-        "down_proj": (inter, None),
+    share: dict[str, slice | None] = {
+        "hidden": None,
+        "q": shard.q_heads.scaled(head_dim),
+        "kv": shard.kv_heads.scaled(head_dim),
+        "inter": shard.intermediate.scaled(1),
     }
+    return {module: (share[a], share[b]) for module, (a, b) in PROJECTION_AXES.items()}
