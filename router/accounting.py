@@ -22,6 +22,7 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
+from kvfleet.router.usage import usage_record
 from kvfleet.sse import DONE, event_data
 
 if TYPE_CHECKING:
@@ -40,6 +41,14 @@ def _has_content(obj: dict[str, Any]) -> bool:
     return False
 
 
+def finish_reason(obj: dict[str, Any]) -> str | None:
+    """The first finish reason among a chunk's (or a whole response's) choices."""
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+            return str(choice["finish_reason"])
+    return None
+
+
 @dataclass
 class Exchange:
     state: RouterState
@@ -56,6 +65,9 @@ class Exchange:
     saw_done: bool = False
     settled: bool = False
     gaps: list[float] = field(default_factory=list)  # between content chunks, for the ITL histogram
+    queue_wait_s: float | None = None  # time in the admission queue (None: placed without queueing)
+    finish_reason: str | None = None  # the first choice's, as the engine sent it
+    trace_id: str | None = None  # the request's trace (hex) when tracing is on
 
     @property
     def charge(self) -> Charge | None:
@@ -92,6 +104,8 @@ class Exchange:
             self.usage = obj["usage"]
             if not obj.get("choices") and not self.req.client_wants_usage:
                 return None  # the usage chunk the router asked for, not the client
+        if self.finish_reason is None:
+            self.finish_reason = finish_reason(obj)
         if _has_content(obj):
             now = time.perf_counter()
             if self.first_at is None:
@@ -101,6 +115,13 @@ class Exchange:
             self.last_at = now
             self.content_chunks += 1
         return event
+
+    def on_whole(self, body: Any) -> None:
+        """Observe a whole (non-streamed) JSON response: its usage and finish reason."""
+        usage = body.get("usage") if isinstance(body, dict) else None
+        self.usage = usage if isinstance(usage, dict) else None
+        if isinstance(body, dict):
+            self.finish_reason = finish_reason(body)
 
     def completion_tokens(self) -> int:
         if self.usage is not None:
@@ -127,6 +148,13 @@ class Exchange:
         if self.settled:
             return
         self.settled = True
+        try:
+            await self._settle(code, used, reason)
+        finally:  # one usage record per settled request, on every path (kvfleet.router.usage)
+            if self.state.usage_log is not None:
+                self.state.usage_log.write(usage_record(self, code, reason))
+
+    async def _settle(self, code: int, used: int | None, reason: str | None) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name
         if self.placement is not None:
             state.fleet.release(self.placement)

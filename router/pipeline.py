@@ -162,7 +162,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
     finally:
         state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
-        wait = time.perf_counter() - enqueued
+        wait = ex.queue_wait_s = time.perf_counter() - enqueued
         state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
 
 

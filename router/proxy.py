@@ -145,7 +145,7 @@ async def relay_whole(ex: Exchange, upstream: aiohttp.ClientResponse, headers: d
     if not isinstance(body, dict):
         await ex.engine_failed()
         raise RouterError(502, "engine_failed", "the engine answered with invalid JSON")
-    ex.usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    ex.on_whole(body)
     await ex.finish(200, used=ex.used_tokens(), reason=None)
     return Response(content, headers=headers, media_type="application/json")  # as the engine sent it
 

@@ -124,8 +124,7 @@ class RouterTicket:
         except json.JSONDecodeError:
             await self.ex.engine_failed()
             return
-        usage = body.get("usage") if isinstance(body, dict) else None
-        self.ex.usage = usage if isinstance(usage, dict) else None
+        self.ex.on_whole(body)
         await self.ex.finish(200, used=self.ex.used_tokens(), reason=None)
 
 
