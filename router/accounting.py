@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -22,7 +23,7 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
-from kvfleet.router.usage import usage_record
+from kvfleet.router.usage import seconds
 from kvfleet.sse import DONE, event_data
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class Exchange:
             await self._settle(code, used, reason)
         finally:  # one usage record per settled request, on every path (kvfleet.router.usage)
             if self.state.usage_log is not None:
-                self.state.usage_log.write(usage_record(self, code, reason))
+                self.state.usage_log.write(self.usage_record(code, reason))
 
     async def _settle(self, code: int, used: int | None, reason: str | None) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name
@@ -172,6 +173,30 @@ class Exchange:
         state.metrics.child(state.metrics.requests, model, tenant, str(code)).inc()
         if code == 200:
             self._record_success()
+
+    def usage_record(self, status: int, reason: str | None) -> dict[str, Any]:
+        """The usage log's record of this request (tokens of a 200 are the ones the metrics count)."""
+        state, req = self.state, self.req
+        usage = self.usage or {}
+        details = usage.get("prompt_tokens_details")
+        return {
+            "time": round(state.clock(), 3),
+            "tenant": self.tenant.name,
+            "model": req.model,
+            "adapter": req.model if state.fleet.is_adapter(req.model) else None,
+            "engine": urlsplit(self.placement.url).netloc if self.placement is not None else None,
+            "stream": req.stream,
+            "prompt_tokens": self.prompt_tokens() if status == 200 or self.usage is not None else 0,
+            "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
+            "output_tokens": self.completion_tokens(),
+            "queue_wait_s": seconds(self.queue_wait_s),
+            "ttft_s": seconds(None if self.first_at is None else self.first_at - self.started),
+            "duration_s": seconds(time.perf_counter() - self.started),
+            "status": status,
+            "reason": reason,
+            "finish_reason": self.finish_reason,
+            "trace_id": self.trace_id,
+        }
 
     def _record_success(self) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name

@@ -2,7 +2,7 @@
 
 Where it sits: :meth:`kvfleet.router.accounting.Exchange.finish` settles every admitted request
 exactly once, on both transports (the HTTP relay and the Envoy ext_proc path), and hands
-:func:`usage_record` of it to the process's :class:`UsageLog` (``--usage-log PATH``, ``-`` for
+:meth:`~kvfleet.router.accounting.Exchange.usage_record` of it to the process's :class:`UsageLog` (``--usage-log PATH``, ``-`` for
 stdout; none by default). A record names the tenant, the model (and adapter), the engine, the
 prompt, cached and output tokens, the queue wait, TTFT and duration, the status and finish
 reason, and the trace id when tracing is on; never the prompt, the output or a key.
@@ -25,13 +25,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import IO, Any
 
 import orjson
-
-if TYPE_CHECKING:
-    from kvfleet.router.accounting import Exchange
 
 log = logging.getLogger(__name__)
 
@@ -54,36 +50,7 @@ def check_writable(path: str) -> None:
         raise UsageLogError(f"--usage-log {path}: cannot open for writing: {exc.strerror}") from None
 
 
-def usage_record(ex: Exchange, status: int, reason: str | None) -> dict[str, Any]:
-    """The record of a settled request (tokens of a 200 are the ones the router's metrics count)."""
-    state, req = ex.state, ex.req
-    adapter = req.model if state.fleet.is_adapter(req.model) else None
-    engine = urlsplit(ex.placement.url).netloc if ex.placement is not None else None
-    usage = ex.usage or {}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    end = time.perf_counter()
-    return {
-        "time": round(state.clock(), 3),
-        "tenant": ex.tenant.name,
-        "model": req.model,
-        "adapter": adapter,
-        "engine": engine,
-        "stream": req.stream,
-        "prompt_tokens": ex.prompt_tokens() if status == 200 or ex.usage is not None else 0,
-        "cached_tokens": cached,
-        "output_tokens": ex.completion_tokens(),
-        "queue_wait_s": _seconds(ex.queue_wait_s),
-        "ttft_s": _seconds(None if ex.first_at is None else ex.first_at - ex.started),
-        "duration_s": _seconds(end - ex.started),
-        "status": status,
-        "reason": reason,
-        "finish_reason": ex.finish_reason,
-        "trace_id": ex.trace_id,
-    }
-
-
-def _seconds(value: float | None) -> float | None:
+def seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
