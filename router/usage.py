@@ -23,7 +23,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 
