@@ -23,6 +23,7 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
+from kvfleet.router.tracing import RequestTrace, genai_attributes
 from kvfleet.router.usage import seconds
 from kvfleet.sse import DONE, event_data
 
@@ -68,7 +69,7 @@ class Exchange:
     gaps: list[float] = field(default_factory=list)  # between content chunks, for the ITL histogram
     queue_wait_s: float | None = None  # time in the admission queue (None: placed without queueing)
     finish_reason: str | None = None  # the first choice's, as the engine sent it
-    trace_id: str | None = None  # the request's trace (hex) when tracing is on
+    trace: RequestTrace | None = None  # the request's spans, when the router traces (kvfleet.router.tracing)
 
     @property
     def charge(self) -> Charge | None:
@@ -154,6 +155,9 @@ class Exchange:
         finally:  # one usage record per settled request, on every path (kvfleet.router.usage)
             if self.state.usage_log is not None:
                 self.state.usage_log.write(self.usage_record(code, reason))
+            if self.trace is not None:
+                first = None if self.first_at is None else time.perf_counter() - self.first_at
+                self.trace.finish(self._span_attributes(), code, reason, first)
 
     async def _settle(self, code: int, used: int | None, reason: str | None) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name
@@ -195,8 +199,19 @@ class Exchange:
             "status": status,
             "reason": reason,
             "finish_reason": self.finish_reason,
-            "trace_id": self.trace_id,
+            "trace_id": None if self.trace is None else self.trace.trace_id,
         }
+
+    def _span_attributes(self) -> dict[str, Any]:
+        return genai_attributes(
+            model=self.req.model,
+            tenant=self.tenant.name,
+            engine=urlsplit(self.placement.url).netloc if self.placement is not None else None,
+            max_tokens=self.req.max_tokens,
+            usage=(self.prompt_tokens(), self.completion_tokens()) if self.placement is not None else None,
+            finish_reason=self.finish_reason,
+            operation="chat" if self.req.path.endswith("chat/completions") else "text_completion",
+        )
 
     def _record_success(self) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name

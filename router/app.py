@@ -41,6 +41,7 @@ from kvfleet.router.routes import completions, health, metrics, models
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import TenantRegistry
 from kvfleet.router.usage import UsageLog
+from kvfleet.tracing import tracing_from_env
 
 if TYPE_CHECKING:
     from kvfleet.router.redis_store import RedisQuotaStore
@@ -112,6 +113,9 @@ def build_app(
             state = RouterState(
                 config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client, upstream
             )
+            state.tracing = tracing_from_env("kvfleet-router")
+            if state.tracing is not None:
+                stack.callback(state.tracing.shutdown)
             if config.usage_log is not None:
                 state.usage_log = _usage_log(config, state.metrics)
                 stack.push_async_callback(asyncio.to_thread, state.usage_log.close)

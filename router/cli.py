@@ -176,11 +176,13 @@ def run(args: argparse.Namespace) -> int:
     from kvfleet.router.config import ConfigError, RouterConfig
     from kvfleet.router.picker import policy
     from kvfleet.streaming import listen_socket
+    from kvfleet.tracing import settings_from_env
 
     try:
         config = config_from_args(args)
         assert isinstance(config, RouterConfig)
         policy(config.policy)
+        settings_from_env("kvfleet-router")  # a bad OTEL_* variable (TracingConfigError) names itself
     except (ConfigError, ValidationError, ValueError) as exc:
         print(f"kvfleet router: {exc}", file=sys.stderr)
         return 2

@@ -44,9 +44,12 @@ async def _send(state: RouterState, ex: Exchange, url: str) -> aiohttp.ClientRes
     # A pooled keep-alive connection the engine already closed fails before any byte is
     # read: that is the connection's fault, not the engine's, so it is retried once, fresh.
     content = ex.req.upstream_content()
+    headers = _JSON_HEADERS
+    if ex.trace is not None:  # the engine's spans become children of the proxied call's
+        headers = {**headers, **ex.trace.start_proxy(urlsplit(url).netloc)}
     for attempt in range(2):
         try:
-            return await state.upstream.post(url + ex.req.path, data=content, headers=_JSON_HEADERS)
+            return await state.upstream.post(url + ex.req.path, data=content, headers=headers)
         except _DOWN:
             raise
         except _STALE:
