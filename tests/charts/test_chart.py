@@ -223,3 +223,15 @@ def test_promtool_unit_tests_of_the_alerts_pass(tmp_path: Path) -> None:
         [promtool(), "test", "rules", "rules.test.yaml"], capture_output=True, text=True, cwd=tmp_path
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_otel_values_become_the_routers_otel_variables_and_usage_log_its_flag() -> None:
+    values = {"otel": {"endpoint": "http://collector:4317", "protocol": "grpc"}, "router": {"usageLog": "-"}}
+    (router,) = [d for d in by_kind(render(values), "Deployment") if "router" in d["metadata"]["name"]]
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+                   "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "kvfleet-router"}  # fmt: skip
+    assert "--usage-log=-" in container["args"]
+    (plain,) = [d for d in by_kind(render(), "Deployment") if "router" in d["metadata"]["name"]]
+    assert "env" not in plain["spec"]["template"]["spec"]["containers"][0]  # off by default
