@@ -320,6 +320,8 @@ def sim_adapters(args: argparse.Namespace) -> SimAdapters | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvfleet.tracing import settings_from_env
+
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -328,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.stream_stall_timeout} and {args.stream_send_buffer}", file=sys.stderr)  # fmt: skip
         return 2
     try:
+        settings_from_env("kvfleet-engine")  # a bad OTEL_* variable is refused before the model loads
         adapters = sim_adapters(args)
         state = build_server_state(args)
     except (ValueError, OSError, ModelLoadError) as exc:  # a bad flag, an unknown GPU/model, a bad checkpoint

@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -22,6 +23,8 @@ from kvfleet.router.fleet import Placement
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
+from kvfleet.router.tracing import RequestTrace, genai_attributes
+from kvfleet.router.usage import seconds
 from kvfleet.sse import DONE, event_data
 
 if TYPE_CHECKING:
@@ -40,6 +43,14 @@ def _has_content(obj: dict[str, Any]) -> bool:
     return False
 
 
+def finish_reason(obj: dict[str, Any]) -> str | None:
+    """The first finish reason among a chunk's (or a whole response's) choices."""
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+            return str(choice["finish_reason"])
+    return None
+
+
 @dataclass
 class Exchange:
     state: RouterState
@@ -56,6 +67,9 @@ class Exchange:
     saw_done: bool = False
     settled: bool = False
     gaps: list[float] = field(default_factory=list)  # between content chunks, for the ITL histogram
+    queue_wait_s: float | None = None  # time in the admission queue (None: placed without queueing)
+    finish_reason: str | None = None  # the first choice's, as the engine sent it
+    trace: RequestTrace | None = None  # the request's spans, when the router traces (kvfleet.router.tracing)
 
     @property
     def charge(self) -> Charge | None:
@@ -92,6 +106,8 @@ class Exchange:
             self.usage = obj["usage"]
             if not obj.get("choices") and not self.req.client_wants_usage:
                 return None  # the usage chunk the router asked for, not the client
+        if self.finish_reason is None:
+            self.finish_reason = finish_reason(obj)
         if _has_content(obj):
             now = time.perf_counter()
             if self.first_at is None:
@@ -101,6 +117,13 @@ class Exchange:
             self.last_at = now
             self.content_chunks += 1
         return event
+
+    def on_whole(self, body: Any) -> None:
+        """Observe a whole (non-streamed) JSON response: its usage and finish reason."""
+        usage = body.get("usage") if isinstance(body, dict) else None
+        self.usage = usage if isinstance(usage, dict) else None
+        if isinstance(body, dict):
+            self.finish_reason = finish_reason(body)
 
     def completion_tokens(self) -> int:
         if self.usage is not None:
@@ -127,6 +150,16 @@ class Exchange:
         if self.settled:
             return
         self.settled = True
+        try:
+            await self._settle(code, used, reason)
+        finally:  # one usage record per settled request, on every path (kvfleet.router.usage)
+            if self.state.usage_log is not None:
+                self.state.usage_log.write(self.usage_record(code, reason))
+            if self.trace is not None:
+                first = None if self.first_at is None else time.perf_counter() - self.first_at
+                self.trace.finish(self._span_attributes(), code, reason, first)
+
+    async def _settle(self, code: int, used: int | None, reason: str | None) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name
         if self.placement is not None:
             state.fleet.release(self.placement)
@@ -144,6 +177,41 @@ class Exchange:
         state.metrics.child(state.metrics.requests, model, tenant, str(code)).inc()
         if code == 200:
             self._record_success()
+
+    def usage_record(self, status: int, reason: str | None) -> dict[str, Any]:
+        """The usage log's record of this request (tokens of a 200 are the ones the metrics count)."""
+        state, req = self.state, self.req
+        usage = self.usage or {}
+        details = usage.get("prompt_tokens_details")
+        return {
+            "time": round(state.clock(), 3),
+            "tenant": self.tenant.name,
+            "model": req.model,
+            "adapter": req.model if state.fleet.is_adapter(req.model) else None,
+            "engine": urlsplit(self.placement.url).netloc if self.placement is not None else None,
+            "stream": req.stream,
+            "prompt_tokens": self.prompt_tokens() if status == 200 or self.usage is not None else 0,
+            "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
+            "output_tokens": self.completion_tokens(),
+            "queue_wait_s": seconds(self.queue_wait_s),
+            "ttft_s": seconds(None if self.first_at is None else self.first_at - self.started),
+            "duration_s": seconds(time.perf_counter() - self.started),
+            "status": status,
+            "reason": reason,
+            "finish_reason": self.finish_reason,
+            "trace_id": None if self.trace is None else self.trace.trace_id,
+        }
+
+    def _span_attributes(self) -> dict[str, Any]:
+        return genai_attributes(
+            model=self.req.model,
+            tenant=self.tenant.name,
+            engine=urlsplit(self.placement.url).netloc if self.placement is not None else None,
+            max_tokens=self.req.max_tokens,
+            usage=(self.prompt_tokens(), self.completion_tokens()) if self.placement is not None else None,
+            finish_reason=self.finish_reason,
+            operation="chat" if self.req.path.endswith("chat/completions") else "text_completion",
+        )
 
     def _record_success(self) -> None:
         state, model, tenant = self.state, self.req.model, self.tenant.name

@@ -40,6 +40,8 @@ from kvfleet.router.quota import Clock, MemoryQuotaStore, QuotaStore
 from kvfleet.router.routes import completions, health, metrics, models
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import TenantRegistry
+from kvfleet.router.usage import UsageLog
+from kvfleet.tracing import tracing_from_env
 
 if TYPE_CHECKING:
     from kvfleet.router.redis_store import RedisQuotaStore
@@ -62,6 +64,13 @@ def _upstream_session(config: RouterConfig) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
     )
+
+
+def _usage_log(config: RouterConfig, metrics: RouterMetrics) -> UsageLog:
+    assert config.usage_log is not None
+    usage = UsageLog(config.usage_log, config.usage_log_max_bytes, config.usage_log_backups)
+    usage.on_drop.append(metrics.usage_dropped.inc)
+    return usage
 
 
 def _scale_inputs(state: RouterState) -> Callable[[Service, int], ScaleInputs]:
@@ -104,6 +113,12 @@ def build_app(
             state = RouterState(
                 config, clock, tenants, quota, Fleet(config, clock), disc, RouterMetrics(), client, upstream
             )
+            state.tracing = tracing_from_env("kvfleet-router")
+            if state.tracing is not None:
+                stack.callback(state.tracing.shutdown)
+            if config.usage_log is not None:
+                state.usage_log = _usage_log(config, state.metrics)
+                stack.push_async_callback(asyncio.to_thread, state.usage_log.close)
             if config.redis_url is not None:
                 state.queue_slots = cast("RedisQuotaStore", quota)
             app.state.router = state

@@ -76,6 +76,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8 << 20,  # kvfleet.http_guard.DEFAULT_MAX_BODY_BYTES (not imported: this module stays light)
         help="request bodies over this many bytes get a 413 before they are read (default 8 MiB)",
     )
+    parser.add_argument(
+        "--usage-log",
+        metavar="PATH",
+        help="write one JSON line per finished request (tenant, model, engine, tokens, timings, status, "
+        "trace id; never the prompt) to PATH, '-' for stdout",
+    )
+    parser.add_argument(
+        "--usage-log-max-bytes",
+        type=int,
+        default=100 << 20,
+        help="rotate the usage log (PATH -> PATH.1 ...) before it grows past this many bytes; 0: never",
+    )
+    parser.add_argument(
+        "--usage-log-backups", type=int, default=5, help="rotated usage logs kept (default 5)"
+    )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -161,14 +176,24 @@ def run(args: argparse.Namespace) -> int:
     from kvfleet.router.config import ConfigError, RouterConfig
     from kvfleet.router.picker import policy
     from kvfleet.streaming import listen_socket
+    from kvfleet.tracing import settings_from_env
 
     try:
         config = config_from_args(args)
         assert isinstance(config, RouterConfig)
         policy(config.policy)
+        settings_from_env("kvfleet-router")  # a bad OTEL_* variable (TracingConfigError) names itself
     except (ConfigError, ValidationError, ValueError) as exc:
         print(f"kvfleet router: {exc}", file=sys.stderr)
         return 2
+    if config.usage_log is not None:
+        from kvfleet.router.usage import UsageLogError, check_writable
+
+        try:
+            check_writable(config.usage_log)
+        except UsageLogError as exc:
+            print(f"kvfleet router: {exc}", file=sys.stderr)
+            return 2
     if not config.engines and not config.kubernetes:
         print("kvfleet router: give --engines URL,... or --kubernetes", file=sys.stderr)
         return 2

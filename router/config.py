@@ -107,6 +107,13 @@ class RouterConfig(BaseModel):
     autoscale_interval_s: float = Field(default=5.0, gt=0)
     redis_lease_s: float = Field(default=900.0, gt=0, description="a concurrency slot's expiry")
     envoy: GatewayConfig | None = Field(default=None, description="Envoy gateway mode (--envoy-xds-port)")
+    usage_log: str | None = Field(
+        default=None, description="one JSON line per finished request: a file, '-': stdout"
+    )
+    usage_log_max_bytes: int = Field(
+        default=100 << 20, ge=0, description="rotate the usage log past this size; 0: never"
+    )
+    usage_log_backups: int = Field(default=5, ge=0, description="rotated usage logs kept (PATH.1 ... PATH.N)")
 
     @field_validator("engines")
     @classmethod

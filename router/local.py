@@ -234,8 +234,14 @@ async def _is_ready(client: httpx.AsyncClient, url: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvfleet.tracing import TracingConfigError, settings_from_env
+
     tenants: list[TenantEntry] = []
     error = validate(args)
+    try:
+        settings_from_env("kvfleet-router")
+    except TracingConfigError as exc:
+        error = str(exc)
     if error is None:
         tenants, error = local_tenants(args)
     if error is None and not args.simulate:

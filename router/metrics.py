@@ -97,6 +97,11 @@ class RouterMetrics:
             ["tenant"],
             registry=r,
         )
+        self.usage_dropped = Counter(
+            "kvfleet_router_usage_records_dropped",
+            "Usage records dropped because the usage log's queue was full",
+            registry=r,
+        )
         self.engine_up = Gauge(
             "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=r
         )

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -38,6 +38,7 @@ from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
+from kvfleet.router.tracing import AUTHENTICATED, CHECKED, PLACED, QUOTA, RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,9 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         priority=spec.priority,
         weight=spec.weight,
         tokens=ex.prompt_estimate,
-        place=lambda: fleet.place(model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate),
+        place=lambda: _timed(
+            ex, lambda: fleet.place(model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate)
+        ),
         max_queued=spec.limits.max_queued_requests,
     )
     queue = state.queue(model)
@@ -162,8 +165,18 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         raise RouterError(503, "quota_store_unavailable", str(exc), retry_after_s=5.0) from None
     finally:
         state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
-        wait = time.perf_counter() - enqueued
+        wait = ex.queue_wait_s = time.perf_counter() - enqueued
         state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
+
+
+def _timed(ex: Exchange, pick: Callable[[], Placement | None]) -> Placement | None:
+    """The picker's call, its time kept for the trace's engine_pick span."""
+    if ex.trace is None:
+        return pick()
+    t = time.perf_counter()
+    placed = pick()
+    ex.trace.pick_s = time.perf_counter() - t
+    return placed
 
 
 @contextlib.asynccontextmanager
@@ -198,15 +211,34 @@ def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> Parsed
         raise
 
 
-async def admit(state: RouterState, authorization: str | None, path: str, body: bytes) -> Exchange:
-    """The pipeline, steps 1 to 6: an :class:`Exchange` placed on an engine, or a :class:`RouterError`."""
-    tenant = authenticate(state, authorization)
-    req = salted(state, tenant, _parse(state, tenant, path, body))
-    prompt_estimate = req.prompt_tokens_estimate(state.config.chars_per_token)
-    await first_poll_done(state.fleet)
-    estimate = check_request(state, tenant, req, prompt_estimate)
-    ex = Exchange(state, tenant, req, prompt_estimate=prompt_estimate)
+async def admit(
+    state: RouterState, authorization: str | None, path: str, body: bytes, headers: Mapping[str, str] = {}
+) -> Exchange:
+    """The pipeline, steps 1 to 6: an :class:`Exchange` placed on an engine, or a :class:`RouterError`.
+
+    ``headers`` are the client's, for its ``traceparent`` when the router traces."""
+    trace = None if state.tracing is None else RequestTrace(state.tracing, headers, f"POST {path}")
+    try:
+        tenant = authenticate(state, authorization)
+        _mark(trace, AUTHENTICATED)
+        req = salted(state, tenant, _parse(state, tenant, path, body))
+        prompt_estimate = req.prompt_tokens_estimate(state.config.chars_per_token)
+        await first_poll_done(state.fleet)
+        estimate = check_request(state, tenant, req, prompt_estimate)
+    except RouterError as err:
+        if trace is not None:
+            trace.finish({}, err.status, err.code)
+        raise
+    ex = Exchange(state, tenant, req, prompt_estimate=prompt_estimate, trace=trace)
     async with settled_on_error(ex):
+        _mark(trace, CHECKED)
         await take_quota(state, ex, estimate)
+        _mark(trace, QUOTA)
         ex.placement = await place(state, ex)
+        _mark(trace, PLACED)
     return ex
+
+
+def _mark(trace: RequestTrace | None, step: str) -> None:
+    if trace is not None:
+        trace.mark(step)

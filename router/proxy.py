@@ -44,9 +44,12 @@ async def _send(state: RouterState, ex: Exchange, url: str) -> aiohttp.ClientRes
     # A pooled keep-alive connection the engine already closed fails before any byte is
     # read: that is the connection's fault, not the engine's, so it is retried once, fresh.
     content = ex.req.upstream_content()
+    headers = _JSON_HEADERS
+    if ex.trace is not None:  # the engine's spans become children of the proxied call's
+        headers = {**headers, **ex.trace.start_proxy(urlsplit(url).netloc)}
     for attempt in range(2):
         try:
-            return await state.upstream.post(url + ex.req.path, data=content, headers=_JSON_HEADERS)
+            return await state.upstream.post(url + ex.req.path, data=content, headers=headers)
         except _DOWN:
             raise
         except _STALE:
@@ -145,7 +148,7 @@ async def relay_whole(ex: Exchange, upstream: aiohttp.ClientResponse, headers: d
     if not isinstance(body, dict):
         await ex.engine_failed()
         raise RouterError(502, "engine_failed", "the engine answered with invalid JSON")
-    ex.usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    ex.on_whole(body)
     await ex.finish(200, used=ex.used_tokens(), reason=None)
     return Response(content, headers=headers, media_type="application/json")  # as the engine sent it
 

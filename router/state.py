@@ -24,6 +24,8 @@ from kvfleet.router.tenants import TenantRegistry
 
 if TYPE_CHECKING:
     from kvfleet.router.autoscaler import Autoscaler
+    from kvfleet.router.usage import UsageLog
+    from kvfleet.tracing import Tracing
 
 
 @dataclass
@@ -41,6 +43,8 @@ class RouterState:
     autoscaler: Autoscaler | None = None
     queue_slots: QueueSlots | None = None  # shared maxQueuedRequests (the Redis store); None: per replica
     models_created: dict[str, int] = field(default_factory=dict)  # model -> when this router first listed it
+    usage_log: UsageLog | None = None  # --usage-log: one JSON line per finished request
+    tracing: Tracing | None = None  # the OTEL_* variables turned tracing on (kvfleet.tracing)
 
     def __post_init__(self) -> None:
         self.fleet.on_change = self.pump

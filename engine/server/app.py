@@ -24,6 +24,7 @@ from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.engine.server.routes import chat, completions, lora, models, ops
 from kvfleet.engine.server.state import ServedModel, ServerState
+from kvfleet.engine.server.tracing import install_tracing
 from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
 from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
 
@@ -57,6 +58,8 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
         finally:
             state.ready = False
             state.engine.stop()
+            if state.tracing is not None:
+                state.tracing.tracing.shutdown()
 
     app = FastAPI(title="kvfleet engine", version=__version__, lifespan=lifespan)
     app.state.kvfleet = state
@@ -65,6 +68,7 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.add_middleware(IgnoreUnknownFields, report=IgnoredFields(state.metrics.count_ignored_field))
     for module in (completions, chat, models, ops, lora):
         app.include_router(module.router)
+    install_tracing(app, state)  # OTEL_* variables; nothing when they leave tracing off
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

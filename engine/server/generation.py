@@ -128,6 +128,8 @@ async def submit(state: ServerState, submission: Submission) -> Submitted:
             streams.append(
                 await state.engine.generate(f"{response_id}-{i}", ids, p, priority=priority, lora=lora)
             )
+            if state.tracing is not None:  # engine/server/tracing.py: the request joins its caller's trace
+                state.tracing.bind(f"{response_id}-{i}", p.max_tokens, lora)
     except ValueError as exc:
         abort_unfinished(state, streams)
         raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None

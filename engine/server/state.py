@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
@@ -21,6 +21,9 @@ from kvfleet.engine.outputs import EngineStats
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.openai_api import APIError, model_not_found
 from kvfleet.streaming import DEFAULT_STALL_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from kvfleet.engine.server.tracing import EngineTracing
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class ServerState:
     in_flight: InFlight = field(default_factory=InFlight)
     stream_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S  # a client reading nothing this long: aborted
     tools: ToolSettings = field(default_factory=ToolSettings)
+    tracing: EngineTracing | None = None  # the OTEL_* variables turned tracing on (engine/server/tracing.py)
 
     @property
     def stats(self) -> EngineStats:

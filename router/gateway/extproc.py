@@ -88,6 +88,7 @@ def route_to(admitted: Admitted) -> CommonResponse:
     """
     body = admitted.upstream_body
     headers = {
+        **admitted.upstream_headers,
         CLUSTER_HEADER: model_cluster(admitted.model),
         ENDPOINTS_HEADER: ",".join((admitted.engine, *admitted.fallbacks)),
     }

@@ -87,6 +87,11 @@ class Admitted(Protocol):
         """The body to send upstream instead of the client's (None: the client's as it is)."""
         ...
 
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        """Headers to add to the request sent upstream (the ``traceparent`` when the router traces)."""
+        ...
+
     def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """Headers to add to the response, given its headers (``:status`` among them).
 

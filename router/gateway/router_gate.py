@@ -61,6 +61,11 @@ class RouterTicket:
         req = self.ex.req  # Envoy sends the client's body unless the usage chunk or the salt must change
         return req.upstream_content() if req.rewritten else None
 
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        """The ``traceparent`` of the proxied call's span, when the router traces."""
+        return {} if self.ex.trace is None else self.ex.trace.start_proxy(self.engine)
+
     def _streaming(self) -> bool:
         return self.ex.req.stream and self.status == 200 and self.from_engine
 
@@ -124,8 +129,7 @@ class RouterTicket:
         except json.JSONDecodeError:
             await self.ex.engine_failed()
             return
-        usage = body.get("usage") if isinstance(body, dict) else None
-        self.ex.usage = usage if isinstance(usage, dict) else None
+        self.ex.on_whole(body)
         await self.ex.finish(200, used=self.ex.used_tokens(), reason=None)
 
 
@@ -165,7 +169,7 @@ class RouterGate:
         state, authorization = self.state, headers.get("authorization")
         try:
             if method == "POST" and path in (COMPLETIONS, CHAT):
-                ex = await pipeline.admit(state, authorization, path, body)
+                ex = await pipeline.admit(state, authorization, path, body, headers)
                 assert ex.placement is not None  # admit returns only once placed
                 return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))
             tenant = pipeline.authenticate(state, authorization)  # a bad key is a 401 on every path

@@ -20,7 +20,9 @@ router = APIRouter(tags=["openai"])
 
 async def _forward(path: str, request: Request) -> Response:
     state: RouterState = request.app.state.router
-    ex = await pipeline.admit(state, request.headers.get("authorization"), path, await request.body())
+    ex = await pipeline.admit(
+        state, request.headers.get("authorization"), path, await request.body(), request.headers
+    )
     return await proxy.serve(state, ex)
 
 

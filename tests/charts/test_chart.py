@@ -169,6 +169,9 @@ def test_the_service_level_dashboard_shows_each_signal_per_model_and_tenant() ->
         "Tokens per second by tenant",
         "Requests per LoRA adapter by tenant",
         "Tokens per LoRA adapter by tenant",
+        "SLO error budget (objective 99% over 30 days)",
+        "Error budget left: latency (spec.slo TTFT and TPOT)",
+        "Error budget left: availability (non-5xx)",
     ]
     assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "model", "tenant"]
     router_exprs = [
@@ -210,7 +213,7 @@ def test_promtool_accepts_the_rules_as_shipped_and_as_rendered(tmp_path: Path) -
         [promtool(), "check", "rules", str(RULES), str(rendered)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("SUCCESS: 19 rules found") == 2
+    assert out.stdout.count("SUCCESS: 35 rules found") == 2
 
 
 def test_promtool_unit_tests_of_the_alerts_pass(tmp_path: Path) -> None:
@@ -220,3 +223,15 @@ def test_promtool_unit_tests_of_the_alerts_pass(tmp_path: Path) -> None:
         [promtool(), "test", "rules", "rules.test.yaml"], capture_output=True, text=True, cwd=tmp_path
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_otel_values_become_the_routers_otel_variables_and_usage_log_its_flag() -> None:
+    values = {"otel": {"endpoint": "http://collector:4317", "protocol": "grpc"}, "router": {"usageLog": "-"}}
+    (router,) = [d for d in by_kind(render(values), "Deployment") if "router" in d["metadata"]["name"]]
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+                   "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "kvfleet-router"}  # fmt: skip
+    assert "--usage-log=-" in container["args"]
+    (plain,) = [d for d in by_kind(render(), "Deployment") if "router" in d["metadata"]["name"]]
+    assert "env" not in plain["spec"]["template"]["spec"]["containers"][0]  # off by default

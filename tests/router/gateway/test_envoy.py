@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 import openai
@@ -24,6 +25,7 @@ from kvfleet.router.gateway import server, xds
 from kvfleet.router.gateway.router_gate import RouterGate, fallbacks
 from kvfleet.router.gateway_config import GatewayConfig
 from kvfleet.router.prefix import tenant_cache_salt
+from kvfleet.router.usage import UsageLog
 
 from ..fakes import FakeEngine
 from .stack import ALPHA, BETA, Stack, gateway, tenant
@@ -115,6 +117,26 @@ async def test_a_chat_stream_passes_through_event_by_event_with_usage_taken_from
         stack.state.metrics.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
         == generated + 3
     )
+
+
+async def test_a_request_through_envoy_leaves_one_usage_record(stack: Stack, tmp_path: Path) -> None:
+    stack.state.usage_log = UsageLog(str(tmp_path / "usage.jsonl"))
+    answered = stack.counted("alpha", "200")
+    try:
+        chunks = await stack.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert [c async for c in chunks]
+        for _ in range(250):  # ext_proc settles once Envoy reports the end of the response
+            if stack.counted("alpha", "200") > answered:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stack.state.usage_log.close()
+        stack.state.usage_log = None
+    (record,) = [json.loads(line) for line in (tmp_path / "usage.jsonl").read_text().splitlines()]
+    assert record["tenant"] == "alpha" and record["status"] == 200 and record["output_tokens"] == 3
+    assert record["engine"] in stack.engines and record["stream"] is True
 
 
 async def test_a_tool_call_request_passes_through_envoy_whole_and_is_accounted(stack: Stack) -> None:

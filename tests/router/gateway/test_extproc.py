@@ -23,6 +23,7 @@ class Ticket:
     engine: str = "10.0.0.7:8000"
     fallbacks: tuple[str, ...] = ("10.0.0.8:8000", "10.0.0.9:8000")
     upstream_body: bytes | None = None
+    upstream_headers: Mapping[str, str] = field(default_factory=dict)
     statuses: list[int] = field(default_factory=list)
     chunks: list[tuple[bytes, bool]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
