@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="/dev/shm per GPU of a tensor-parallel engine pod (spec.resources.gpus > 1), e.g. 2Gi (default)",
     )
     parser.add_argument(
+        "--otel-endpoint",
+        default=None,
+        metavar="URL",
+        help="an OTLP collector: engine pods get OTEL_* variables and export their traces there",
+    )
+    parser.add_argument("--otel-protocol", default=None, choices=["http/protobuf", "grpc"])
+    parser.add_argument(
         "--standalone", action="store_true", help="no peering: act even if other replicas run"
     )
     parser.add_argument(
@@ -90,6 +97,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "engine_image_cpu": args.engine_image_cpu,
         "engine_image_cuda": args.engine_image_cuda,
         "engine_shm_per_gpu": args.engine_shm_per_gpu,
+        "otel_endpoint": args.otel_endpoint,
+        "otel_protocol": args.otel_protocol,
         "priority": args.priority,
         "router_namespace": args.router_namespace,
     }

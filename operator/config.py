@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -53,6 +53,10 @@ class OperatorConfig(BaseModel):
     network_policy: bool = True
     router_namespace: str | None = Field(default=None, min_length=1)
     metrics_from: tuple[dict[str, Any], ...] = ()
+    # OpenTelemetry (docs/architecture.md §8): an OTLP endpoint puts the standard OTEL_* variables on
+    # every engine pod (engine_env), as the chart puts them on the router's.
+    otel_endpoint: str | None = Field(default=None, min_length=1)
+    otel_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
 
     def ingress_sources(self) -> IngressSources | None:
         """Who may reach the engine pods; None: render no NetworkPolicy."""
@@ -69,6 +73,17 @@ class OperatorConfig(BaseModel):
                     f"got {sorted(peer) if peer else 'an empty object'}"
                 )
         return peers
+
+    def engine_env(self) -> dict[str, str]:
+        """The environment every engine container gets from the operator (none while tracing is off)."""
+        if self.otel_endpoint is None:
+            return {}
+        return {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otel_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": self.otel_protocol,
+            "OTEL_SERVICE_NAME": "kvfleet-engine",
+        }
 
     def engine_image_for(self, gpus: int) -> str:
         """The engine image of an InferenceService that does not name its own."""

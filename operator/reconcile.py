@@ -83,6 +83,8 @@ def _apply_children(
     for desired in renderers.render_children(
         owner, spec, image, config.ingress_sources(), config.engine_shm_per_gpu
     ):
+        if desired["kind"] == "Deployment":
+            desired = renderers.with_engine_env(desired, config.engine_env())
         meta = desired["metadata"]
         existing = api.get(desired["kind"], meta["namespace"], meta["name"])
         if existing is not None and not children.owned_by(existing, owner.uid):

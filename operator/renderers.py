@@ -12,6 +12,7 @@ router and the gateway in (:mod:`kvfleet.operator.network_policy`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvfleet.protocol import (
@@ -337,6 +338,16 @@ def render_pdb(owner: Owner, spec: InferenceServiceSpec) -> Obj:
         "metadata": _metadata(owner, spec),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner.name)}},
     }
+
+
+def with_engine_env(deployment: Obj, env: Mapping[str, str]) -> Obj:
+    """``deployment`` with ``env`` on its engine container (the operator's own settings, such as
+    OpenTelemetry's, that no spec field carries)."""
+    if env:
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            if container["name"] == ENGINE_CONTAINER:
+                container.setdefault("env", []).extend({"name": k, "value": v} for k, v in env.items())
+    return deployment
 
 
 def render_children(
