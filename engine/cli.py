@@ -153,6 +153,12 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "mkl", "onednn", "native"],
         help="CPU float32: the GEMM library the packed linears run on (auto: the faster here, timed at load)",
     )
+    e.add_argument(
+        "--quantization",
+        default=None,
+        choices=["gguf", "int8", "fp8"],
+        help="gguf: serve a .gguf model's linears in their quantised blocks on the CPU (default: float)",
+    )
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
     e.add_argument(
         "--structured-outputs-compile-timeout",
@@ -160,6 +166,21 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         metavar="S",
         help="a structured-output request whose grammar is not compiled in S seconds is a 400",
+    )
+    e.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks, one process each (engine/parallel; cuda:0..N-1 on a GPU host)",
+    )
+    e.add_argument(
+        "--distributed-timeout-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="with -tp > 1: a collective (or the group's set-up) that does not finish in S seconds fails",
     )
 
 

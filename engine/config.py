@@ -47,17 +47,34 @@ class EngineConfig(BaseModel):
     max_loras: int = Field(default=1, ge=1)  # adapters resident on the device (and in one step) at once
     max_lora_rank: int = Field(default=16, ge=1)
     max_cpu_loras: int | None = Field(default=None, ge=1)  # adapters kept in CPU memory; None: max_loras
+    # Tensor parallelism (engine/parallel): ranks, each a process holding its shard of the weights and
+    # KV heads; every collective (gloo) and the group's set-up fail after this many seconds, never hang.
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    distributed_timeout_seconds: float = Field(default=30.0, gt=0.0)
     # Structured outputs (engine/structured): a grammar not compiled in this many seconds is a 400.
     structured_outputs_compile_timeout: float = Field(default=30.0, gt=0.0)
+    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py)
+    quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
     def lora_enabled(self) -> bool:
         return self.enable_lora or bool(self.lora_modules)
 
     @model_validator(mode="after")
-    def _block_size_is_a_power_of_two(self) -> EngineConfig:
+    def _fields_agree(self) -> EngineConfig:
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
+        if self.quantization in ("int8", "fp8"):
+            raise ValueError(
+                f"quantization={self.quantization!r} is not implemented; 'gguf' is (a .gguf model)"
+            )
+        if self.quantization is not None and self.lora_enabled:
+            raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
+        if self.quantization is not None and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on one rank (yet): tensor_parallel_size must be 1, "
+                f"got {self.tensor_parallel_size}"
+            )
         return self

@@ -64,6 +64,12 @@ class LLM:
     def unload_lora(self, name: str) -> None:
         self.engine.unload_lora(name)
 
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (they also end with this process)."""
+        close = getattr(self.engine.runner, "close", None)
+        if close is not None:
+            close()
+
     def _run(self, outputs: dict[str, RequestOutput]) -> None:
         """Step until every output is finished, folding each delta into its request's output."""
         pending = set(outputs)

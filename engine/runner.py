@@ -10,32 +10,46 @@ under ``torch.inference_mode`` and samples.
 the model and the tokenizer and reports a :class:`ModelInfo`.
 
 KV cache size, in order: ``num_kv_blocks`` if given; else ``kv_cache_memory`` bytes;
-else on CUDA ``gpu_memory_utilization`` of the device's memory minus what the weights and
-an activation reserve already take; else on the CPU :data:`CPU_DEFAULT_KV_BYTES` (512 MiB),
+else on CUDA what :func:`gpu_kv_budget` gives (``gpu_memory_utilization`` of the device's memory
+minus what the weights and an activation reserve take, by ``kvfleet.capacity``'s one verdict, which
+also refuses a model whose KV blocks would not hold one ``max_model_len`` sequence); else on the CPU :data:`CPU_DEFAULT_KV_BYTES` (512 MiB),
 capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens could use.
+
+Tensor parallelism (``tensor_parallel_size`` > 1, ``engine/parallel/``): this runner is rank 0.
+It starts the workers (:func:`~kvfleet.engine.parallel.leader.spawn_workers`) before loading its
+own shard, so all ranks load at once; its KV cache holds its own KV heads, and the block count it
+decides (rank 0 holds the most KV heads, the first ranks getting the extra ones) is every rank's.
+Each step it sends the flat batch to the workers before its forward; it alone samples. On the CPU
+each rank runs torch with its share of the threads. At tp=1 none of this runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kvfleet.capacity import check_engine_fits, model_shape_from_config
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
-from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.loader import load_config, load_model
+from kvfleet.engine.model.quant_loader import load_quantized_model
 from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.model.sources import resolve_model, served_name
 from kvfleet.engine.model.tokenizer import HFTokenizer
 from kvfleet.engine.outputs import SampleResult
+from kvfleet.engine.parallel.group import TPComm
+from kvfleet.engine.parallel.leader import Leader, rank_device, spawn_workers
+from kvfleet.engine.parallel.shard import RankShard, all_shards, lora_slices
 from kvfleet.engine.sampler import Sampler, SampleRequest
 from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.structured import StructuredOutputs
@@ -43,7 +57,6 @@ from kvfleet.engine.structured import StructuredOutputs
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
-CUDA_ACTIVATION_RESERVE = 0.05  # of the device's memory, kept free for activations and the sampler
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -103,6 +116,34 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     return config.max_model_len
 
 
+def gpu_kv_budget(
+    config: EngineConfig, model_path: Path, dtype: torch.dtype, max_model_len: int, *, used: int, total: int
+) -> int:
+    """This rank's KV cache bytes on a GPU of ``total`` bytes with ``used`` taken (weights loaded), as
+    :func:`kvfleet.capacity.check_engine_fits` gives them: the operator's CapacityFits asks the same
+    function (with the used bytes predicted), so the two never disagree on what fits. A model that
+    does not fit is a :class:`ModelLoadError` with the verdict's reason."""
+    try:
+        shape = model_shape_from_config(json.loads((model_path / "config.json").read_text()), model_path.name)
+        verdict = check_engine_fits(
+            shape,
+            str(dtype).removeprefix("torch."),
+            config.tensor_parallel_size,
+            total,
+            config.gpu_memory_utilization,
+            max_model_len,
+            config.block_size,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            used_bytes=used,
+        )
+    except (OSError, ValueError) as e:  # CapacityError is a ValueError
+        raise ModelLoadError(f"{model_path}: cannot size the KV cache ({e})") from e
+    if not verdict.fits:
+        raise ModelLoadError(f"{model_path} does not fit: {verdict.reason}")
+    return verdict.kv_cache_bytes_per_rank
+
+
 class ModelRunner:
     """Implements ``Runner``: owns the model, the KV cache and the sampler."""
 
@@ -111,20 +152,24 @@ class ModelRunner:
         self.model_path = Path(model_path)
         self.device = pick_device(config)
         self.dtype = pick_dtype(config, self.device)
-        self.model = load_model(self.model_path, self.dtype, self.device)
-        self.weight_packing = self.model.prepack(config.weight_packing) if config.prepack_weights else None
+        backend = resolve_backend(config.attention_backend, self.device)
+        self.shard: RankShard | None = None
+        self.leader: Leader | None = None
+        if config.tensor_parallel_size > 1:
+            self.leader = self._start_workers(backend)
+        if config.quantization == "gguf":  # the linears stay in the file's blocks: nothing to (pre)pack
+            self.model = load_quantized_model(config.model, self.model_path, self.dtype, self.device)
+        else:
+            self.model = load_model(self.model_path, self.dtype, self.device, self.shard)
+        prepack = config.prepack_weights and config.quantization is None
+        self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
-        self.backend = get_backend(resolve_backend(config.attention_backend, self.device))
+        self.backend = get_backend(backend)
         self.block_size = config.block_size
         self._num_blocks = self._count_kv_blocks()
-        shape = (
-            2,
-            self._num_blocks,
-            self.block_size,
-            self.model_config.num_kv_heads,
-            self.model_config.head_dim,
-        )
+        kv_heads = self.model_config.num_kv_heads if self.shard is None else self.shard.kv_heads.size
+        shape = (2, self._num_blocks, self.block_size, kv_heads, self.model_config.head_dim)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device)
             for _ in range(self.model_config.num_layers)
@@ -133,22 +178,44 @@ class ModelRunner:
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
         if config.lora_enabled:
-            self.lora = LoraManager(
-                self.model_config,
-                max_loras=config.max_loras,
-                max_rank=config.max_lora_rank,
-                max_cpu_loras=config.max_cpu_loras or config.max_loras,
-                device=self.device,
-                dtype=self.dtype,
-                served_model=config.served_model_name or str(config.model),
-            )
+            slices = None if self.shard is None else lora_slices(self.shard, self.model_config.head_dim)
+            self.lora = LoraManager.for_engine(config, self.model_config, self.device, self.dtype, slices)
+        if self.leader is not None:
+            if self.lora is not None:
+                self.lora.mirror = self.leader.mirror_lora
+            self.leader.start(self._num_blocks)  # every worker loaded and allocated: ready to step
+            self.model.comm = self.leader.comm
 
     @property
     def num_kv_blocks(self) -> int:
         return self._num_blocks
 
+    def _start_workers(self, backend: str) -> Leader:
+        """Rank 0's shard, and ranks 1..tp-1 started (a ModelLoadError names what cannot be split)."""
+        tp = self.config.tensor_parallel_size
+        shards = all_shards(load_config(self.model_path), tp)
+        self.shard = shards[0]
+        self.device = rank_device(self.device, 0)
+        threads = max(1, torch.get_num_threads() // tp)
+        if self.device.type == "cpu":
+            torch.set_num_threads(threads)  # the ranks share the machine's cores
+        return spawn_workers(
+            self.config, str(self.model_path), self.device, self.dtype, backend, shards, threads
+        )
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (none at tp=1)."""
+        if self.leader is not None:
+            self.leader.close()
+
+    @property
+    def tp_comm(self) -> TPComm | None:
+        return None if self.leader is None else self.leader.comm
+
     def _count_kv_blocks(self) -> int:
         block_bytes = self.block_size * self.model_config.kv_bytes_per_token(self.dtype)
+        if self.shard is not None:  # this rank's KV heads only
+            block_bytes = block_bytes * self.shard.kv_heads.size // self.model_config.num_kv_heads
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if self.config.kv_cache_memory is not None:
@@ -172,17 +239,23 @@ class ModelRunner:
 
     def _cuda_kv_budget(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
-        used = total - free
-        return int(total * (self.config.gpu_memory_utilization - CUDA_ACTIVATION_RESERVE)) - used
+        return gpu_kv_budget(
+            self.config, self.model_path, self.dtype, self.max_model_len, used=total - free, total=total
+        )
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         if plan.is_empty:
             return {}
         batch = flatten_plan(plan, self.block_size, self.device)
+        slots: dict[str, int] | None = None
         if self.lora is not None and any(s.seq.lora_name is not None for s in plan.scheduled):
             adapters = [s.seq.lora_name for s in plan.scheduled for _ in range(s.num_new_tokens)]
-            meta = dataclasses.replace(batch.meta, lora=self.lora.context(adapters))
-            batch = dataclasses.replace(batch, meta=meta)
+            ctx = self.lora.context(adapters)
+            slots = self.lora.slots_of({n for n in adapters if n is not None})
+            batch = dataclasses.replace(batch, meta=dataclasses.replace(batch.meta, lora=ctx))
+        if self.leader is not None:  # the workers run the same forward: their collectives meet ours
+            lora = batch.meta.lora
+            self.leader.send_step(batch, slots, None if lora is None else lora.token_slots)
         with torch.inference_mode():
             logits = self._forward(batch)
             if self.structured is not None:  # after whichever forward (per-op or fused) made the logits

@@ -1,213 +1,58 @@
-"""Capacity maths (docs/architecture.md §4): what fits on which GPU, torch-free.
+"""Capacity maths (docs/architecture.md §4): what fits on which GPUs, per tensor-parallel rank, torch-free.
 
 Shared by ``kvfleet plan`` (the table a user reads before buying GPUs), the engine's
-simulated mode (decode cost per step) and the operator (the capacity figures and the
-``CapacityFits`` condition of an InferenceService's status). It reads a model's shape
-from a Hugging Face ``config.json`` or a known name and a GPU from a small catalogue of
-datasheet figures; it never loads weights and imports nothing heavier than the stdlib.
+simulated mode (decode cost per step), the operator (the capacity figures and the
+``CapacityFits`` condition of an InferenceService's status) and the engine itself, which
+calls :func:`check_engine_fits` before it allocates its KV cache: one verdict, so the
+operator never says "fits" for a model the engine refuses to load. It reads a model's shape
+and a GPU from :mod:`kvfleet.capacity_catalog` (re-exported here); it never loads weights.
+
+Tensor parallelism (``--tensor-parallel-size N``, one engine pod with N GPUs) splits a model
+the way the engine shards it: the column-parallel linears (q, k, v, gate, up) and the
+row-parallel ones (o, down) by output or input features, the embedding and lm_head by
+vocabulary rows, the RMSNorms replicated; attention by whole GQA groups, so each rank holds
+ceil(kv_heads / N) KV heads (a KV head is replicated when N > kv_heads). Every figure is of
+the biggest rank, which is the one that runs out of memory first.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-GIB = 1 << 30
+from .capacity_catalog import (  # noqa: F401  (re-exported: callers import the catalogue from here)
+    DTYPE_BYTES,
+    GIB,
+    GPUS,
+    KNOWN_MODELS,
+    CapacityError,
+    GPUSpec,
+    ModelShape,
+    UnknownDtypeError,
+    UnknownGPUError,
+    UnknownModelError,
+    canonical_dtype,
+    model_shape_from_config,
+    resolve_gpu,
+    resolve_model,
+)
+from .capacity_tp import (  # noqa: F401  (re-exported)
+    kv_heads_per_rank,
+    per_rank_params,
+    q_heads_per_rank,
+    tp_split_error,
+)
 
-
-class CapacityError(ValueError):
-    """Bad input to the capacity maths: the message names the value and what is allowed."""
-
-
-class UnknownGPUError(CapacityError):
-    pass
-
-
-class UnknownModelError(CapacityError):
-    pass
-
-
-class UnknownDtypeError(CapacityError):
-    pass
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    memory_bytes: int
-    bandwidth_bytes_per_s: float
-    bf16_flops: float  # dense (no sparsity) tensor-core bf16
-
-
-# Public datasheet figures. HBM/GDDR "GB" on a datasheet is binary in practice (an H100's
-# "80 GB" reports 79.6 GiB, an H200's "141 GB" 140.4 GiB), so memory is counted in GiB;
-# bandwidth and FLOP/s are decimal, as datasheets state them.
-GPUS: dict[str, GPUSpec] = {
-    "h100": GPUSpec("H100 SXM 80GB", 80 * GIB, 3.35e12, 989e12),
-    "h200": GPUSpec("H200 SXM 141GB", 141 * GIB, 4.8e12, 989e12),
-    "a100": GPUSpec("A100 SXM 80GB", 80 * GIB, 2.039e12, 312e12),
-    "a100-40gb": GPUSpec("A100 SXM 40GB", 40 * GIB, 1.555e12, 312e12),
-    "l4": GPUSpec("L4 24GB", 24 * GIB, 300e9, 121e12),
-    "l40s": GPUSpec("L40S 48GB", 48 * GIB, 864e9, 362e12),
-    "a10g": GPUSpec("A10G 24GB", 24 * GIB, 600e9, 125e12),
-}
-_GPU_ALIASES = {"h100-80gb": "h100", "h100-sxm": "h100", "h200-141gb": "h200", "a100-80gb": "a100"}
-
-
-def resolve_gpu(name: str) -> GPUSpec:
-    """The catalogue entry for ``name``, case-insensitive (``H100``, ``a100-80gb``)."""
-    key = name.strip().lower()
-    key = _GPU_ALIASES.get(key, key)
-    if key not in GPUS:
-        raise UnknownGPUError(f"unknown GPU {name!r}: known GPUs are {', '.join(GPUS)}")
-    return GPUS[key]
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    attention_bias: bool = False  # Qwen2 has biases on q, k and v
-
-    @property
-    def num_params(self) -> int:
-        """Parameters of a Llama-family decoder: embeddings, GQA attention, SwiGLU MLP, RMSNorms, lm_head."""
-        h, q_width, kv_width = (
-            self.hidden_size,
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
-        )
-        attention = h * q_width + 2 * h * kv_width + q_width * h
-        if self.attention_bias:
-            attention += q_width + 2 * kv_width
-        mlp = 3 * h * self.intermediate_size  # gate, up, down
-        per_layer = attention + mlp + 2 * h  # input and post-attention RMSNorm
-        embeddings = self.vocab_size * h
-        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.num_layers * per_layer + embeddings + lm_head + h  # + final norm
-
-
-def _llama3(
-    name: str, layers: int, hidden: int, heads: int, inter: int, tied: bool, max_pos: int
-) -> ModelShape:
-    head_dim = hidden // heads
-    return ModelShape(name, layers, hidden, heads, 8, head_dim, inter, 128256, tied, max_pos)
-
-
-KNOWN_MODELS: dict[str, ModelShape] = {
-    "llama-3-8b": _llama3("llama-3-8b", 32, 4096, 32, 14336, False, 8192),
-    "llama-3-70b": _llama3("llama-3-70b", 80, 8192, 64, 28672, False, 8192),
-    "llama-3.2-1b": _llama3("llama-3.2-1b", 16, 2048, 32, 8192, True, 131072),
-    "qwen2-7b": ModelShape(
-        "qwen2-7b", 28, 3584, 28, 4, 128, 18944, 152064, False, 32768, attention_bias=True
-    ),
-    "mistral-7b": ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768),
-}
-_MODEL_ALIASES = {
-    "meta-llama-3-8b": "llama-3-8b",
-    "meta-llama-3-70b": "llama-3-70b",
-    "mistral-7b-v0.1": "mistral-7b",
-}
-
-_ARCHITECTURES = {"llama", "mistral", "qwen2"}
-
-
-def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UnknownModelError(
-            f"model {name!r}: config field {key!r} must be a positive integer, got {value!r}"
-        )
-    return value
-
-
-def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> ModelShape:
-    """The shape of a Llama, Mistral or Qwen2 model from its Hugging Face ``config.json`` dict."""
-    model_type = config.get("model_type", "llama")
-    if model_type not in _ARCHITECTURES:
-        raise UnknownModelError(
-            f"model {name!r}: model_type {model_type!r} is not supported (supported: {', '.join(sorted(_ARCHITECTURES))})"
-        )
-    hidden = _int_field(config, "hidden_size", name)
-    heads = _int_field(config, "num_attention_heads", name)
-    kv_heads = _int_field(config, "num_key_value_heads", name, default=heads)
-    if heads % kv_heads:
-        raise UnknownModelError(
-            f"model {name!r}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-        )
-    head_dim = config.get("head_dim") or (hidden // heads)
-    return ModelShape(
-        name=name,
-        num_layers=_int_field(config, "num_hidden_layers", name),
-        hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=_int_field({"head_dim": head_dim}, "head_dim", name),
-        intermediate_size=_int_field(config, "intermediate_size", name),
-        vocab_size=_int_field(config, "vocab_size", name),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        max_position_embeddings=_int_field(config, "max_position_embeddings", name, default=2048),
-        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
-    )
-
-
-def _load_config(path: Path) -> ModelShape:
-    file = path / "config.json" if path.is_dir() else path
-    if not file.is_file():
-        raise UnknownModelError(f"model folder {str(path)!r} holds no config.json")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UnknownModelError(f"cannot read model config {str(file)!r}: {exc}") from exc
-    if not isinstance(config, dict):
-        raise UnknownModelError(f"model config {str(file)!r} is not a JSON object")
-    name = file.parent.name if file.name == "config.json" else file.stem
-    return model_shape_from_config(config, name=name or "custom")
-
-
-def resolve_model(name_or_path: str) -> ModelShape:
-    """A known model name (case-insensitive, ``meta-llama/Meta-Llama-3-8B`` too) or a config.json path or folder."""
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        return _load_config(path)
-    key = name_or_path.strip().lower().rsplit("/", 1)[-1]
-    key = _MODEL_ALIASES.get(key, key)
-    if key in KNOWN_MODELS:
-        return KNOWN_MODELS[key]
-    raise UnknownModelError(
-        f"unknown model {name_or_path!r}: not a config.json or a folder holding one, "
-        f"nor a known name ({', '.join(KNOWN_MODELS)})"
-    )
-
-
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
-_DTYPE_ALIASES = {
-    "fp32": "float32",
-    "float": "float32",
-    "fp16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-}
-
-
-def canonical_dtype(dtype: str) -> str:
-    """The DTYPE_BYTES key for ``dtype`` (``bf16`` → ``bfloat16``)."""
-    key = dtype.strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BYTES:
-        raise UnknownDtypeError(f"unknown dtype {dtype!r}: known dtypes are {', '.join(DTYPE_BYTES)}")
-    return key
+# The share of a GPU's memory the engine keeps free for activations and the sampler
+# (engine/runner.py's CUDA_ACTIVATION_RESERVE); the reserve is this or the activation estimate,
+# whichever is larger.
+ENGINE_ACTIVATION_RESERVE = 0.05
+# What a rank holds besides its weights before the engine measures its memory: the CUDA context,
+# cuBLAS workspaces and, with N > 1, NCCL's buffers (vLLM counts these as "non-torch memory",
+# 0.5 to 1.5 GiB per GPU). The operator predicts used memory as weights + this; the engine
+# passes what it measured instead.
+RANK_RUNTIME_OVERHEAD_BYTES = GIB
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: str = "bfloat16") -> int:
@@ -220,26 +65,209 @@ def weights_bytes(shape: ModelShape, dtype: str = "bfloat16") -> int:
     return shape.num_params * DTYPE_BYTES[canonical_dtype(dtype)]
 
 
+def per_rank_weights_bytes(shape: ModelShape, dtype: str, tp: int) -> int:
+    """The weights of the biggest of ``tp`` ranks (:func:`per_rank_params`), in ``dtype``."""
+    return per_rank_params(shape, tp) * DTYPE_BYTES[canonical_dtype(dtype)]
+
+
+def per_rank_kv_bytes_per_token(shape: ModelShape, dtype: str, tp: int) -> int:
+    """K and V of one token on one rank: 2 × layers × ceil(kv_heads / tp) × head_dim × dtype bytes."""
+    heads = kv_heads_per_rank(shape.num_kv_heads, tp)
+    return 2 * shape.num_layers * heads * shape.head_dim * DTYPE_BYTES[canonical_dtype(dtype)]
+
+
 def activation_bytes(
-    shape: ModelShape, dtype: str = "bfloat16", *, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+    shape: ModelShape,
+    dtype: str = "bfloat16",
+    *,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    tp: int = 1,
 ) -> int:
-    """Peak activation memory of one forward step on one GPU (an estimate, as vLLM's profiling run measures).
+    """Peak activation memory of one forward step on one rank (an estimate, as vLLM's profiling run measures).
 
     A step of T = ``max_num_batched_tokens`` tokens holds, in the activation dtype (a = dtype
     bytes, at least 2 since fp8/int8 weights compute in 16-bit):
-      T × (2·hidden [residual + normed input] + (heads + 2·kv_heads)·head_dim [q, k, v]
-           + 2·intermediate [gate and up of SwiGLU]) × a
-    plus the fp32 logits of the rows sampled, L = min(T, ``max_num_seqs``): L × vocab × 4.
+      T × (2·hidden [residual + normed input, replicated] + (q_heads + 2·kv_heads per rank)·head_dim
+           + 2·ceil(intermediate / tp) [gate and up of SwiGLU, column-parallel]) × a
+    plus the fp32 logits of the rows sampled, gathered whole on every rank,
+    L = min(T, ``max_num_seqs``): L × vocab × 4.
     """
     t, a = max_num_batched_tokens, max(2, DTYPE_BYTES[canonical_dtype(dtype)])
-    qkv = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-    per_token = 2 * shape.hidden_size + qkv + 2 * shape.intermediate_size
+    heads = q_heads_per_rank(shape.num_heads, shape.num_kv_heads, tp)
+    qkv = (heads + 2 * kv_heads_per_rank(shape.num_kv_heads, tp)) * shape.head_dim
+    per_token = 2 * shape.hidden_size + qkv + 2 * math.ceil(shape.intermediate_size / tp)
     logits = min(t, max_num_seqs) * shape.vocab_size * 4
     return t * per_token * a + logits
 
 
+def activation_reserve_bytes(
+    shape: ModelShape,
+    dtype: str,
+    tp: int,
+    gpu_memory_bytes: int,
+    *,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+) -> int:
+    """What a rank keeps free for one step's activations: the larger of the engine's fixed share
+    (:data:`ENGINE_ACTIVATION_RESERVE` of the GPU) and :func:`activation_bytes` on that rank."""
+    estimate = activation_bytes(
+        shape, dtype, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp
+    )
+    return max(int(gpu_memory_bytes * ENGINE_ACTIVATION_RESERVE), estimate)
+
+
+def kv_cache_budget_bytes(
+    gpu_memory_bytes: int, used_bytes: int, gpu_memory_utilization: float, activation_reserve: int
+) -> int:
+    """The bytes a rank may give its KV cache: int(total × utilisation) − activation reserve − used.
+
+    ``used_bytes`` is what the rank holds already (weights, CUDA context): the engine measures
+    it (total − free after loading); the operator predicts it. Negative when nothing is left.
+    """
+    return int(gpu_memory_bytes * gpu_memory_utilization) - activation_reserve - used_bytes
+
+
+def kv_blocks(budget_bytes: int, block_bytes: int) -> int:
+    """Whole KV blocks of ``block_bytes`` in ``budget_bytes`` (0 when the budget is not positive)."""
+    return max(0, budget_bytes // block_bytes)
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks one sequence of ``tokens`` tokens occupies."""
+    return -(-tokens // block_size)
+
+
+def decode_tokens_per_s_bound(
+    shape: ModelShape, gpu: GPUSpec, *, num_gpus: int, context: int, batch_size: int, dtype: str = "bfloat16"
+) -> float:
+    """Memory-bandwidth roofline of decode: batch × one GPU's bandwidth ÷ bytes one rank reads per step.
+
+    The ``num_gpus`` ranks read their shares in parallel; the biggest one bounds the step. One
+    decode step at batch B reads that rank's weights once and its K/V heads of B sequences of
+    ``context`` tokens: bytes = weights/rank + B × context × KV bytes/token/rank; it yields B tokens.
+    """
+    step_bytes = per_rank_weights_bytes(
+        shape, dtype, num_gpus
+    ) + batch_size * context * per_rank_kv_bytes_per_token(shape, dtype, num_gpus)
+    return batch_size * gpu.bandwidth_bytes_per_s / step_bytes
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    """Whether the engine can load a model on ``tensor_parallel_size`` GPUs, and the figures of its biggest rank.
+
+    ``fits`` is False with a ``reason`` when the heads do not split over the ranks, when the
+    weights, overhead and activation reserve leave no KV budget, or when the KV blocks left hold
+    less than one sequence of ``max_model_len`` tokens. All byte figures are per rank (one GPU).
+    """
+
+    fits: bool
+    reason: str | None
+    tensor_parallel_size: int
+    weights_bytes_per_rank: int
+    used_bytes_per_rank: int
+    kv_heads_per_rank: int
+    kv_bytes_per_token_per_rank: int
+    activation_reserve_bytes: int
+    usable_bytes_per_rank: int
+    kv_cache_bytes_per_rank: int
+    num_kv_blocks: int
+    kv_tokens: int
+    max_concurrent_sequences: int
+
+
+def _check_inputs(
+    tp: int, gpu_memory_bytes: int, utilization: float, max_model_len: int, block_size: int
+) -> None:
+    for field, value in (
+        ("tensor-parallel size", tp),
+        ("max_model_len", max_model_len),
+        ("block_size", block_size),
+    ):
+        if value < 1:
+            raise CapacityError(f"{field} must be at least 1, got {value}")
+    if gpu_memory_bytes < 1:
+        raise CapacityError(f"gpu_memory_bytes must be positive, got {gpu_memory_bytes}")
+    if not 0.0 < utilization <= 1.0:
+        raise CapacityError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+
+
+def check_engine_fits(
+    shape: ModelShape,
+    dtype: str,
+    tp: int,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    max_model_len: int,
+    block_size: int,
+    *,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    used_bytes: int | None = None,
+) -> FitVerdict:
+    """The one verdict on loading ``shape`` over ``tp`` GPUs of ``gpu_memory_bytes`` each.
+
+    The engine calls it before it allocates, with ``used_bytes`` it measured on its device
+    (total − free once the weights are in), and allocates ``num_kv_blocks``; the operator's
+    CapacityFits calls it (through :func:`plan_capacity`) with ``used_bytes`` None, predicted
+    as the rank's weights + :data:`RANK_RUNTIME_OVERHEAD_BYTES`. Per rank:
+    KV budget = int(memory × utilisation) − activation reserve − used; blocks = budget // (block_size
+    × KV bytes/token/rank); fits when the heads split and blocks ≥ ceil(max_model_len / block_size).
+    Raises :class:`CapacityError` only for inputs out of range (tp < 1, utilisation outside (0, 1]).
+    """
+    dtype = canonical_dtype(dtype)
+    _check_inputs(tp, gpu_memory_bytes, gpu_memory_utilization, max_model_len, block_size)
+    weights = per_rank_weights_bytes(shape, dtype, tp)
+    used = weights + RANK_RUNTIME_OVERHEAD_BYTES if used_bytes is None else used_bytes
+    reserve = activation_reserve_bytes(
+        shape,
+        dtype,
+        tp,
+        gpu_memory_bytes,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+    )
+    per_token = per_rank_kv_bytes_per_token(shape, dtype, tp)
+    budget = kv_cache_budget_bytes(gpu_memory_bytes, used, gpu_memory_utilization, reserve)
+    blocks, needed = kv_blocks(budget, block_size * per_token), blocks_for(max_model_len, block_size)
+    usable = int(gpu_memory_bytes * gpu_memory_utilization)
+    reason = tp_split_error(shape.num_heads, shape.num_kv_heads, tp)
+    if reason is None and budget <= 0:
+        reason = (
+            f"per GPU, used {used} bytes (weights {weights}) + activation reserve {reserve} bytes "
+            f"exceed the usable {usable} bytes"
+        )
+    elif reason is None and blocks < needed:
+        reason = (
+            f"per GPU, KV room for {blocks} blocks of {block_size} tokens is less than one sequence "
+            f"of max_model_len {max_model_len} ({needed} blocks)"
+        )
+    return FitVerdict(
+        fits=reason is None,
+        reason=reason,
+        tensor_parallel_size=tp,
+        weights_bytes_per_rank=weights,
+        used_bytes_per_rank=used,
+        kv_heads_per_rank=kv_heads_per_rank(shape.num_kv_heads, tp),
+        kv_bytes_per_token_per_rank=per_token,
+        activation_reserve_bytes=reserve,
+        usable_bytes_per_rank=usable,
+        kv_cache_bytes_per_rank=max(0, budget),
+        num_kv_blocks=blocks,
+        kv_tokens=blocks * block_size,
+        max_concurrent_sequences=blocks // needed,
+    )
+
+
 @dataclass(frozen=True)
 class CapacityPlan:
+    """A model on ``num_gpus`` (tensor-parallel size) × one GPU type. ``weights_bytes``,
+    ``kv_bytes_per_token`` and ``num_params`` are the whole model's; ``usable_bytes``,
+    ``activation_bytes`` (the reserve) and ``kv_bytes`` are per GPU; ``kv_tokens`` and
+    ``max_concurrent_sequences`` are the replica's (every rank holds its heads of every token)."""
+
     model: str
     gpu: str
     num_gpus: int
@@ -258,54 +286,28 @@ class CapacityPlan:
     reason: str | None
     decode_batch_size: int
     num_params: int
+    weights_bytes_per_rank: int
+    kv_bytes_per_token_per_rank: int
+    kv_heads_per_rank: int
+    kv_blocks: int
+    block_size: int
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _validate(
-    num_gpus: int, context: int, gpu_memory_utilization: float, batch_size: int | None, shape: ModelShape
-) -> None:
-    if num_gpus < 1:
-        raise CapacityError(f"num_gpus must be at least 1, got {num_gpus}")
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise CapacityError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if context < 1:
-        raise CapacityError(f"context must be at least 1, got {context}")
+def _validate(context: int, batch_size: int | None, shape: ModelShape, **positive: int) -> None:
     if context > shape.max_position_embeddings:
         raise CapacityError(
             f"context {context} exceeds the max_position_embeddings {shape.max_position_embeddings} of {shape.name!r}"
         )
-    if batch_size is not None and batch_size < 1:
-        raise CapacityError(f"batch_size must be at least 1, got {batch_size}")
-
-
-def decode_tokens_per_s_bound(
-    shape: ModelShape, gpu: GPUSpec, *, num_gpus: int, context: int, batch_size: int, dtype: str = "bfloat16"
-) -> float:
-    """Memory-bandwidth roofline of decode: batch × aggregate bandwidth ÷ bytes read per step.
-
-    One decode step at batch B reads every weight once and the K/V of B sequences of
-    ``context`` tokens: bytes = weights + B × context × kv_bytes_per_token; it yields B tokens.
-    """
-    step_bytes = weights_bytes(shape, dtype) + batch_size * context * kv_bytes_per_token(shape, dtype)
-    return batch_size * gpu.bandwidth_bytes_per_s * num_gpus / step_bytes
-
-
-def _fit(
-    usable: int, weights: int, activations: int, per_token: int, context: int
-) -> tuple[int, int, int, str | None]:
-    """(kv_bytes, kv_tokens, max_concurrent_sequences, reason it does not fit or None)."""
-    kv_bytes = usable - weights - activations
-    if kv_bytes <= 0:
-        why = f"weights {weights} bytes + activations {activations} bytes exceed the usable {usable} bytes"
-        return 0, 0, 0, why
-    kv_tokens = kv_bytes // per_token
-    max_seqs = kv_tokens // context
-    if max_seqs == 0:
-        why = f"KV room for {kv_tokens} tokens is less than one sequence of context {context}"
-        return kv_bytes, kv_tokens, 0, why
-    return kv_bytes, kv_tokens, max_seqs, None
+    for field, value in {
+        **positive,
+        "context": context,
+        "batch_size": 1 if batch_size is None else batch_size,
+    }.items():
+        if value < 1:
+            raise CapacityError(f"{field} must be at least 1, got {value}")
 
 
 def plan_capacity(
@@ -319,31 +321,37 @@ def plan_capacity(
     batch_size: int | None = None,
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 256,
+    block_size: int = 16,
 ) -> CapacityPlan:
     """What fits of ``shape`` on ``num_gpus`` × ``gpu`` (tensor parallel), and how fast decode can go.
 
-    usable = memory × num_gpus × utilisation; activations are :func:`activation_bytes` on each
-    GPU (tensor parallel replicates the hidden-size buffers; counting the whole peak per GPU is
-    conservative); kv_bytes = usable − weights − activations; kv_tokens = kv_bytes // per-token
-    KV; max_concurrent_sequences = kv_tokens // context (context defaults to the model's
-    max_position_embeddings). The decode bound uses batch_size, by default
-    max(1, max_concurrent_sequences); when nothing fits it is the bound as if it did.
+    The verdict and the per-GPU figures are :func:`check_engine_fits`'s (the engine's own), at
+    ``context`` tokens per sequence (default: the model's max_position_embeddings). The decode
+    bound uses batch_size, by default max(1, max_concurrent_sequences); when nothing fits it is
+    the bound as if it did.
     """
-    # Invariant: usable = weights + activations + kv_bytes whenever fits; kv_tokens × per-token ≤ kv_bytes.
     dtype = canonical_dtype(dtype)
     ctx = shape.max_position_embeddings if context is None else context
-    _validate(num_gpus, ctx, gpu_memory_utilization, batch_size, shape)
-    for field, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
-        if value < 1:
-            raise CapacityError(f"{field} must be at least 1, got {value}")
-    usable = int(gpu.memory_bytes * num_gpus * gpu_memory_utilization)
-    weights = weights_bytes(shape, dtype)
-    per_token = kv_bytes_per_token(shape, dtype)
-    activations = num_gpus * activation_bytes(
-        shape, dtype, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs
+    _validate(
+        ctx,
+        batch_size,
+        shape,
+        num_gpus=num_gpus,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
     )
-    kv_bytes, kv_tokens, max_seqs, reason = _fit(usable, weights, activations, per_token, ctx)
-    batch = batch_size if batch_size is not None else max(1, max_seqs)
+    v = check_engine_fits(
+        shape,
+        dtype,
+        num_gpus,
+        gpu.memory_bytes,
+        gpu_memory_utilization,
+        ctx,
+        block_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+    )
+    batch = batch_size if batch_size is not None else max(1, v.max_concurrent_sequences)
     bound = decode_tokens_per_s_bound(
         shape, gpu, num_gpus=num_gpus, context=ctx, batch_size=batch, dtype=dtype
     )
@@ -354,16 +362,21 @@ def plan_capacity(
         dtype=dtype,
         context=ctx,
         gpu_memory_utilization=gpu_memory_utilization,
-        weights_bytes=weights,
-        kv_bytes_per_token=per_token,
-        activation_bytes=activations,
-        usable_bytes=usable,
-        kv_bytes=kv_bytes,
-        kv_tokens=kv_tokens,
-        max_concurrent_sequences=max_seqs,
+        weights_bytes=weights_bytes(shape, dtype),
+        kv_bytes_per_token=kv_bytes_per_token(shape, dtype),
+        activation_bytes=v.activation_reserve_bytes,
+        usable_bytes=v.usable_bytes_per_rank,
+        kv_bytes=v.kv_cache_bytes_per_rank,
+        kv_tokens=v.kv_tokens,
+        max_concurrent_sequences=v.max_concurrent_sequences,
         decode_tokens_per_s_bound=bound,
-        fits=reason is None,
-        reason=reason,
+        fits=v.fits,
+        reason=v.reason,
         decode_batch_size=batch,
         num_params=shape.num_params,
+        weights_bytes_per_rank=v.weights_bytes_per_rank,
+        kv_bytes_per_token_per_rank=v.kv_bytes_per_token_per_rank,
+        kv_heads_per_rank=v.kv_heads_per_rank,
+        kv_blocks=v.num_kv_blocks,
+        block_size=block_size,
     )

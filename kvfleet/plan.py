@@ -2,7 +2,9 @@
 
 A user asks what a model needs before deploying it: the weights, the KV cache per token,
 how many tokens and sequences fit, and the decode bound, for one or several GPU types side
-by side (``--gpu h100,h200``). Torch-free, like everything the CLI loads for this command.
+by side (``--gpu h100,h200``), on ``--tensor-parallel-size N`` GPUs per replica: then the
+"per GPU" rows are one rank's share (1/N of the sharded weights, its KV heads), and the verdict
+is the engine's own (:func:`kvfleet.capacity.check_engine_fits`). Torch-free, like everything the CLI loads for this command.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 
 from kvfleet.capacity import (
     GIB,
+    RANK_RUNTIME_OVERHEAD_BYTES,
     CapacityError,
     CapacityPlan,
     plan_capacity,
@@ -24,7 +27,16 @@ from kvfleet.capacity import (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a config.json, a folder holding one, or a known name")
     parser.add_argument("--gpu", required=True, help="GPU type, or several comma-separated: h100,h200")
-    parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per replica (tensor parallel)")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        "--num-gpus",
+        dest="tensor_parallel_size",
+        type=int,
+        default=1,
+        help="GPUs per replica, each holding 1/N of the model (vLLM's flag; --num-gpus is the old name)",
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block, as the engine's")
     parser.add_argument(
         "--context", type=int, default=None, help="tokens per sequence (default: the model's max)"
     )
@@ -46,7 +58,8 @@ def _plans(args: argparse.Namespace) -> list[CapacityPlan]:
         plan_capacity(
             shape,
             resolve_gpu(name),
-            num_gpus=args.num_gpus,
+            num_gpus=args.tensor_parallel_size,
+            block_size=args.block_size,
             context=args.context,
             dtype=args.dtype,
             gpu_memory_utilization=args.gpu_memory_utilization,
@@ -68,11 +81,16 @@ def format_table(plans: list[CapacityPlan]) -> str:
     )
     rows: list[tuple[str, list[str]]] = [
         ("GPU", [f"{p.num_gpus} x {p.gpu}" for p in plans]),
-        ("usable memory", [_gib(p.usable_bytes) for p in plans]),
         ("weights", [_gib(p.weights_bytes) for p in plans]),
-        ("activations (est.)", [_gib(p.activation_bytes) for p in plans]),
-        ("KV cache", [_gib(p.kv_bytes) for p in plans]),
         ("KV bytes/token", [str(p.kv_bytes_per_token) for p in plans]),
+        ("per GPU: usable", [_gib(p.usable_bytes) for p in plans]),
+        ("per GPU: weights", [_gib(p.weights_bytes_per_rank) for p in plans]),
+        ("per GPU: CUDA, NCCL", [_gib(RANK_RUNTIME_OVERHEAD_BYTES) for _ in plans]),
+        ("per GPU: act. reserve", [_gib(p.activation_bytes) for p in plans]),
+        ("per GPU: KV cache", [_gib(p.kv_bytes) for p in plans]),
+        ("per GPU: KV heads", [str(p.kv_heads_per_rank) for p in plans]),
+        ("per GPU: KV B/token", [str(p.kv_bytes_per_token_per_rank) for p in plans]),
+        ("KV blocks", [f"{p.kv_blocks} x {p.block_size}" for p in plans]),
         ("KV tokens that fit", [str(p.kv_tokens) for p in plans]),
         (f"max seqs at {first.context}", [str(p.max_concurrent_sequences) for p in plans]),
         ("decode batch", [str(p.decode_batch_size) for p in plans]),

@@ -92,7 +92,7 @@ class EngineSpec(CamelModel):
 
 
 class ResourcesSpec(CamelModel):
-    gpus: int = Field(default=1, ge=0, le=8)
+    gpus: int = Field(default=1, ge=0, le=8)  # GPUs per engine pod = tensor-parallel size (one node)
     gpu_resource_name: str = Field(default="nvidia.com/gpu", min_length=1)
     gpu_type: str | None = None
     cpu: int | str | None = None

@@ -8,8 +8,12 @@ what the spec asks of it and how the answer reads in the status:
   ``spec.model.name`` must name a known model): Unknown, reason UnknownModelShape;
 - a GPU type it does not know: Unknown, reason UnknownGPUType, and the spec is blocked
   (a typo in gpuType must not roll out silently);
-- a plan that does not fit (weights + activations over the usable memory, or a context
-  longer than the model's): False with the numbers, and the spec is blocked.
+- a plan that does not fit: False with the numbers, and the spec is blocked. The verdict is
+  :func:`kvfleet.capacity.check_engine_fits`, the one the engine itself calls before it
+  allocates, on one GPU of ``gpus`` = the tensor-parallel size: heads that do not split over
+  the ranks (InvalidTensorParallelSize), a rank's weights, overhead and activation reserve over
+  its usable memory, or KV blocks short of one sequence of maxModelLen (InsufficientGPUMemory),
+  or a context longer than the model's (InvalidForModel).
 """
 
 from __future__ import annotations
@@ -27,8 +31,14 @@ def figures(plan: capacity.CapacityPlan, gpu_type: str) -> dict[str, Any]:
     return {
         "gpuType": gpu_type,
         "numGpus": int(plan.num_gpus),
+        "tensorParallelSize": int(plan.num_gpus),
         "weightsBytes": int(plan.weights_bytes),
         "kvBytesPerToken": int(plan.kv_bytes_per_token),
+        "weightsBytesPerGpu": int(plan.weights_bytes_per_rank),
+        "kvHeadsPerGpu": int(plan.kv_heads_per_rank),
+        "kvBytesPerTokenPerGpu": int(plan.kv_bytes_per_token_per_rank),
+        "kvCacheBytesPerGpu": int(plan.kv_bytes),
+        "kvBlocks": int(plan.kv_blocks),
         "kvTokens": int(plan.kv_tokens),
         "maxConcurrentSequences": int(plan.max_concurrent_sequences),
         "decodeTokensPerSecondBound": round(float(plan.decode_tokens_per_s_bound), 1),
@@ -67,16 +77,21 @@ def capacity_verdict(spec: InferenceServiceSpec) -> tuple[CapacityVerdict, list[
             gpu_memory_utilization=spec.engine.gpu_memory_utilization,
             max_num_batched_tokens=spec.engine.max_num_batched_tokens,
             max_num_seqs=spec.engine.max_num_seqs,
+            block_size=spec.engine.block_size,
         )
     except ValueError as err:
         message = f"spec.model.maxModelLen {model.max_model_len}: {err}"
         return CapacityVerdict("False", "InvalidForModel", message), [Blocker("InvalidForModel", message)]
+    where = f"{shape.name} on {res.gpus} × {gpu.name} (tensor-parallel size {res.gpus})"
     if not plan.fits:
-        message = f"{shape.name} on {res.gpus} × {gpu.name}: {plan.reason}"
-        verdict = CapacityVerdict("False", "InsufficientGPUMemory", message, figures(plan, res.gpu_type))
-        return verdict, [Blocker("InsufficientGPUMemory", message)]
+        unsplittable = capacity.tp_split_error(shape.num_heads, shape.num_kv_heads, res.gpus)
+        reason = "InvalidTensorParallelSize" if unsplittable else "InsufficientGPUMemory"
+        message = f"{where}: {plan.reason}"
+        return CapacityVerdict("False", reason, message, figures(plan, res.gpu_type)), [
+            Blocker(reason, message)
+        ]
     message = (
-        f"{shape.name} on {res.gpus} × {gpu.name}: {plan.kv_tokens} KV tokens, "
-        f"{plan.max_concurrent_sequences} sequences at full context"
+        f"{where}: {plan.weights_bytes_per_rank} bytes of weights and {plan.kv_bytes} of KV cache per GPU, "
+        f"{plan.kv_tokens} KV tokens, {plan.max_concurrent_sequences} sequences at full context"
     )
     return CapacityVerdict("True", "Fits", message, figures(plan, res.gpu_type)), []

@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"{'> 0' if variant == 'cuda' else '= 0'} (default: ${env}, else kvfleet-engine-{variant}:VERSION)",
         )
     parser.add_argument(
+        "--engine-shm-per-gpu",
+        default=None,
+        metavar="QUANTITY",
+        help="/dev/shm per GPU of a tensor-parallel engine pod (spec.resources.gpus > 1), e.g. 2Gi (default)",
+    )
+    parser.add_argument(
         "--standalone", action="store_true", help="no peering: act even if other replicas run"
     )
     parser.add_argument(
@@ -83,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "engine_image": args.engine_image,
         "engine_image_cpu": args.engine_image_cpu,
         "engine_image_cuda": args.engine_image_cuda,
+        "engine_shm_per_gpu": args.engine_shm_per_gpu,
         "priority": args.priority,
         "router_namespace": args.router_namespace,
     }

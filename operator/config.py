@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from kvfleet import __version__
 
 from .network_policy import IngressSources
+from .renderers import DEFAULT_SHM_PER_GPU
 
 DEFAULT_PEERING_NAME = "kvfleet-operator"
 # The engine images when neither spec.engine.image nor a flag names one: the environment (the chart
@@ -40,6 +41,8 @@ class OperatorConfig(BaseModel):
     engine_image: str | None = Field(default=None, min_length=1)
     engine_image_cpu: str = Field(default_factory=lambda: default_engine_image("cpu"), min_length=1)
     engine_image_cuda: str = Field(default_factory=lambda: default_engine_image("cuda"), min_length=1)
+    # /dev/shm per GPU of a tensor-parallel engine pod (renderers.shm_size_limit): a Mi or Gi quantity.
+    engine_shm_per_gpu: str = Field(default=DEFAULT_SHM_PER_GPU, pattern=r"^[1-9][0-9]*(Mi|Gi)$")
     standalone: bool = False
     peering_name: str = Field(default=DEFAULT_PEERING_NAME, min_length=1)
     priority: int = Field(default_factory=random_priority, ge=0)

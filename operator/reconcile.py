@@ -80,7 +80,9 @@ def _apply_children(
     """Create/patch every child; returns the Deployment as stored and whether anything was written."""
     wrote = False
     deployment: Obj = {}
-    for desired in renderers.render_children(owner, spec, image, config.ingress_sources()):
+    for desired in renderers.render_children(
+        owner, spec, image, config.ingress_sources(), config.engine_shm_per_gpu
+    ):
         meta = desired["metadata"]
         existing = api.get(desired["kind"], meta["namespace"], meta["name"])
         if existing is not None and not children.owned_by(existing, owner.uid):

@@ -45,6 +45,12 @@ SCRATCH_VOLUMES: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("tmp", "/tmp", {}),
     ("dshm", "/dev/shm", {"medium": "Memory"}),
 )
+# /dev/shm of a tensor-parallel pod (spec.resources.gpus N > 1): NCCL's shared-memory transport
+# between the N ranks and torch's inter-process tensors live there. vLLM's Kubernetes guide gives a
+# tensor-parallel pod a memory-backed /dev/shm of sizeLimit 2Gi; the operator gives N × 2Gi (per
+# GPU, as the buffers grow with the ranks; `kvfleet operator --engine-shm-per-gpu`, the chart's
+# operator.engineShmPerGPU). It counts against the pod's memory limit. N <= 1: no sizeLimit, as before.
+DEFAULT_SHM_PER_GPU = "2Gi"
 PRESTOP_SLEEP_SECONDS = 5
 ANNOTATION_SERVED_MODEL = "kvfleet.dev/served-model-name"
 ENGINE_CONTAINER = "engine"
@@ -116,6 +122,8 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         args += ["--attention", eng.attention]
     if eng.simulate:
         args.append("--simulate")
+    if spec.resources.gpus > 1:
+        args += ["--tensor-parallel-size", str(spec.resources.gpus)]
     if spec.adapters:
         modules = [f"{name}={path}" for name, path in adapter_sources(spec).paths]
         args += ["--lora-modules", *modules]
@@ -151,6 +159,22 @@ def _container_security() -> Obj:
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
+
+
+def shm_size_limit(gpus: int, shm_per_gpu: str = DEFAULT_SHM_PER_GPU) -> str | None:
+    """The /dev/shm sizeLimit of an engine pod with ``gpus`` GPUs: ``gpus`` × ``shm_per_gpu`` (a
+    ``<n>Mi`` or ``<n>Gi`` quantity) when tensor parallel, else None (no limit, as before)."""
+    if gpus <= 1:
+        return None
+    unit = shm_per_gpu[-2:]
+    return f"{gpus * int(shm_per_gpu[:-2])}{unit}"
+
+
+def _scratch_volumes(gpus: int, shm_per_gpu: str) -> list[Obj]:
+    volumes: list[Obj] = [{"name": name, "emptyDir": dict(empty)} for name, _, empty in SCRATCH_VOLUMES]
+    if (limit := shm_size_limit(gpus, shm_per_gpu)) is not None:
+        volumes[-1]["emptyDir"]["sizeLimit"] = limit
+    return volumes
 
 
 def _scratch_mounts() -> list[Obj]:
@@ -220,7 +244,7 @@ def _downloader(spec: InferenceServiceSpec, image: str, name: str, fetch: list[s
     return container
 
 
-def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
+def _pod_spec(spec: InferenceServiceSpec, image: str, shm_per_gpu: str) -> Obj:
     source = model_source(spec.model.uri)
     pod: Obj = {
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + PRESTOP_SLEEP_SECONDS,
@@ -234,7 +258,7 @@ def _pod_spec(spec: InferenceServiceSpec, image: str) -> Obj:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [_engine_container(spec, image, source)],
-        "volumes": [{"name": name, "emptyDir": dict(empty)} for name, _, empty in SCRATCH_VOLUMES],
+        "volumes": _scratch_volumes(spec.resources.gpus, shm_per_gpu),
     }
     init = [_fetch_container(spec, image, source)] if source.fetch_repo is not None else []
     adapters = adapter_sources(spec)
@@ -266,8 +290,13 @@ def _metadata(owner: Owner, spec: InferenceServiceSpec) -> Obj:
     }
 
 
-def render_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> Obj:
-    """The engine Deployment: replicas from ``spec.replicas``; a rollout never drops below them."""
+def render_deployment(
+    owner: Owner, spec: InferenceServiceSpec, image: str, shm_per_gpu: str = DEFAULT_SHM_PER_GPU
+) -> Obj:
+    """The engine Deployment: replicas from ``spec.replicas``; a rollout never drops below them.
+
+    ``spec.resources.gpus`` N is the tensor-parallel size: the pod asks for N GPUs, the engine gets
+    ``--tensor-parallel-size N`` and /dev/shm a sizeLimit of N × ``shm_per_gpu`` (N > 1 only)."""
     pod_annotations = {
         ANNOTATION_SERVED_MODEL: spec.model.name,
         "prometheus.io/scrape": "true",
@@ -284,7 +313,7 @@ def render_deployment(owner: Owner, spec: InferenceServiceSpec, image: str) -> O
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
                 "metadata": {"labels": labels(owner.name), "annotations": pod_annotations},
-                "spec": _pod_spec(spec, image),
+                "spec": _pod_spec(spec, image, shm_per_gpu),
             },
         },
     }
@@ -311,7 +340,11 @@ def render_pdb(owner: Owner, spec: InferenceServiceSpec) -> Obj:
 
 
 def render_children(
-    owner: Owner, spec: InferenceServiceSpec, image: str, sources: IngressSources | None = None
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    image: str,
+    sources: IngressSources | None = None,
+    shm_per_gpu: str = DEFAULT_SHM_PER_GPU,
 ) -> list[Obj]:
     """Everything the InferenceService owns, in the order it is applied (the NetworkPolicy first, so
     that no engine pod ever runs unguarded; none when ``sources`` is None)."""
@@ -322,7 +355,7 @@ def render_children(
     )
     return [
         *guard,
-        render_deployment(owner, spec, image),
+        render_deployment(owner, spec, image, shm_per_gpu),
         render_service(owner, spec),
         render_pdb(owner, spec),
     ]

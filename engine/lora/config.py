@@ -21,7 +21,19 @@ from kvfleet.engine.sampling_params import RequestError
 log = logging.getLogger(__name__)
 
 # The projections an adapter may target, in the order the model runs them.
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Each projection an adapter may target, and the axes it reads and writes: "hidden", "q" (query heads
+# × head_dim), "kv" (KV heads × head_dim), "inter" (the MLP's intermediate size). The adapters'
+# shapes (lora/weights.py) and each tensor-parallel rank's share of them (parallel/shard.py) read it.
+PROJECTION_AXES: dict[str, tuple[str, str]] = {
+    "q_proj": ("hidden", "q"),
+    "k_proj": ("hidden", "kv"),
+    "v_proj": ("hidden", "kv"),
+    "o_proj": ("q", "hidden"),
+    "gate_proj": ("hidden", "inter"),
+    "up_proj": ("hidden", "inter"),
+    "down_proj": ("inter", "hidden"),
+}
+TARGET_MODULES = tuple(PROJECTION_AXES)
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 

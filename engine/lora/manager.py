@@ -11,15 +11,23 @@ when asked for again), *resident* (at most ``max_loras`` device slots). Slot 0 i
 adapter" and stays zero. Per target module the device holds one stacked tensor per side:
 A of shape (layers, max_loras + 1, max_rank, in) and B of shape (layers, max_loras + 1,
 max_rank, out) (scaled, transposed), allocated when an adapter first targets that module.
+
+Tensor parallelism (``slices``, from ``engine/parallel/shard.py``): each module's A and B are
+cut as its base weight is. Column-parallel (q/k/v, gate/up): A whole, B's columns those of the
+rank's outputs. Row-parallel (o_proj, down_proj): A's columns those of the rank's inputs, B
+whole: the rank's ``(x_r A_rᵀ) B`` is its share of ``(x Aᵀ) B = Σ_r (x_r A_rᵀ) B``, added to its
+partial output before the one all-reduce that sums both, so the delta is exact. Rank 0 decides
+the slots (:meth:`activate`); a worker puts the same adapters in the same slots (:meth:`pin`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 
 import torch
 
+from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.lora.config import AdapterConfig, LoraError, read_adapter_config, unknown_adapter
 from kvfleet.engine.lora.context import Kernel, LoraContext
 from kvfleet.engine.lora.weights import LoraWeights, ModelShape, load_weights, module_shapes
@@ -36,11 +44,13 @@ class LoraManager:
         device: torch.device,
         dtype: torch.dtype,
         served_model: str | None = None,
+        slices: Mapping[str, tuple[slice | None, slice | None]] | None = None,
     ) -> None:
         self.model, self.max_loras, self.max_rank = model, max_loras, max_rank
         self.max_cpu_loras = max_cpu_loras
         self.device, self.dtype, self.served_model = device, dtype, served_model
-        self._shapes = module_shapes(model)
+        self._slices = dict(slices or {})  # module → (A's input columns, B's output columns) this rank holds
+        self._shapes = {m: self._local(m, shape) for m, shape in module_shapes(model).items()}
         self.kernel: Kernel = "triton" if device.type == "cuda" else "torch"
         self.paths: dict[str, str] = {}
         self._configs: dict[str, AdapterConfig] = {}
@@ -50,6 +60,30 @@ class LoraManager:
         self.b: dict[str, torch.Tensor] = {}  # module → (layers, max_loras + 1, max_rank, out)
         self.loads: Counter[str] = Counter()  # into a device slot
         self.evictions: Counter[str] = Counter()  # out of a device slot
+        # Called after each accepted register (name, path) and unregister (name, None): rank 0 of
+        # tensor parallelism repeats them on its workers.
+        self.mirror: Callable[[str, str | None], None] | None = None
+
+    @classmethod
+    def for_engine(
+        cls,
+        config: EngineConfig,
+        model: ModelShape,
+        device: torch.device,
+        dtype: torch.dtype,
+        slices: Mapping[str, tuple[slice | None, slice | None]] | None = None,
+    ) -> LoraManager:
+        """The manager ``config``'s LoRA flags ask for (each rank's: ``slices`` are its share)."""
+        return cls(
+            model,
+            max_loras=config.max_loras,
+            max_rank=config.max_lora_rank,
+            max_cpu_loras=config.max_cpu_loras or config.max_loras,
+            device=device,
+            dtype=dtype,
+            served_model=config.served_model_name or str(config.model),
+            slices=slices,
+        )
 
     # ---- known adapters
     def register(self, name: str, path: str) -> None:
@@ -64,6 +98,8 @@ class LoraManager:
         weights = load_weights(name, path, config, self.model)
         self.paths[name], self._configs[name] = path, config
         self._keep_in_cpu(weights)
+        if self.mirror is not None:
+            self.mirror(name, path)
 
     def unregister(self, name: str) -> None:
         if name not in self.paths:
@@ -74,6 +110,8 @@ class LoraManager:
         if slot is not None:
             self._clear_slot(slot)
             self.evictions[name] += 1
+        if self.mirror is not None:
+            self.mirror(name, None)
 
     @property
     def resident(self) -> list[str]:
@@ -103,9 +141,28 @@ class LoraManager:
         if not names:
             return None
         slots = self.activate(names)
-        token_slots = [0 if n is None else slots[n] for n in token_adapters]
+        return self.context_for_slots([0 if n is None else slots[n] for n in token_adapters])
+
+    def context_for_slots(self, token_slots: list[int]) -> LoraContext:
         widths = {m: out for m, (_, out) in self._shapes.items()}
         return LoraContext.build(token_slots, self.a, self.b, widths, self.device, self.kernel)
+
+    def slots_of(self, names: Collection[str]) -> dict[str, int]:
+        """The device slot of each resident adapter of ``names`` (what rank 0 tells its workers)."""
+        return {name: self._slots[name] for name in names}
+
+    def pin(self, slots: Mapping[str, int]) -> None:
+        """Put each adapter in the slot given (a worker following rank 0's :meth:`activate`)."""
+        for name, slot in slots.items():
+            if self._slots.get(name) == slot:
+                continue
+            self._slots.pop(name, None)
+            for other, held in list(self._slots.items()):
+                if held == slot:
+                    del self._slots[other]
+                    self.evictions[other] += 1
+            self._slots[name] = slot
+            self._copy_in(name, slot)
 
     def _free_slot(self, keep: Collection[str]) -> int:
         used = set(self._slots.values())
@@ -124,8 +181,11 @@ class LoraManager:
         for (layer, module), a in weights.a.items():
             if module not in self.a:
                 self._allocate(module)
+            cols_in, cols_out = self._slices.get(module, (None, None))
+            b = weights.b[(layer, module)]
+            a, b = (a if cols_in is None else a[:, cols_in]), (b if cols_out is None else b[:, cols_out])
             self.a[module][layer, slot, :rank] = a.to(self.device, self.dtype)
-            self.b[module][layer, slot, :rank] = weights.b[(layer, module)].to(self.device, self.dtype)
+            self.b[module][layer, slot, :rank] = b.to(self.device, self.dtype)
         self.loads[name] += 1
 
     def _clear_slot(self, slot: int) -> None:
@@ -138,6 +198,13 @@ class LoraManager:
         lead = (self.model.num_layers, self.max_loras + 1, self.max_rank)
         self.a[module] = torch.zeros((*lead, fan_in), device=self.device, dtype=self.dtype)
         self.b[module] = torch.zeros((*lead, fan_out), device=self.device, dtype=self.dtype)
+
+    def _local(self, module: str, shape: tuple[int, int]) -> tuple[int, int]:
+        """(in, out) of ``module`` on this rank: the whole shape unless ``slices`` cuts a side."""
+        cols_in, cols_out = self._slices.get(module, (None, None))
+        fan_in = shape[0] if cols_in is None else cols_in.stop - cols_in.start
+        fan_out = shape[1] if cols_out is None else cols_out.stop - cols_out.start
+        return fan_in, fan_out
 
     # ---- the CPU tier
     def _weights(self, name: str) -> LoraWeights:

@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from kvfleet.engine.lora.config import WEIGHTS_FILE, AdapterConfig, LoraError
+from kvfleet.engine.lora.config import PROJECTION_AXES, WEIGHTS_FILE, AdapterConfig, LoraError
 
 
 class ModelShape(Protocol):
@@ -44,17 +44,10 @@ _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])(?:
 
 def module_shapes(config: ModelShape) -> dict[str, tuple[int, int]]:
     """(in, out) features of each projection an adapter may target."""
-    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
-    q, kv = config.num_heads * d, config.num_kv_heads * d
-    return {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, i),
-        "up_proj": (h, i),
-        "down_proj": (i, h),
-    }
+    d = config.head_dim
+    size = {"hidden": config.hidden_size, "q": config.num_heads * d, "kv": config.num_kv_heads * d}
+    size["inter"] = config.intermediate_size
+    return {module: (size[a], size[b]) for module, (a, b) in PROJECTION_AXES.items()}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.fused_decode import FusedDecode
 from kvfleet.engine.model.projections import ProjectedBlock, store_for_matmul
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
+from kvfleet.engine.model.tp import Collective, ShardSpec, vocab_parallel_embed
 
 
 class RMSNorm(nn.Module):
@@ -97,21 +98,27 @@ class Step(NamedTuple):
     rope: tuple[torch.Tensor, torch.Tensor]  # (cos, sin) at each row's position
     meta: AttentionMetadata
     backend: AttentionBackend
+    comm: Collective | None = None  # tensor parallelism: sums the row-parallel outputs; None at tp=1
 
 
 class Attention(ProjectedBlock):
     INPUTS, OUTPUT = ("q_proj", "k_proj", "v_proj"), "o_proj"
 
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, shard: ShardSpec | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.sliding_window = config.layer_window(layer)
         h, d = config.hidden_size, config.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
-        self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
+        heads, kv_heads, o_bias = config.num_heads, config.num_kv_heads, config.o_bias
+        if shard is not None:  # this rank's whole KV-head groups; o_proj's bias added on one rank only
+            heads = shard.q_heads.stop - shard.q_heads.start
+            kv_heads = shard.kv_heads.stop - shard.kv_heads.start
+            o_bias = o_bias and shard.holds_row_parallel_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, d
+        self.q_proj = nn.Linear(h, heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(heads * d, h, bias=o_bias)
         self.scale = d**-0.5
 
     def forward(
@@ -119,7 +126,7 @@ class Attention(ProjectedBlock):
     ) -> torch.Tensor:
         """The layer's attention output: for every row, or for the rows ``keep`` only (after the
         attention itself, which stores every row's K/V and sees every row)."""
-        matmuls, (rope, meta, backend) = self.matmuls(), step
+        matmuls, (rope, meta, backend, _) = self.matmuls(), step
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = matmuls.inputs(x)
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
@@ -135,41 +142,52 @@ class Attention(ProjectedBlock):
         if keep is not None:
             attn = attn[keep]
         o = matmuls.output(attn)
-        if meta.lora is not None:
+        if meta.lora is not None:  # row-parallel: this rank's share of the delta, summed with o's
             meta.lora.add(attn, o, self.layer, O_PROJ)
+        if step.comm is not None:
+            step.comm.all_reduce(o)
         return o
 
 
 class MLP(ProjectedBlock):
     INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
 
-    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0, shard: ShardSpec | None = None) -> None:
         super().__init__()
         self.layer = layer
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        down_bias = bias
+        if shard is not None:  # this rank's intermediate columns; down_proj's bias on one rank only
+            i = shard.intermediate.stop - shard.intermediate.start
+            down_bias = bias and shard.holds_row_parallel_bias
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
-        self.down_proj = nn.Linear(i, h, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=down_bias)
 
-    def forward(self, x: torch.Tensor, lora: LoraContext | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, lora: LoraContext | None = None, comm: Collective | None = None
+    ) -> torch.Tensor:
         matmuls = self.matmuls()
         gate_up = matmuls.inputs(x)
         if lora is None:
-            return matmuls.output(silu_mul(gate_up))
-        lora.add(x, gate_up, self.layer, GATE_UP)
-        h = silu_mul(gate_up)
-        down = matmuls.output(h)
-        lora.add(h, down, self.layer, DOWN_PROJ)
+            down = matmuls.output(silu_mul(gate_up))
+        else:
+            lora.add(x, gate_up, self.layer, GATE_UP)
+            h = silu_mul(gate_up)
+            down = matmuls.output(h)
+            lora.add(h, down, self.layer, DOWN_PROJ)  # row-parallel: this rank's share, before the sum
+        if comm is not None:
+            comm.all_reduce(down)
         return down
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(self, config: ModelConfig, layer: int, shard: ShardSpec | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, shard)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, layer)
+        self.mlp = MLP(config, layer, shard)
 
     def forward(
         self,
@@ -192,35 +210,49 @@ class DecoderLayer(nn.Module):
         if keep is not None:
             residual = residual[keep]
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h, step.meta.lora), residual
+        return self.mlp(h, step.meta.lora, step.comm), residual
+
+
+def vocab_rows(config: ModelConfig, shard: ShardSpec | None) -> int:
+    """The embedding's (and the LM head's) rows on this rank: its vocabulary slice under tensor parallelism."""
+    return config.vocab_size if shard is None else shard.vocab.stop - shard.vocab.start
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
         # import torch._dynamo, over a second of every engine start: only real weights get it.
-        weight = torch.empty(config.vocab_size, config.hidden_size)
+        weight = torch.empty(vocab_rows(config, shard), config.hidden_size)
         if not weight.is_meta:
             nn.init.normal_(weight)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, shard) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
 
 class LlamaForCausalLM(nn.Module):
-    """``forward`` returns float32 logits (len(sample_rows), vocab) for the rows that sample."""
+    """``forward`` returns float32 logits (len(sample_rows), vocab) for the rows that sample.
 
-    def __init__(self, config: ModelConfig) -> None:
+    Tensor parallelism (``shard`` and ``comm``, set by ``engine/parallel``): this rank's heads,
+    intermediate columns and vocabulary slice only, an all-reduce after the embedding, o_proj and
+    down_proj, and the LM head's vocabulary slices gathered on rank 0 (other ranks return their own
+    slice, unread). The one-call native decode cannot hold an all-reduce: with ``comm`` it is off
+    and every step runs the per-op path."""
+
+    def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.shard = shard
+        self.comm: Collective | None = None  # set once the process group is up (tp > 1)
+        self.model = LlamaModel(config, shard)
+        self.lm_head = nn.Linear(config.hidden_size, vocab_rows(config, shard), bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
         self._lm_head: Linear | None = None  # resolved on first use; pack() and prepack() drop it
+        self.fixed_lm_head: Linear | None = None  # resolved elsewhere (model/quant_loader.py): wins
         # Decode steps through one native call where it applies (fused_decode.py); built on first
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
@@ -266,13 +298,15 @@ class LlamaForCausalLM(nn.Module):
 
     def lm_head_matmul(self) -> Linear:
         """The LM head's matmul as resolved for its weight as (pre)packed now."""
+        if self.fixed_lm_head is not None:
+            return self.fixed_lm_head
         if self._lm_head is None:
             self._lm_head = resolve_linear(self.lm_head.weight, None, self.packed_lm_head)
         return self._lm_head
 
     def fused_decode(self) -> FusedDecode | None:
         """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
-        if not self.use_fused_decode:
+        if not self.use_fused_decode or self.comm is not None:
             return None
         if self._fused is None:
             layers = list(self.model.layers)
@@ -288,7 +322,12 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
         sample_rows: torch.Tensor,
     ) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
+        comm = self.comm
+        if comm is None:
+            x = self.model.embed_tokens(input_ids)
+        else:
+            assert self.shard is not None
+            x = vocab_parallel_embed(self.model.embed_tokens, input_ids, self.shard, comm)
         rope = self.model.rotary_emb(positions, meta, x.dtype)
         residual: torch.Tensor | None = None
         # A prefill step's last layer runs o_proj and the MLP at the sampling rows only (with
@@ -300,7 +339,7 @@ class LlamaForCausalLM(nn.Module):
         if done is not None:  # every row decodes and samples (prune is False): all layers in one call
             x, residual = done
         else:
-            step = Step(rope, meta, backend)
+            step = Step(rope, meta, backend, comm)
             for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
                 keep = sample_rows if prune and i == last_layer else None
                 x, residual = layer(x, kv_cache, step, residual, keep)
@@ -308,4 +347,5 @@ class LlamaForCausalLM(nn.Module):
             last = x if residual is None else x + residual
         else:
             last = x[sample_rows] if residual is None else x[sample_rows] + residual[sample_rows]
-        return self.lm_head_matmul()(self.model.norm(last)).float()
+        logits = self.lm_head_matmul()(self.model.norm(last)).float()
+        return logits if comm is None else comm.gather_vocab(logits)

@@ -5,6 +5,10 @@ Where it sits: ``build_runner`` calls :func:`load_model` with the folder (or the
 or the shards that ``model.safetensors.index.json`` names), and copies each tensor into
 the module of the same Hugging Face name. Whatever is missing, corrupt or the wrong
 shape fails with :class:`ModelLoadError` naming the file and the tensor.
+
+Tensor parallelism (``shard``, from ``engine/parallel/shard.py``): the model is built at the
+rank's sizes and each split tensor is read through ``safe_open(...).get_slice``, so a rank reads
+and holds only its own rows or columns (``tp.checkpoint_slice`` says which).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
+from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -27,16 +32,18 @@ def load_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_file(folder / "config.json")
 
 
-def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(
+    folder: Path, dtype: torch.dtype, device: torch.device, shard: ShardSpec | None = None
+) -> LlamaForCausalLM:
     config = load_config(folder)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config, shard)
     _materialise(model, dtype, device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # A non-persistent buffer, made on the CPU in float32: moved to the device, float32 whatever the dtype.
     model.model.rotary_emb.reset_buffers(device)
-    _copy_weights(model, weight_files(folder))
+    _copy_weights(model, weight_files(folder), shard)
     model.pack()
     return model.eval()
 
@@ -101,7 +108,21 @@ def _tensor_names(path: Path) -> list[str]:
         raise ModelLoadError(f"{path}: not a readable safetensors file ({e})") from e
 
 
-def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path]) -> None:
+def _slices(model: LlamaForCausalLM, names: list[str], shard: ShardSpec | None) -> dict[str, SliceSpec]:
+    if shard is None:
+        return {}
+    c = model.config
+    full = {
+        "q": c.num_heads * c.head_dim,
+        "kv": c.num_kv_heads * c.head_dim,
+        "intermediate": c.intermediate_size,
+        "vocab": c.vocab_size,
+    }
+    found = {name: checkpoint_slice(name, shard, c.head_dim, full) for name in names}
+    return {name: spec for name, spec in found.items() if spec is not None}
+
+
+def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path], shard: ShardSpec | None = None) -> None:
     # Invariant: every parameter of the model is written exactly once from a tensor of its shape.
     params = dict(model.named_parameters(remove_duplicate=False))
     if model.config.tie_word_embeddings:
@@ -113,15 +134,36 @@ def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path]) -> None:
     by_file: dict[Path, list[str]] = {}
     for name in params:
         by_file.setdefault(files[name], []).append(name)
+    slices = _slices(model, list(params), shard)
     for path, names in by_file.items():
-        _copy_from_file(path, names, params)
+        _copy_from_file(path, names, params, slices)
 
 
-def _copy_from_file(path: Path, names: list[str], params: dict[str, torch.nn.Parameter]) -> None:
+def _read(f: object, path: Path, name: str, spec: SliceSpec | None) -> torch.Tensor:
+    """The tensor ``name``, or only the slice ``spec`` of it (its whole axis checked first)."""
+    if spec is None:
+        return f.get_tensor(name)  # type: ignore[attr-defined,no-any-return]
+    sliced = f.get_slice(name)  # type: ignore[attr-defined]
+    shape = tuple(sliced.get_shape())
+    if len(shape) <= spec.dim or shape[spec.dim] != spec.full:
+        raise ModelLoadError(
+            f"{path}: tensor {name!r} has shape {shape}, the config needs {spec.full} along axis {spec.dim}"
+        )
+    tensor: torch.Tensor = sliced[spec.span] if spec.dim == 0 else sliced[:, spec.span]
+    return tensor
+
+
+def _copy_from_file(
+    path: Path,
+    names: list[str],
+    params: dict[str, torch.nn.Parameter],
+    slices: dict[str, SliceSpec] | None = None,
+) -> None:
+    slices = slices or {}
     try:
         with safe_open(str(path), framework="pt") as f, torch.no_grad():
             for name in names:
-                tensor = f.get_tensor(name)
+                tensor = _read(f, path, name, slices.get(name))
                 param = params[name]
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise ModelLoadError(

@@ -100,6 +100,8 @@ class ProjectedBlock(nn.Module):
         self.packed_in: PackedWeight | None = None  # packed for a GEMM library by prepack()
         self.packed_out: PackedWeight | None = None
         self._matmuls: Matmuls | None = None
+        # resolved elsewhere (quantised weights: model/quant_loader.py); wins over resolving these linears
+        self.fixed: Matmuls | None = None
 
     def output_linear(self) -> nn.Linear:
         linear = getattr(self, self.OUTPUT)
@@ -127,6 +129,8 @@ class ProjectedBlock(nn.Module):
 
     def matmuls(self) -> Matmuls:
         """The two matmuls as resolved for the weights as (pre)packed now (resolved on first use)."""
+        if self.fixed is not None:
+            return self.fixed
         if self._matmuls is None:
             fused, out = self.fused_inputs(), self.output_linear()
             self._matmuls = Matmuls(

@@ -27,7 +27,7 @@ def test_the_flags_build_one_engine_config() -> None:
             "--num-kv-blocks", "100", "--max-model-len", "4096", "--dtype", "bfloat16", "--attention", "triton",
             "--no-prefix-caching", "--no-prepack-weights", "--weight-packing", "onednn", "--scheduling-policy", "priority", "--seed", "3",
             "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
-            "--max-lora-rank", "8", "--max-cpu-loras", "4", "--structured-outputs-compile-timeout", "2.5",
+            "--max-lora-rank", "8", "--max-cpu-loras", "4", "--structured-outputs-compile-timeout", "2.5", "-tp", "2", "--distributed-timeout-seconds", "12",
         )
     )  # fmt: skip
     assert config.model_dump() == {
@@ -55,6 +55,9 @@ def test_the_flags_build_one_engine_config() -> None:
         "max_lora_rank": 8,
         "max_cpu_loras": 4,
         "structured_outputs_compile_timeout": 2.5,
+        "tensor_parallel_size": 2,
+        "distributed_timeout_seconds": 12.0,
+        "quantization": None,
     }
     assert config.lora_enabled
     default = cli.engine_config(_args("--model", "tiny"))

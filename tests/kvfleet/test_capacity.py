@@ -65,19 +65,20 @@ def test_head_dim_defaults_to_hidden_size_over_heads() -> None:
     assert (shape.head_dim, shape.num_kv_heads, shape.tie_word_embeddings) == (16, 4, False)
 
 
-def test_one_h100_holds_llama_3_8b_with_room_for_56_full_context_sequences() -> None:
+def test_one_h100_holds_llama_3_8b_with_room_for_52_full_context_sequences() -> None:
     plan = plan_capacity(LLAMA_3_8B, resolve_gpu("h100"), context=8192)
     usable = 80 * GIB * 9 // 10  # 77_309_411_328
-    # activations: 8192 tokens × (2·4096 + (32 + 2·8)·128 + 2·14336) × 2 bytes + 256 rows × 128256 × 4
-    activations = 8192 * 43008 * 2 + 256 * 128256 * 4
-    assert (
-        (plan.usable_bytes, plan.activation_bytes) == (usable, activations) == (77_309_411_328, 835_977_216)
-    )
-    assert plan.kv_bytes == usable - 16_060_522_496 - activations == 60_412_911_616
-    assert plan.kv_tokens == 60_412_911_616 // 131072 == 460_913
-    assert plan.max_concurrent_sequences == 460_913 // 8192 == 56
-    assert plan.decode_batch_size == 56
-    assert plan.decode_tokens_per_s_bound == 56 * 3.35e12 / (16_060_522_496 + 56 * 8192 * 131072)
+    # the activation estimate, 8192 tokens × (2·4096 + (32 + 2·8)·128 + 2·14336) × 2 bytes + 256 rows ×
+    # 128256 × 4, is below the engine's 5 % of the GPU, which is the reserve then
+    assert activation_bytes(LLAMA_3_8B) == 8192 * 43008 * 2 + 256 * 128256 * 4 == 835_977_216
+    assert (plan.usable_bytes, plan.activation_bytes) == (usable, 80 * GIB // 20) == (77_309_411_328, 4 * GIB)
+    # KV = usable − reserve − (weights + the 1 GiB CUDA context and workspaces)
+    assert plan.kv_bytes == usable - 4 * GIB - (16_060_522_496 + GIB) == 55_880_179_712
+    assert plan.kv_blocks == 55_880_179_712 // (16 * 131072) == 26_645
+    assert plan.kv_tokens == 26_645 * 16 == 426_320
+    assert plan.max_concurrent_sequences == 26_645 // 512 == 52
+    assert plan.decode_batch_size == 52
+    assert plan.decode_tokens_per_s_bound == 52 * 3.35e12 / (16_060_522_496 + 52 * 8192 * 131072)
     assert (plan.fits, plan.reason) == (True, None)
 
 
@@ -89,27 +90,32 @@ def test_the_decode_bound_at_batch_one_reads_the_weights_and_one_sequence_per_to
 
 def test_seventy_b_does_not_fit_on_one_l4_and_the_reason_names_weights_and_usable_bytes() -> None:
     plan = plan_capacity(KNOWN_MODELS["llama-3-70b"], resolve_gpu("L4"), context=4096)
-    assert plan.weights_bytes == 141_107_412_992
+    assert plan.weights_bytes == plan.weights_bytes_per_rank == 141_107_412_992
     assert plan.usable_bytes == 23_192_823_398
     assert (plan.fits, plan.kv_bytes, plan.kv_tokens, plan.max_concurrent_sequences) == (False, 0, 0, 0)
     assert plan.reason is not None
     assert "141107412992" in plan.reason and "23192823398" in plan.reason
 
 
-def test_seventy_b_fits_on_four_h100_with_weights_counted_once_and_activations_per_gpu() -> None:
+def test_seventy_b_fits_on_four_h100_with_a_quarter_of_the_weights_and_kv_heads_on_each() -> None:
+    """Each H100 holds 35.28 GB of weights (the 8 KV heads split 2 per rank) and a 5 % reserve."""
     shape = KNOWN_MODELS["llama-3-70b"]
     plan = plan_capacity(shape, GPUS["h100"], num_gpus=4)
-    assert plan.activation_bytes == 4 * activation_bytes(shape) == 6_028_263_424
-    assert plan.kv_bytes == 4 * 80 * GIB * 9 // 10 - 141_107_412_992 - 6_028_263_424 == 162_101_968_896
-    assert (plan.kv_tokens, plan.max_concurrent_sequences, plan.context) == (494_695, 60, 8192)
-    assert plan.decode_tokens_per_s_bound == 60 * 3.35e12 * 4 / (141_107_412_992 + 60 * 8192 * 327680)
+    assert (plan.weights_bytes_per_rank, plan.kv_heads_per_rank) == (35_278_831_616, 2)
+    assert plan.kv_bytes_per_token_per_rank == 2 * 80 * 2 * 128 * 2 == 81_920
+    assert plan.kv_bytes == 80 * GIB * 9 // 10 - 4 * GIB - (35_278_831_616 + GIB) == 36_661_870_592
+    assert (plan.kv_tokens, plan.max_concurrent_sequences, plan.context) == (27_970 * 16, 54, 8192)
+    assert plan.decode_tokens_per_s_bound == 54 * 3.35e12 / (35_278_831_616 + 54 * 8192 * 81_920)
 
 
 def test_kv_room_shorter_than_one_context_does_not_fit_and_says_so() -> None:
-    plan = plan_capacity(LLAMA_3_8B, GPUS["l4"], gpu_memory_utilization=0.68)
-    assert plan.kv_bytes == 17_523_466_567 - 16_060_522_496 - 835_977_216 == 626_966_855
-    assert (plan.kv_tokens, plan.max_concurrent_sequences, plan.fits) == (4783, 0, False)
-    assert plan.reason == "KV room for 4783 tokens is less than one sequence of context 8192"
+    plan = plan_capacity(LLAMA_3_8B, GPUS["l4"], gpu_memory_utilization=0.73)
+    # 24 GiB × 0.73 − the 5 % reserve − (weights + 1 GiB)
+    assert plan.kv_bytes == 18_811_956_756 - 1_288_490_188 - (16_060_522_496 + GIB) == 389_202_248
+    assert (plan.kv_blocks, plan.max_concurrent_sequences, plan.fits) == (185, 0, False)
+    assert plan.reason == (
+        "per GPU, KV room for 185 blocks of 16 tokens is less than one sequence of max_model_len 8192 (512 blocks)"
+    )
 
 
 def test_the_plan_serialises_every_figure_to_json() -> None:

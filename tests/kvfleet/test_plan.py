@@ -27,14 +27,15 @@ def test_the_table_shows_each_figure_for_each_gpu_asked_for() -> None:
     rows = {line[:22].strip(): line[22:].split() for line in lines[1:]}
     assert rows["weights"] == ["14.96", "GiB", "14.96", "GiB"]
     assert rows["KV bytes/token"] == ["131072", "131072"]
-    assert rows["KV tokens that fit"] == ["460913", "910654"]
-    assert rows["max seqs at 8192"] == ["56", "111"]
-    assert rows["decode tokens/s bound"] == ["2462.3", "3939.5"]
+    assert rows["per GPU: weights"] == ["14.96", "GiB", "14.96", "GiB"]
+    assert rows["KV tokens that fit"] == ["426320", "851072"]
+    assert rows["max seqs at 8192"] == ["52", "103"]
+    assert rows["decode tokens/s bound"] == ["2423.0", "3903.5"]
     assert rows["fits"] == ["yes", "yes"]
 
 
 def test_json_for_one_gpu_is_one_object_with_the_documented_figures() -> None:
-    out = _plan("--model", "llama-3-70b", "--gpu", "H100", "--num-gpus", "4", "--json")
+    out = _plan("--model", "llama-3-70b", "--gpu", "H100", "--tensor-parallel-size", "4", "--json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert {
@@ -42,10 +43,11 @@ def test_json_for_one_gpu_is_one_object_with_the_documented_figures() -> None:
     } == {
         "weights_bytes": 141_107_412_992,
         "kv_bytes_per_token": 327680,
-        "kv_tokens": 494_695,
-        "max_concurrent_sequences": 60,
+        "kv_tokens": 447_520,
+        "max_concurrent_sequences": 54,
     }
-    assert plan["decode_tokens_per_s_bound"] == 60 * 3.35e12 * 4 / (141_107_412_992 + 60 * 8192 * 327680)
+    assert (plan["weights_bytes_per_rank"], plan["kv_bytes_per_token_per_rank"]) == (35_278_831_616, 81920)
+    assert plan["decode_tokens_per_s_bound"] == 54 * 3.35e12 / (35_278_831_616 + 54 * 8192 * 81920)
 
 
 def test_json_for_several_gpus_is_a_list_in_the_order_given_and_says_what_does_not_fit() -> None:

@@ -1,7 +1,8 @@
 """The native CPU kernels' one build: every ``csrc/*.c`` compiled into one library, once per machine.
 
 Where it sits: each kernel module of this package (``paged_decode``, ``paged_prefill``,
-``fused_ops``, ``skinny_gemm``, ``packed_gemm``, ``decode_layers``) binds its entry points from
+``fused_ops``, ``skinny_gemm``, ``packed_gemm``, ``decode_layers``,
+``quant_gemm``) binds its entry points from
 :func:`library`; nothing else compiles. The C sources are built with the machine's C compiler
 (``$CC``, ``cc`` or ``gcc``; :data:`FLAGS`: ``-O3 -march=native -fopenmp``) into
 ``$KVFLEET_CACHE/kernels`` (default ``~/.cache/kvfleet/kernels``), named by a hash of the sources,
@@ -34,6 +35,7 @@ SOURCES = tuple(
         "packed_gemm.c",
         "paged_prefill.c",
         "decode_layers.c",
+        "quant_gemm.c",
     )
 )
 HEADERS = (CSRC / "fast_exp.h",)  # included by the sources: part of the build key

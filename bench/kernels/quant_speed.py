@@ -1,0 +1,101 @@
+"""SmolLM2 served quantised (``--quantization gguf``) against today's float32 engine: decode steps
+and a prefill step, both engines loaded side by side and timed in alternating rounds.
+
+    OMP_NUM_THREADS=2 python -m bench.kernels.quant_speed [--rows 1,4,8] [--steps 24] [--prefill 256]
+
+Decode: ``rows`` requests of a ~240-token prompt are prefilled, then ``engine.step()`` is timed
+(median). Prefill: one step running a fresh ``--prefill``-token prompt. Resident weight bytes
+(``quant_loader.resident_weight_bytes``) are printed per engine. Writes bench/results/quant_speed.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import publish
+from kvfleet.engine.llm import LLM
+from kvfleet.engine.model.quant_loader import resident_weight_bytes
+from kvfleet.engine.sampling_params import SamplingParams
+
+PROMPT = "Tell me a long story about a dragon and a knight. " * 20
+PARAMS = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def decode_steps(llm: LLM, rows: int, steps: int, tag: str) -> list[float]:
+    engine = llm.engine
+    for i in range(rows):
+        engine.add_request(f"{tag}{i}", PROMPT + tag + str(i), PARAMS)
+    while engine.scheduler.waiting or any(not s.output_token_ids for s in engine.scheduler.running):
+        engine.step()
+    walls = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - start)
+    for i in range(rows):
+        engine.abort(f"{tag}{i}")
+    return walls
+
+
+def prefill_step(llm: LLM, tokens: int, tag: str) -> float:
+    ids = [(7 * i + len(tag)) % 20000 + 100 for i in range(tokens)]  # fresh ids: no prefix-cache hit
+    llm.engine.add_request(tag, ids, PARAMS)
+    start = time.perf_counter()
+    llm.engine.step()
+    took = time.perf_counter() - start
+    llm.engine.abort(tag)
+    return took
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,4,8")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--prefill", type=int, default=256)
+    args = p.parse_args()
+    engines = {
+        "float32": LLM("smollm2", max_model_len=1024, num_kv_blocks=512),
+        "gguf": LLM("smollm2", quantization="gguf", max_model_len=1024, num_kv_blocks=512),
+    }
+    med = statistics.median
+    lines = [f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; SmolLM2-135M Q4_1 GGUF"]
+    for name, llm in engines.items():
+        lines.append(
+            f"{name:8s} resident weights {resident_weight_bytes(llm.engine.runner.model) / 1e6:7.1f} MB"
+        )
+    for rows in (int(r) for r in args.rows.split(",")):
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        for r in range(args.rounds):
+            for name, llm in engines.items():
+                times[name] += decode_steps(llm, rows, args.steps // args.rounds, f"d{rows}-{r}-")
+        f, q = med(times["float32"]), med(times["gguf"])
+        lines.append(
+            f"decode {rows} rows: float32 {f * 1e3:6.1f} ms  gguf {q * 1e3:6.1f} ms per step  ({f / q:.2f}x)"
+        )
+    pre: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(3):
+        for name, llm in engines.items():
+            pre[name].append(prefill_step(llm, args.prefill, f"p{r}"))
+    f, q = med(pre["float32"]), med(pre["gguf"])
+    lines.append(
+        f"prefill {args.prefill} tokens: float32 {f * 1e3:6.1f} ms  gguf {q * 1e3:6.1f} ms  ({f / q:.2f}x)"
+    )
+    publish(lines, "quant_speed.txt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""A quantised linear resolved once, at load, to the callable that runs it (``linear.py``'s rule).
+
+Where it sits: ``engine/model/quant_loader.py`` resolves each linear whose weight stays in GGUF
+blocks with :func:`resolve_quant_linear` and hands the result to the model's blocks in place of
+``resolve_linear``'s; a step only calls it. The chain: the native quantised kernel
+(``native/quant_gemm.py``) for float32 CPU inputs, where the library builds; else the weight
+dequantised once to float32 and ``F.linear`` (correct, but the memory saving is gone: the
+loader logs it). Several linears of one input whose formats differ run as :class:`ConcatLinear`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from kvfleet.engine.kernels.linear import Linear, TorchLinear
+from kvfleet.engine.kernels.native.quant_gemm import NativeQuant, QuantWeight, load_quant
+
+
+@dataclass(frozen=True, slots=True)
+class QuantLinear:
+    """``x @ dequantise(weight)^T + bias`` on the native kernel (int8 activations per 32)."""
+
+    native: NativeQuant
+    weight: QuantWeight
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        out = self.native(flat, self.weight.blocks, self.weight.ggml_type, self.bias)
+        return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class ConcatLinear:
+    """Several linears of one input, outputs side by side (one call each: their formats differ)."""
+
+    parts: tuple[Linear, ...]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+def dequantised(weight: QuantWeight) -> torch.Tensor:
+    """The weight as float32 (out, in): ``gguf.quants.dequantize`` of its blocks."""
+    kind = GGMLQuantizationType(weight.ggml_type)
+    values = dequantize(weight.blocks.numpy(), kind).astype(np.float32, copy=False)
+    return torch.from_numpy(np.ascontiguousarray(values.reshape(weight.out_features, weight.in_features)))
+
+
+def resolve_quant_linear(weight: QuantWeight, bias: torch.Tensor | None = None) -> Linear:
+    """The native kernel on ``weight``'s blocks where it builds; else float32 ``F.linear``."""
+    native = load_quant()
+    if native is None:
+        return TorchLinear(dequantised(weight), bias)
+    return QuantLinear(native, weight, bias)
+
+
+def concat_rows(weights: Sequence[QuantWeight]) -> QuantWeight | None:
+    """One weight of the rows of ``weights`` stacked (one matmul), where they share a format; else None."""
+    kinds = {w.ggml_type for w in weights}
+    widths = {w.in_features for w in weights}
+    if len(kinds) != 1 or len(widths) != 1:
+        return None
+    blocks = torch.cat([w.blocks for w in weights]).contiguous()
+    return QuantWeight(blocks, weights[0].ggml_type, weights[0].in_features)

@@ -1,0 +1,208 @@
+"""The capacity maths' catalogue (docs/architecture.md §4): GPUs, model shapes, dtypes; torch-free.
+
+What :mod:`kvfleet.capacity` computes with: a GPU's datasheet figures, a model's shape from a
+Hugging Face ``config.json`` or a known name, the bytes of a dtype, and the errors naming a bad
+value. :mod:`kvfleet.capacity` re-exports every public name here, so callers import from there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+
+
+class CapacityError(ValueError):
+    """Bad input to the capacity maths: the message names the value and what is allowed."""
+
+
+class UnknownGPUError(CapacityError):
+    pass
+
+
+class UnknownModelError(CapacityError):
+    pass
+
+
+class UnknownDtypeError(CapacityError):
+    pass
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    bf16_flops: float  # dense (no sparsity) tensor-core bf16
+
+
+# Public datasheet figures. HBM/GDDR "GB" on a datasheet is binary in practice (an H100's
+# "80 GB" reports 79.6 GiB, an H200's "141 GB" 140.4 GiB), so memory is counted in GiB;
+# bandwidth and FLOP/s are decimal, as datasheets state them.
+GPUS: dict[str, GPUSpec] = {
+    "h100": GPUSpec("H100 SXM 80GB", 80 * GIB, 3.35e12, 989e12),
+    "h200": GPUSpec("H200 SXM 141GB", 141 * GIB, 4.8e12, 989e12),
+    "a100": GPUSpec("A100 SXM 80GB", 80 * GIB, 2.039e12, 312e12),
+    "a100-40gb": GPUSpec("A100 SXM 40GB", 40 * GIB, 1.555e12, 312e12),
+    "l4": GPUSpec("L4 24GB", 24 * GIB, 300e9, 121e12),
+    "l40s": GPUSpec("L40S 48GB", 48 * GIB, 864e9, 362e12),
+    "a10g": GPUSpec("A10G 24GB", 24 * GIB, 600e9, 125e12),
+}
+_GPU_ALIASES = {"h100-80gb": "h100", "h100-sxm": "h100", "h200-141gb": "h200", "a100-80gb": "a100"}
+
+
+def resolve_gpu(name: str) -> GPUSpec:
+    """The catalogue entry for ``name``, case-insensitive (``H100``, ``a100-80gb``)."""
+    key = name.strip().lower()
+    key = _GPU_ALIASES.get(key, key)
+    if key not in GPUS:
+        raise UnknownGPUError(f"unknown GPU {name!r}: known GPUs are {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    attention_bias: bool = False  # Qwen2 has biases on q, k and v
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of a Llama-family decoder: embeddings, GQA attention, SwiGLU MLP, RMSNorms, lm_head."""
+        h, q_width, kv_width = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        attention = h * q_width + 2 * h * kv_width + q_width * h
+        if self.attention_bias:
+            attention += q_width + 2 * kv_width
+        mlp = 3 * h * self.intermediate_size  # gate, up, down
+        per_layer = attention + mlp + 2 * h  # input and post-attention RMSNorm
+        embeddings = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_layers * per_layer + embeddings + lm_head + h  # + final norm
+
+
+def _llama3(
+    name: str, layers: int, hidden: int, heads: int, inter: int, tied: bool, max_pos: int
+) -> ModelShape:
+    head_dim = hidden // heads
+    return ModelShape(name, layers, hidden, heads, 8, head_dim, inter, 128256, tied, max_pos)
+
+
+KNOWN_MODELS: dict[str, ModelShape] = {
+    "llama-3-8b": _llama3("llama-3-8b", 32, 4096, 32, 14336, False, 8192),
+    "llama-3-70b": _llama3("llama-3-70b", 80, 8192, 64, 28672, False, 8192),
+    "llama-3.2-1b": _llama3("llama-3.2-1b", 16, 2048, 32, 8192, True, 131072),
+    "qwen2-7b": ModelShape(
+        "qwen2-7b", 28, 3584, 28, 4, 128, 18944, 152064, False, 32768, attention_bias=True
+    ),
+    "mistral-7b": ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768),
+}
+_MODEL_ALIASES = {
+    "meta-llama-3-8b": "llama-3-8b",
+    "meta-llama-3-70b": "llama-3-70b",
+    "mistral-7b-v0.1": "mistral-7b",
+}
+
+_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+
+
+def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnknownModelError(
+            f"model {name!r}: config field {key!r} must be a positive integer, got {value!r}"
+        )
+    return value
+
+
+def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> ModelShape:
+    """The shape of a Llama, Mistral or Qwen2 model from its Hugging Face ``config.json`` dict."""
+    model_type = config.get("model_type", "llama")
+    if model_type not in _ARCHITECTURES:
+        raise UnknownModelError(
+            f"model {name!r}: model_type {model_type!r} is not supported (supported: {', '.join(sorted(_ARCHITECTURES))})"
+        )
+    hidden = _int_field(config, "hidden_size", name)
+    heads = _int_field(config, "num_attention_heads", name)
+    kv_heads = _int_field(config, "num_key_value_heads", name, default=heads)
+    if heads % kv_heads:
+        raise UnknownModelError(
+            f"model {name!r}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
+    head_dim = config.get("head_dim") or (hidden // heads)
+    return ModelShape(
+        name=name,
+        num_layers=_int_field(config, "num_hidden_layers", name),
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=_int_field({"head_dim": head_dim}, "head_dim", name),
+        intermediate_size=_int_field(config, "intermediate_size", name),
+        vocab_size=_int_field(config, "vocab_size", name),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=_int_field(config, "max_position_embeddings", name, default=2048),
+        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+    )
+
+
+def _load_config(path: Path) -> ModelShape:
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise UnknownModelError(f"model folder {str(path)!r} holds no config.json")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UnknownModelError(f"cannot read model config {str(file)!r}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise UnknownModelError(f"model config {str(file)!r} is not a JSON object")
+    name = file.parent.name if file.name == "config.json" else file.stem
+    return model_shape_from_config(config, name=name or "custom")
+
+
+def resolve_model(name_or_path: str) -> ModelShape:
+    """A known model name (case-insensitive, ``meta-llama/Meta-Llama-3-8B`` too) or a config.json path or folder."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return _load_config(path)
+    key = name_or_path.strip().lower().rsplit("/", 1)[-1]
+    key = _MODEL_ALIASES.get(key, key)
+    if key in KNOWN_MODELS:
+        return KNOWN_MODELS[key]
+    raise UnknownModelError(
+        f"unknown model {name_or_path!r}: not a config.json or a folder holding one, "
+        f"nor a known name ({', '.join(KNOWN_MODELS)})"
+    )
+
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """The DTYPE_BYTES key for ``dtype`` (``bf16`` → ``bfloat16``)."""
+    key = dtype.strip().lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise UnknownDtypeError(f"unknown dtype {dtype!r}: known dtypes are {', '.join(DTYPE_BYTES)}")
+    return key

@@ -1,0 +1,93 @@
+"""``--quantization gguf``: SmolLM2's Q4_1 GGUF served with its linears in their blocks.
+
+The quantised model must hold its weights in at most 150 MB (float32: 538 MB), answer chat
+prompts coherently through ``LLM(...)``, and its linears must be exactly the dequantised
+float32 model's weights (the only difference left is the kernel's int8 activations)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.kernels.quant_linear import QuantLinear, dequantised
+from kvfleet.engine.model.config import ModelLoadError
+from kvfleet.engine.model.llama import DecoderLayer
+from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.quant_loader import QuantEmbedding, quantized_source, resident_weight_bytes
+from kvfleet.engine.model.sources import resolve_model
+from kvfleet.engine.model.tiny import ensure_tiny_model
+
+
+def test_int8_and_fp8_are_refused_with_the_format_that_works() -> None:
+    for kind in ("int8", "fp8"):
+        with pytest.raises(ValidationError, match="'gguf' is"):
+            EngineConfig(quantization=kind)
+
+
+def test_quantization_does_not_take_lora() -> None:
+    with pytest.raises(ValidationError, match="LoRA"):
+        EngineConfig(model="smollm2", quantization="gguf", enable_lora=True)
+
+
+def test_quantization_runs_on_one_rank_and_says_so() -> None:
+    with pytest.raises(ValidationError, match="tensor_parallel_size must be 1, got 2"):
+        EngineConfig(model="smollm2", quantization="gguf", tensor_parallel_size=2)
+
+
+def test_a_hugging_face_folder_is_not_a_gguf_source() -> None:
+    with pytest.raises(ModelLoadError, match="serves a GGUF checkpoint"):
+        quantized_source(str(ensure_tiny_model()))
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[LLM]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared 2-core box: no spin-waiting threads
+    try:
+        yield LLM("smollm2", quantization="gguf", max_model_len=512, num_kv_blocks=64)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_smollm2_quantized_holds_at_most_150_mb_and_skips_fused_decode(llm: LLM) -> None:
+    model = llm.engine.runner.model
+    assert resident_weight_bytes(model) <= 150e6
+    assert model.fused_decode() is None
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    layer = model.model.layers[0]
+    assert isinstance(layer, DecoderLayer)
+    assert isinstance(layer.mlp.matmuls().inputs, QuantLinear)
+    assert isinstance(model.lm_head_matmul(), QuantLinear)  # tied: the embedding's Q8_0 blocks
+
+
+@pytest.mark.slow
+def test_smollm2_quantized_answers_chat_prompts(llm: LLM) -> None:
+    tokenizer = llm.engine.tokenizer
+    chats = ["Which city is the capital of France?", "Name three primary colors."]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": c}]) for c in chats]
+    outs = llm.generate(texts, SamplingParams(temperature=0.0, max_tokens=32))
+    paris, colours = (o.outputs[0].text for o in outs)
+    assert "Paris" in paris
+    assert all(c in colours for c in ("Red", "Blue", "Yellow"))
+
+
+@pytest.mark.slow
+def test_the_blocks_are_the_float_models_weights_unpermuted(llm: LLM) -> None:
+    quant = llm.engine.runner.model
+    floats = load_model(resolve_model("smollm2"), torch.float32, torch.device("cpu"))
+    for i in (0, len(floats.model.layers) - 1):
+        lq, lf = quant.model.layers[i], floats.model.layers[i]
+        assert isinstance(lq, DecoderLayer) and isinstance(lf, DecoderLayer)
+        for bq, bf in ((lq.self_attn, lf.self_attn), (lq.mlp, lf.mlp)):
+            inputs, output = bq.matmuls()
+            assert isinstance(inputs, QuantLinear) and isinstance(output, QuantLinear)
+            assert torch.equal(dequantised(inputs.weight), bf.fused_inputs().weight)
+            assert torch.equal(dequantised(output.weight), bf.output_linear().weight)
+    ids = torch.tensor([0, 17, 49151])
+    assert torch.equal(quant.model.embed_tokens(ids), floats.model.embed_tokens(ids))
