@@ -39,7 +39,8 @@ class PollMiss(enum.Enum):
 class LoadReader(Protocol):
     """One engine kind: how its load and its adapters are read."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def load(self, client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | PollMiss: ...
 
