@@ -19,6 +19,12 @@ TENANTQUOTA_PLURAL = "tenantquotas"
 LABEL_APP = "app.kubernetes.io/name"
 LABEL_APP_ENGINE = "kvfleet-engine"
 LABEL_INFERENCESERVICE = "kvfleet.dev/inferenceservice"
+# Which engine a pod runs (``spec.engine.kind`` of its InferenceService): the router reads the
+# load of each kind its own way (docs/architecture.md §6, "Engine kinds"). A pod without the
+# label takes its InferenceService's kind, else ``kvfleet``.
+LABEL_ENGINE_KIND = "kvfleet.dev/engine-kind"
+ENGINE_KINDS = ("kvfleet", "vllm")
+DEFAULT_ENGINE_KIND = "kvfleet"
 
 # The router names the engine that served a request in this response header (and the
 # Envoy ext_proc server sets it on the request to pick the ORIGINAL_DST upstream).

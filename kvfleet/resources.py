@@ -72,6 +72,8 @@ class AdapterSpec(CamelModel):
 
 
 class EngineSpec(CamelModel):
+    # kvfleet's own engine, or vLLM's OpenAI server (kvfleet.protocol.ENGINE_KINDS; docs/architecture.md §7)
+    kind: Literal["kvfleet", "vllm"] = "kvfleet"
     image: str | None = Field(default=None, min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     block_size: Literal[8, 16, 32, 64, 128] = 16

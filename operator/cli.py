@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"{'> 0' if variant == 'cuda' else '= 0'} (default: ${env}, else kvfleet-engine-{variant}:VERSION)",
         )
     parser.add_argument(
+        "--vllm-image",
+        default=None,
+        help="image of spec.engine.kind vllm services without spec.engine.image (default vllm/vllm-openai:v0.32.0)",
+    )
+    parser.add_argument(
         "--engine-shm-per-gpu",
         default=None,
         metavar="QUANTITY",
@@ -96,6 +101,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         "engine_image": args.engine_image,
         "engine_image_cpu": args.engine_image_cpu,
         "engine_image_cuda": args.engine_image_cuda,
+        "vllm_image": args.vllm_image,
         "engine_shm_per_gpu": args.engine_shm_per_gpu,
         "otel_endpoint": args.otel_endpoint,
         "otel_protocol": args.otel_protocol,

@@ -41,6 +41,8 @@ class OperatorConfig(BaseModel):
     engine_image: str | None = Field(default=None, min_length=1)
     engine_image_cpu: str = Field(default_factory=lambda: default_engine_image("cpu"), min_length=1)
     engine_image_cuda: str = Field(default_factory=lambda: default_engine_image("cuda"), min_length=1)
+    # The image of spec.engine.kind vllm engines that name none (--vllm-image; the chart's operator.vllmImage).
+    vllm_image: str = Field(default="vllm/vllm-openai:v0.32.0", min_length=1)
     # /dev/shm per GPU of a tensor-parallel engine pod (renderers.shm_size_limit): a Mi or Gi quantity.
     engine_shm_per_gpu: str = Field(default=DEFAULT_SHM_PER_GPU, pattern=r"^[1-9][0-9]*(Mi|Gi)$")
     standalone: bool = False
@@ -85,8 +87,10 @@ class OperatorConfig(BaseModel):
             "OTEL_SERVICE_NAME": "kvfleet-engine",
         }
 
-    def engine_image_for(self, gpus: int) -> str:
+    def engine_image_for(self, gpus: int, kind: str = "kvfleet") -> str:
         """The engine image of an InferenceService that does not name its own."""
+        if kind == "vllm":
+            return self.vllm_image
         if self.engine_image is not None:
             return self.engine_image
         return self.engine_image_cuda if gpus > 0 else self.engine_image_cpu

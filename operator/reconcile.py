@@ -130,7 +130,9 @@ def sync_inferenceservice(
     wrote = False
     deployment: Obj | None = None
     if verdict.spec is not None and not blockers and apply_children:
-        image = verdict.spec.engine.image or config.engine_image_for(verdict.spec.resources.gpus)
+        image = verdict.spec.engine.image or config.engine_image_for(
+            verdict.spec.resources.gpus, verdict.spec.engine.kind
+        )
         try:
             deployment, wrote = _apply_children(api, owner, verdict.spec, image, config)
         except children.NotOwnedError as err:

@@ -21,6 +21,7 @@ from kvfleet.protocol import (
     DEFAULT_ENGINE_PORT,
     LABEL_APP,
     LABEL_APP_ENGINE,
+    LABEL_ENGINE_KIND,
     LABEL_INFERENCESERVICE,
 )
 
@@ -35,6 +36,7 @@ from .sources import (
     model_source,
 )
 from .spec import InferenceServiceSpec
+from .vllm_engine import is_vllm, vllm_container_overrides
 
 # What the kvfleet-engine images expect (images/Containerfile): a numeric non-root user, and the only
 # writable paths under a read-only root: the cache ($KVFLEET_CACHE, $HOME: the tiny model, the native
@@ -203,6 +205,8 @@ def _engine_container(spec: InferenceServiceSpec, image: str, source: ModelSourc
     if source.volume is not None:
         container["volumeMounts"].append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     container["volumeMounts"] += adapter_sources(spec).mounts
+    if is_vllm(spec):  # vLLM's OpenAI server instead (.vllm_engine); the rest of the pod is the same
+        container.update(vllm_container_overrides(spec))
     return container
 
 
@@ -313,7 +317,10 @@ def render_deployment(
             "selector": {"matchLabels": selector_labels(owner.name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
-                "metadata": {"labels": labels(owner.name), "annotations": pod_annotations},
+                "metadata": {
+                    "labels": {**labels(owner.name), LABEL_ENGINE_KIND: spec.engine.kind},
+                    "annotations": pod_annotations,
+                },
                 "spec": _pod_spec(spec, image, shm_per_gpu),
             },
         },

@@ -59,6 +59,7 @@ def _check_inferenceservice(spec: InferenceServiceSpec) -> None:
     if spec.resources.gpus == 0 and spec.resources.gpu_type is not None:
         raise SpecError("spec.resources.gpuType", f"{spec.resources.gpu_type!r} needs gpus > 0")
     _check_adapters(spec)
+    _check_engine_kind(spec)
     auto = spec.autoscaling
     if auto is not None and auto.min_replicas > auto.max_replicas:
         raise SpecError(
@@ -66,6 +67,17 @@ def _check_inferenceservice(spec: InferenceServiceSpec) -> None:
         )
     if auto is not None and auto.min_replicas == 0 and not auto.scale_to_zero:
         raise SpecError("spec.autoscaling.minReplicas", "0 needs scaleToZero: true")
+
+
+def _check_engine_kind(spec: InferenceServiceSpec) -> None:
+    """The fields only kvfleet's engine takes (the CRD's CEL rules on spec.engine)."""
+    eng = spec.engine
+    if eng.kind == "vllm" and eng.attention is not None:
+        raise SpecError(
+            "spec.engine.attention", "kind vllm takes no attention backend (kvfleet's engine only)"
+        )
+    if eng.kind == "vllm" and eng.simulate:
+        raise SpecError("spec.engine.simulate", "kind vllm has no simulated mode (kvfleet's engine only)")
 
 
 def _check_adapters(spec: InferenceServiceSpec) -> None:

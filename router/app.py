@@ -104,7 +104,7 @@ def build_app(
                 cluster = await stack.enter_async_context(kube.cluster(config, tenants))
                 disc = disc or cluster.discovery
                 scl = scl or cluster.scaler
-            disc = disc or StaticDiscovery(config.engines)
+            disc = disc or StaticDiscovery(config.engines, default_kind=config.engine_kind)
             timeout = httpx.Timeout(config.engine_read_timeout_s, connect=config.engine_connect_timeout_s)
             client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
             upstream = await stack.enter_async_context(_upstream_session(config))

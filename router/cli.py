@@ -20,7 +20,18 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvfleet.streaming import add_stream_arguments
 
-    parser.add_argument("--engines", default="", help="comma-separated engine base URLs (static discovery)")
+    parser.add_argument(
+        "--engines",
+        default="",
+        help="comma-separated engine base URLs (static discovery), each optionally KIND=URL "
+        "(vllm=http://10.0.0.7:8000); KIND is kvfleet or vllm",
+    )
+    parser.add_argument(
+        "--engine-kind",
+        default="kvfleet",
+        help="the kind of the --engines entries that name none: kvfleet (reads /load) or vllm "
+        "(reads vLLM's /metrics) (default kvfleet)",
+    )
     parser.add_argument(
         "--tenants", type=Path, help="tenants YAML file (a 'tenants:' list of TenantQuota specs)"
     )

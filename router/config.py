@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES
+from kvfleet.protocol import DEFAULT_ENGINE_KIND, ENGINE_KINDS
 from kvfleet.resources import SLOSpec, TenantLimits, TenantSpec
 from kvfleet.router.gateway_config import GatewayConfig
 
@@ -53,7 +54,12 @@ class RouterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engines: list[str] = Field(default_factory=list, description="static engine base URLs")
+    engines: list[str] = Field(
+        default_factory=list, description="static engines: base URLs, each optionally KIND=URL"
+    )
+    engine_kind: str = Field(
+        default=DEFAULT_ENGINE_KIND, description="the kind of the static engines whose entry names none"
+    )
     tenants: list[TenantEntry] = Field(default_factory=list)
     kubernetes: bool = False
     namespace: str | None = Field(default=None, description="None: every namespace")
@@ -118,10 +124,30 @@ class RouterConfig(BaseModel):
     @field_validator("engines")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine URL {url!r} must start with http:// or https://")
-        return [u.rstrip("/") for u in urls]
+        return [engine_entry(u) for u in urls]
+
+    @field_validator("engine_kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        return known_kind(kind, "engine kind")
+
+
+def known_kind(kind: str, what: str) -> str:
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"{what} {kind!r} is unknown: choose one of {', '.join(ENGINE_KINDS)}")
+    return kind
+
+
+def engine_entry(entry: str) -> str:
+    """One static engine, ``[KIND=]URL`` (kinds: :data:`kvfleet.protocol.ENGINE_KINDS`), checked and normalised."""
+    kind, sep, url = entry.partition("=")
+    if not sep or "://" in kind:
+        kind, url = "", entry
+    if kind:
+        known_kind(kind, f"engine entry {entry!r}: kind")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+    return f"{kind}={url.rstrip('/')}" if kind else url.rstrip("/")
 
 
 def stream_bounds(args: Any) -> dict[str, Any]:

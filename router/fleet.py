@@ -1,7 +1,8 @@
 """The router's picture of the engines: load, readiness, its own in-flight counts (docs/architecture.md §6).
 
-Discovery gives the URLs; the poller reads each engine's ``GET /load`` every
-``load_interval_s``. A loaded engine is not an unready one: a ``/load`` slower than
+Discovery gives the URLs and each engine's kind; the poller reads each engine's load every
+``load_interval_s`` the way its kind says (:mod:`.engine_kinds`: a kvfleet engine's ``GET /load``,
+a vLLM server's ``GET /metrics``). A loaded engine is not an unready one: a load slower than
 ``load_timeout_s`` is skipped, not held against the engine. An engine is *ready* while
 it has answered (a load, or the first byte of a proxied response) within
 ``engine_silent_s``, its load says it is ready and not draining, and nothing has failed on it since (a refused
@@ -20,18 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from pydantic import ValidationError
 
-from kvfleet.protocol import EngineLoad
+from kvfleet.protocol import DEFAULT_ENGINE_KIND, EngineLoad
 from kvfleet.router.config import RouterConfig
-from kvfleet.router.discovery import Discovery, FleetView, Service
+from kvfleet.router.discovery import Discovery, Endpoint, FleetView, Service
+from kvfleet.router.engine_kinds import PollMiss, reader
+from kvfleet.router.engine_kinds import fetch_load as fetch_load  # re-exported: its old home
 from kvfleet.router.picker import Candidate, PickContext, choose, is_saturated, policy
 from kvfleet.router.prefix import PrefixIndex
 from kvfleet.router.quota import Clock
@@ -54,6 +55,7 @@ class Prefill:
 class EngineState:
     url: str
     service: str | None = None
+    kind: str = DEFAULT_ENGINE_KIND  # how its load is read (:mod:`.engine_kinds`)
     load: EngineLoad | None = None
     loaded_at: float | None = None
     heard_at: float | None = None  # its last answer: a load or a proxied response
@@ -73,14 +75,6 @@ class EngineState:
         if self.adapters_at is None or now - self.adapters_at >= interval:
             return True
         return not set(lora.resident) <= self.adapters
-
-
-class PollMiss(enum.Enum):
-    """Why a ``/load`` poll brought no load: only ``DOWN`` and ``BAD`` count against the engine."""
-
-    DOWN = "down"  # connection refused or reset: the engine is gone
-    BAD = "bad"  # it answered, but not with a load (an error status, invalid JSON)
-    SLOW = "slow"  # no answer within load_timeout_s: busy, not broken
 
 
 @dataclass(frozen=True)
@@ -123,7 +117,13 @@ class Fleet:
             del self.engines[url]
             self.prefix.forget(url)
         for url, endpoint in wanted.items():
-            self.engines.setdefault(url, EngineState(url)).service = endpoint.service
+            engine = self.engines.setdefault(url, EngineState(url))
+            engine.service, engine.kind = endpoint.service, self.kind_of(endpoint)
+
+    def kind_of(self, endpoint: Endpoint) -> str:
+        """The endpoint's own kind, else its InferenceService's (``spec.engine.kind``), else ``kvfleet``."""
+        service = self.services.get(endpoint.service) if endpoint.service else None
+        return endpoint.kind or (service.engine_kind if service else None) or DEFAULT_ENGINE_KIND
 
     def observe(self, url: str, load: EngineLoad | PollMiss) -> None:
         engine = self.engines.get(url)
@@ -298,43 +298,17 @@ class Fleet:
                 self.on_change(model)
 
 
-async def fetch_load(client: httpx.AsyncClient, url: str, timeout: float) -> EngineLoad | PollMiss:
-    """One engine's ``/load``, or why there is none (a timeout is ``SLOW``, never ``DOWN``)."""
-    try:
-        response = await client.get(f"{url}/load", timeout=timeout)
-        response.raise_for_status()
-        return EngineLoad.model_validate_json(response.content)
-    except httpx.TimeoutException:
-        return PollMiss.SLOW
-    except (httpx.TransportError, httpx.StreamError):
-        return PollMiss.DOWN
-    except (httpx.HTTPStatusError, ValidationError):
-        return PollMiss.BAD
-
-
-async def fetch_adapters(client: httpx.AsyncClient, url: str, timeout: float) -> frozenset[str] | None:
-    """The adapters an engine's ``GET /v1/models`` lists (cards with a ``parent``), or None if unread."""
-    try:
-        response = await client.get(f"{url}/v1/models", timeout=timeout)
-        response.raise_for_status()
-        cards = response.json().get("data") or []
-        return frozenset(
-            str(c["id"]) for c in cards if isinstance(c, dict) and c.get("parent") and c.get("id")
-        )
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-
-
 async def poll_once(fleet: Fleet, discovery: Discovery, client: httpx.AsyncClient) -> None:
     fleet.apply_view(await discovery.view())
     urls = list(fleet.engines)
     timeout = fleet.config.load_timeout_s
-    loads = await asyncio.gather(*(fetch_load(client, u, timeout) for u in urls))
+    kinds = {u: reader(fleet.engines[u].kind) for u in urls}
+    loads = await asyncio.gather(*(kinds[u].load(client, u, timeout) for u in urls))
     for url, load in zip(urls, loads, strict=True):
         fleet.observe(url, load)
     now, interval = fleet.clock(), fleet.config.adapters_interval_s
     stale = [u for u in urls if (e := fleet.engines.get(u)) is not None and e.adapters_stale(now, interval)]
-    listed = await asyncio.gather(*(fetch_adapters(client, u, timeout) for u in stale))
+    listed = await asyncio.gather(*(kinds[u].adapters(client, u, timeout) for u in stale))
     for url, adapters in zip(stale, listed, strict=True):
         fleet.observe_adapters(url, adapters)
     if fleet.on_change is not None:

@@ -6,10 +6,11 @@ themselves go through ``httpx`` so they are asynchronous. A :class:`Reflector` p
 resource lists, then watches, and re-lists when the watch ends, keeping a local copy:
 
 * InferenceServices → :class:`Service` (``spec.model.name``, ``spec.routing.policy`` and
-  ``sharedPrefixCache``, ``spec.slo``, ``spec.autoscaling``);
+  ``sharedPrefixCache``, ``spec.slo``, ``spec.autoscaling``, ``spec.engine.kind``);
 * engine pods (labels ``app.kubernetes.io/name=kvfleet-engine`` and
   ``kvfleet.dev/inferenceservice``), ready and not terminating → endpoints
-  ``http://<podIP>:<port named http>``;
+  ``http://<podIP>:<port named http>``, of the kind their ``kvfleet.dev/engine-kind`` label
+  names (else their InferenceService's; vLLM pods too carry the engine labels);
 * TenantQuotas and their Secrets (``spec.apiKeySecretRef``) → the tenant table,
   replaced whole on every change.
 
@@ -34,9 +35,11 @@ from kvfleet.protocol import (
     API_GROUP,
     API_VERSION,
     DEFAULT_ENGINE_PORT,
+    ENGINE_KINDS,
     INFERENCESERVICE_PLURAL,
     LABEL_APP,
     LABEL_APP_ENGINE,
+    LABEL_ENGINE_KIND,
     LABEL_INFERENCESERVICE,
     TENANTQUOTA_PLURAL,
 )
@@ -141,6 +144,10 @@ def service_of(obj: dict[str, Any]) -> Service | None:
         )
         policy = None
     shared = routing.get("sharedPrefixCache")
+    kind = (spec.get("engine") or {}).get("kind")
+    if kind is not None and kind not in ENGINE_KINDS:
+        log.warning("InferenceService %s/%s ignored: unknown spec.engine.kind %r", namespace, name, kind)
+        return None
     return Service(
         name=name,
         model=model,
@@ -149,6 +156,7 @@ def service_of(obj: dict[str, Any]) -> Service | None:
         slo=slo,
         autoscaling=auto,
         shared_prefix_cache=shared if isinstance(shared, bool) else None,
+        engine_kind=kind,
     )
 
 
@@ -162,6 +170,10 @@ def endpoint_of(pod: dict[str, Any]) -> Endpoint | None:
     )
     if meta.get("deletionTimestamp") or not ready or not status.get("podIP"):
         return None
+    kind = labels.get(LABEL_ENGINE_KIND)
+    if kind is not None and kind not in ENGINE_KINDS:
+        log.warning("pod %s ignored: unknown label %s=%r", meta.get("name"), LABEL_ENGINE_KIND, kind)
+        return None
     port = DEFAULT_ENGINE_PORT
     for container in (pod.get("spec") or {}).get("containers") or []:
         for p in container.get("ports") or []:
@@ -169,7 +181,9 @@ def endpoint_of(pod: dict[str, Any]) -> Endpoint | None:
                 port = int(p["containerPort"])
     namespace = meta.get("namespace") or "default"
     return Endpoint(
-        f"http://{status['podIP']}:{port}", service=f"{namespace}/{labels[LABEL_INFERENCESERVICE]}"
+        f"http://{status['podIP']}:{port}",
+        service=f"{namespace}/{labels[LABEL_INFERENCESERVICE]}",
+        kind=kind,
     )
 
 

