@@ -1,4 +1,4 @@
-"""The chart's ``otel`` values reach the engine pods too (issue #32): chart → operator flags → engine env.
+"""The chart's settings that reach engine pods only through the operator: OTel variables (issue #32), the vLLM image (#31).
 
 The chart gives the router its OTEL_* variables itself; engine pods are the operator's to render, so
 the chart passes ``--otel-endpoint``/``--otel-protocol`` to the operator, which puts the same
@@ -53,3 +53,14 @@ def test_without_an_endpoint_engine_pods_get_no_otel_variables() -> None:
 def test_an_unknown_protocol_is_refused_naming_the_flag() -> None:
     with pytest.raises(SystemExit):
         build_parser(only="operator").parse_args(["operator", "--otel-protocol", "udp"])
+
+
+def test_the_charts_vllm_image_is_the_operators_image_for_vllm_engines() -> None:
+    docs = render({"operator": {"vllmImage": "registry.local/vllm-openai:v0.32.1"}})
+    operator = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("operator")
+    )
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = config_from_args(build_parser(only="operator").parse_args(["operator", *args]))
+    assert config.engine_image_for(1, "vllm") == "registry.local/vllm-openai:v0.32.1"
+    assert config.engine_image_for(1, "kvfleet") != config.vllm_image
