@@ -41,7 +41,8 @@ TENANTS = f"""tenants:
     limits:
       requestsPerMinute: 2
 """
-SYSTEM = "You are a careful assistant for a shipping company. " * 40  # ~2000 characters: 3 of vLLM-CPU's 128-token blocks
+# ~2000 characters: 3 of vLLM-CPU's 128-token blocks
+SYSTEM = "You are a careful assistant for a shipping company. " * 40
 
 
 class Stack(NamedTuple):
