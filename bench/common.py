@@ -8,14 +8,37 @@ subjects (``serving``, ``router``, ``kernels``, ``gpu``, ``peers``) import one a
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"  # only what README.md or docs/architecture.md cite is committed here
 SIDE_VENVS = BENCH / "peers"  # vllm_env.sh, guidellm_env.sh (through side_venv.sh)
+
+
+class Flag(NamedTuple):
+    """A :func:`bench_args` option with a help line (a plain default says enough for the others)."""
+
+    default: object
+    help: str
+
+
+def bench_args(doc: str | None, **options: object) -> argparse.Namespace:
+    """Every bench's command line, parsed: ``--name-with-dashes`` per keyword, typed by its default
+    (a bool is a switch, off by default), the module docstring's first line as the description."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    for name, option in options.items():
+        default, help_line = option if isinstance(option, Flag) else (option, None)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=help_line)
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=help_line)
+    return parser.parse_args()
 
 
 def cpu_seconds(pid: int) -> float:

@@ -10,11 +10,11 @@ medians are printed with their ratio. The runner's forward alone is timed the sa
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time
 
+from bench.common import Flag, bench_args
 from kvfleet.engine.llm import LLM
 from kvfleet.engine.sampling_params import SamplingParams
 
@@ -73,12 +73,13 @@ def measure(model: str, rows: int, steps: int, rounds: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--rows", default="1,8,32")
-    p.add_argument("--steps", type=int, default=40, help="timed decode steps per mode")
-    p.add_argument("--rounds", type=int, default=4, help="on/off alternations")
-    args = p.parse_args()
+    args = bench_args(
+        __doc__,
+        model="smollm2",
+        rows="1,8,32",
+        steps=Flag(40, "timed decode steps per mode"),
+        rounds=Flag(4, "on/off alternations"),
+    )
     for rows in (int(r) for r in args.rows.split(",")):
         print(measure(args.model, rows, args.steps, args.rounds), flush=True)
 

@@ -13,13 +13,13 @@ streams about 540 MB, like a decode step. For every row count the ways run inter
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
+from bench.common import bench_args
 from kvfleet.engine.kernels import packing
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS, load_linear
 
@@ -43,11 +43,7 @@ def ways(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--rows", default="1,4,8,16,32,64,256")
-    args = p.parse_args()
+    args = bench_args(__doc__, threads=2, reps=5, rows="1,4,8,16,32,64,256")
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=gen) for k, n in SHAPES]

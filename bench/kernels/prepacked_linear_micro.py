@@ -12,7 +12,6 @@ then the resident memory the packing added.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -20,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench.common import bench_args
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out) of SmolLM2's linears
@@ -32,11 +32,7 @@ def resident_mb() -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--rows", default="17,64,256,476,1024,2048")
-    args = p.parse_args()
+    args = bench_args(__doc__, threads=2, reps=7, rows="17,64,256,476,1024,2048")
     torch.set_num_threads(args.threads)
     weights = [[torch.randn(n, k) * 0.05 for k, n in SHAPES] for _ in range(LAYERS)]
     before = resident_mb()

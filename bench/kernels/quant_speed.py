@@ -10,7 +10,6 @@ Decode: ``rows`` requests of a ~240-token prompt are prefilled, then ``engine.st
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import publish
+from bench.common import bench_args, publish
 from kvfleet.engine.llm import LLM
 from kvfleet.engine.model.quant_loader import resident_weight_bytes
 from kvfleet.engine.sampling_params import SamplingParams
@@ -61,12 +60,7 @@ def prefill_step(llm: LLM, tokens: int, tag: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="1,4,8")
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--prefill", type=int, default=256)
-    args = p.parse_args()
+    args = bench_args(__doc__, rows="1,4,8", steps=24, rounds=2, prefill=256)
     engines = {
         "float32": LLM("smollm2", max_model_len=1024, num_kv_blocks=512),
         "gguf": LLM("smollm2", quantization="gguf", max_model_len=1024, num_kv_blocks=512),

@@ -13,13 +13,13 @@ native kernel), and the native kernel.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from bench.common import bench_args
 from kvfleet.engine.kernels.native.skinny_gemm import load_linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out)
@@ -34,12 +34,7 @@ def timed(fn: Callable[[], object], reps: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--layers", type=int, default=30)
-    p.add_argument("--rows", default="1,4,8,16,32")
-    p.add_argument("--reps", type=int, default=5)
-    args = p.parse_args()
+    args = bench_args(__doc__, threads=2, layers=30, rows="1,4,8,16,32", reps=5)
     torch.set_num_threads(args.threads)
     native = load_linear()
     if native is None:

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from bench.common import RESULTS, cpu_seconds
+from bench.common import RESULTS, Flag, bench_args, cpu_seconds
 from bench.router.router_fleet import (
     ChatWorkload,
     EngineFlags,
@@ -135,14 +135,15 @@ def ratios(runs: dict[str, tuple[Run, Run]]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=240)
-    ap.add_argument("--rate", type=float, default=12.0)
-    ap.add_argument("--low-requests", type=int, default=300)
-    ap.add_argument("--ceiling-requests", type=int, default=600)
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--skip-a", action="store_true", help="only part B")
-    args = ap.parse_args()
+    args = bench_args(
+        __doc__,
+        requests=240,
+        rate=12.0,
+        low_requests=300,
+        ceiling_requests=600,
+        clients=32,
+        skip_a=Flag(False, "only part B"),
+    )
     lines = [header("kvfleet router vs vllm-router on the same simulated engines")]
     if not args.skip_a:
         part_a(args, lines)

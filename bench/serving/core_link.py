@@ -13,7 +13,6 @@ Run: ``.venv/bin/python -m bench.serving.core_link [--prompts 200 --tokens 6000]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing
 import socket
@@ -21,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from bench.common import bench_args
 from kvfleet.engine.core_link import AsyncLink, BlockingLink, frame
 
 
@@ -95,12 +95,7 @@ def connection_baseline(messages: list[Any]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=200)
-    parser.add_argument("--tokens", type=int, default=6000)
-    parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--seqs-per-batch", type=int, default=256)
-    args = parser.parse_args()
+    args = bench_args(__doc__, prompts=200, tokens=6000, batches=200, seqs_per_batch=256)
     adds = [
         ("add", f"req-{i}", list(range(1000, 1000 + args.tokens)), {"max_tokens": 128})
         for i in range(args.prompts)

@@ -14,10 +14,10 @@ Each also reports how many sequences it runs at once in that memory.
 
 from __future__ import annotations
 
-import argparse
 import random
 from dataclasses import dataclass
 
+from bench.common import bench_args
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampling_params import SamplingParams
@@ -93,12 +93,7 @@ def contiguous(reqs: list[tuple[int, int]], kv_tokens: int, reserve: list[int]) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--kv-tokens", type=int, default=65536)
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = bench_args(__doc__, requests=256, kv_tokens=65536, max_model_len=2048, seed=0)
     reqs = workload(args.requests, args.seed)
     rows = [
         (f"paged, block size {BLOCK_SIZE}", paged(reqs, args.kv_tokens)),

@@ -12,9 +12,9 @@ met both SLOs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
+from bench.common import Flag, bench_args
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.stats import BenchSummary
 from kvfleet.testing.processes import engine_process
@@ -31,17 +31,18 @@ def _row(rate: float, s: BenchSummary, slo_ttft_s: float) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rates", default="1,2,4,6,8,12", help="requests/s, comma-separated")
-    p.add_argument("--num-requests", type=int, default=60)
-    p.add_argument("--input-len", default="uniform:256:768")
-    p.add_argument("--output-len", default="uniform:64:192")
-    p.add_argument("--sim-gpu", default="l4")
-    p.add_argument("--sim-model", default="llama-3-8b")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
-    p.add_argument("--slo-tpot-ms", type=float, default=150.0)
-    args = p.parse_args()
+    args = bench_args(
+        __doc__,
+        rates=Flag("1,2,4,6,8,12", "requests/s, comma-separated"),
+        num_requests=60,
+        input_len="uniform:256:768",
+        output_len="uniform:64:192",
+        sim_gpu="l4",
+        sim_model="llama-3-8b",
+        max_num_seqs=64,
+        slo_ttft_ms=1000.0,
+        slo_tpot_ms=150.0,
+    )
     rates = [float(r) for r in args.rates.split(",")]
     slo_ttft, slo_tpot = args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3
     flags = (

@@ -45,7 +45,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (see the docstring)
 
 
-from bench.common import core_pid, cpu_seconds  # noqa: E402
+from bench.common import Flag, bench_args, core_pid, cpu_seconds  # noqa: E402
 from kvfleet.bench import LoadSpec, parse_distribution, run_load  # noqa: E402
 from kvfleet.bench.load import plan_requests  # noqa: E402
 from kvfleet.engine.config import EngineConfig  # noqa: E402
@@ -161,15 +161,16 @@ def measure(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--num-requests", type=int, default=64)
-    p.add_argument("--input-len", type=int, default=32)
-    p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--num-kv-blocks", type=int, default=1024)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--engine-core", default="process,thread", help="server modes to measure, comma-separated")
-    args = p.parse_args()
+    args = bench_args(
+        __doc__,
+        num_requests=64,
+        input_len=32,
+        output_len=16,
+        concurrency=32,
+        num_kv_blocks=1024,
+        runs=3,
+        engine_core=Flag("process,thread", "server modes to measure, comma-separated"),
+    )
     modes = args.engine_core.split(",")
     config = EngineConfig(
         model="tiny", device="cpu", num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.concurrency
