@@ -36,7 +36,7 @@ from .sources import (
     model_source,
 )
 from .spec import InferenceServiceSpec
-from .vllm_engine import is_vllm, vllm_container_overrides
+from .vllm_engine import is_vllm, lora_flags, shared_flags, shared_optional_flags, vllm_container_overrides
 
 # What the kvfleet-engine images expect (images/Containerfile): a numeric non-root user, and the only
 # writable paths under a read-only root: the cache ($KVFLEET_CACHE, $HOME: the tiny model, the native
@@ -104,34 +104,20 @@ def endpoint(owner: Owner) -> str:
 
 def engine_args(spec: InferenceServiceSpec) -> list[str]:
     """The ``kvfleet engine`` flags (docs/architecture.md §3), in a fixed order; optional ones only when set."""
-    eng, model = spec.engine, spec.model
+    eng = spec.engine
     args = [
-        "--model", model_source(model.uri).path,
-        "--port", str(DEFAULT_ENGINE_PORT),
-        "--served-model-name", model.name,
-        "--max-num-seqs", str(eng.max_num_seqs),
-        "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
-        "--block-size", str(eng.block_size),
-        "--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}",
+        "--model", model_source(spec.model.uri).path,
+        *shared_flags(spec),
         "--drain-timeout", str(eng.drain_seconds),
     ]  # fmt: skip
     if not eng.prefix_caching:
         args.append("--no-prefix-caching")
-    if model.max_model_len is not None:
-        args += ["--max-model-len", str(model.max_model_len)]
-    if model.dtype is not None:
-        args += ["--dtype", model.dtype]
+    args += shared_optional_flags(spec)
     if eng.attention is not None:
         args += ["--attention", eng.attention]
     if eng.simulate:
         args.append("--simulate")
-    if spec.resources.gpus > 1:
-        args += ["--tensor-parallel-size", str(spec.resources.gpus)]
-    if spec.adapters:
-        modules = [f"{name}={path}" for name, path in adapter_sources(spec).paths]
-        args += ["--lora-modules", *modules]
-        args += ["--max-loras", str(eng.max_loras), "--max-lora-rank", str(eng.max_lora_rank)]
-    return args
+    return args + lora_flags(spec)
 
 
 def _container_resources(spec: InferenceServiceSpec) -> Obj:

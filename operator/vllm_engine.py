@@ -31,30 +31,56 @@ def is_vllm(spec: InferenceServiceSpec) -> bool:
     return spec.engine.kind == VLLM
 
 
-def vllm_args(spec: InferenceServiceSpec) -> list[str]:
-    """``vllm serve`` arguments (vLLM's own flag names), in a fixed order; optional ones only when set."""
+def shared_flags(spec: InferenceServiceSpec) -> list[str]:
+    """The flags ``kvfleet engine`` and ``vllm serve`` both take, by vLLM's names (kvfleet's CLI
+    follows vLLM's), in a fixed order: the engine's shape first."""
     eng, model = spec.engine, spec.model
-    args = [
-        model_source(model.uri).path,
-        "--host", "0.0.0.0",
+    return [
         "--port", str(DEFAULT_ENGINE_PORT),
         "--served-model-name", model.name,
         "--max-num-seqs", str(eng.max_num_seqs),
         "--max-num-batched-tokens", str(eng.max_num_batched_tokens),
         "--block-size", str(eng.block_size),
         "--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}",
-        "--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
-    if model.max_model_len is not None:
-        args += ["--max-model-len", str(model.max_model_len)]
-    if model.dtype is not None:
-        args += ["--dtype", model.dtype]
+
+
+def shared_optional_flags(spec: InferenceServiceSpec) -> list[str]:
+    """The optional flags both engines take alike, only where the spec sets them: the context length,
+    the dtype, the tensor-parallel size (``spec.resources.gpus`` > 1)."""
+    args: list[str] = []
+    if spec.model.max_model_len is not None:
+        args += ["--max-model-len", str(spec.model.max_model_len)]
+    if spec.model.dtype is not None:
+        args += ["--dtype", spec.model.dtype]
     if spec.resources.gpus > 1:
         args += ["--tensor-parallel-size", str(spec.resources.gpus)]
+    return args
+
+
+def lora_flags(spec: InferenceServiceSpec) -> list[str]:
+    """The adapters both engines load at start (``--lora-modules NAME=PATH ...``), none without adapters."""
+    if not spec.adapters:
+        return []
+    modules = [f"{name}={path}" for name, path in adapter_sources(spec).paths]
+    eng = spec.engine
+    return [
+        "--lora-modules",
+        *modules,
+        "--max-loras",
+        str(eng.max_loras),
+        "--max-lora-rank",
+        str(eng.max_lora_rank),
+    ]
+
+
+def vllm_args(spec: InferenceServiceSpec) -> list[str]:
+    """``vllm serve`` arguments (vLLM's own flag names), in a fixed order; optional ones only when set."""
+    caching = "--enable-prefix-caching" if spec.engine.prefix_caching else "--no-enable-prefix-caching"
+    args = [model_source(spec.model.uri).path, *shared_flags(spec), "--host", "0.0.0.0", caching]
+    args += shared_optional_flags(spec)
     if spec.adapters:
-        modules = [f"{name}={path}" for name, path in adapter_sources(spec).paths]
-        args += ["--enable-lora", "--lora-modules", *modules]
-        args += ["--max-loras", str(eng.max_loras), "--max-lora-rank", str(eng.max_lora_rank)]
+        args += ["--enable-lora", *lora_flags(spec)]
     return args
 
 

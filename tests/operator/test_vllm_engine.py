@@ -26,9 +26,9 @@ def test_a_vllm_engine_runs_vllm_serve_with_vllms_flag_names() -> None:
     engine = deployment(resources={"gpus": 2})["spec"]["template"]["spec"]["containers"][0]
     assert engine["command"] == ["vllm", "serve"]
     assert engine["args"] == [
-        "/models/smol", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "smollm2",
+        "/models/smol", "--port", "8000", "--served-model-name", "smollm2",
         "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--block-size", "16",
-        "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--max-model-len", "2048",
+        "--gpu-memory-utilization", "0.9", "--host", "0.0.0.0", "--enable-prefix-caching", "--max-model-len", "2048",
         "--tensor-parallel-size", "2",
     ]  # fmt: skip
     assert engine["image"] == "vllm/vllm-openai:v0.32.0"
