@@ -36,9 +36,7 @@ def main() -> None:
             )
             cpu = (cpu_seconds(router.pid) - before) / (args.requests + args.ceiling_requests)
     rows = [("direct", direct_light, direct_heavy), ("kvfleet router", routed_light, routed_heavy)]
-    lines.append(
-        f"{'path':<16}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'ceiling req/s':>15}{'failed':>8}"
-    )
+    lines.append(f"{'path':<16}{'TTFT p50 ms':>12}{'TTFT p99 ms':>12}{'ceiling req/s':>15}{'failed':>8}")
     for name, light, heavy in rows:
         lines.append(f"{name:<16}{fleet.ms(light.ttft.p50):>12}{fleet.ms(light.ttft.p99):>12}"
                      f"{heavy.request_throughput:>15.1f}{light.num_failed + heavy.num_failed:>8}")  # fmt: skip
