@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -115,6 +116,19 @@ def generated_lengths(requests: list[Request], batch_size: int, padded: bool) ->
     return lengths
 
 
+def config(model: str, policy: str, batch_size: int, num_kv_blocks: int | None, **extra: Any) -> EngineConfig:
+    """The engine every contender of this bench runs, real or simulated: ``policy`` at ``batch_size`` rows."""
+    return EngineConfig(
+        model=model,
+        scheduling_policy=policy,
+        max_num_seqs=batch_size,
+        max_num_batched_tokens=2048,
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=num_kv_blocks,
+        **extra,
+    )
+
+
 def run_kvfleet(
     name: str,
     model: Path,
@@ -126,13 +140,7 @@ def run_kvfleet(
     padded: bool = False,
 ) -> Result:
     llm = LLM(
-        model=str(model),
-        attention_backend=attention,
-        scheduling_policy=policy,
-        max_num_seqs=batch_size,
-        max_num_batched_tokens=2048,
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=num_kv_blocks,
+        engine=Engine(config(str(model), policy, batch_size, num_kv_blocks, attention_backend=attention))
     )
     lengths = generated_lengths(requests, batch_size, padded)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
@@ -160,16 +168,8 @@ def run_simulated(
         gpu, model, block_size=BLOCK_SIZE, max_num_seqs=batch_size
     )
     runner = SimRunner(blocks, TimingModel.for_hardware(gpu, model), sleep=lambda _: None)
-    config = EngineConfig(
-        model=model,
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=blocks,
-        max_model_len=4096,
-        scheduling_policy=policy,
-        max_num_seqs=batch_size,
-        max_num_batched_tokens=2048,
-    )
-    llm = LLM(engine=Engine(config, runner=runner, tokenizer=ByteTokenizer()))
+    engine_config = config(model, policy, batch_size, blocks, max_model_len=4096)
+    llm = LLM(engine=Engine(engine_config, runner=runner, tokenizer=ByteTokenizer()))
     lengths = generated_lengths(requests, batch_size, padded)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     outputs = llm.generate([r.prompt for r in requests], params)
