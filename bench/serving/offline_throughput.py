@@ -41,7 +41,6 @@ on its batch size. It is a model of GPU step cost, not a measurement. Run:
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import random
@@ -54,6 +53,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from bench.common import Flag, bench_args
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
@@ -249,22 +249,18 @@ def _hf_batch(model: torch.nn.Module, batch: list[Request]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sim-gpu", default="h100", help="GPU of the simulated section (capacity maths)")
-    parser.add_argument("--sim-model", default="llama-3-8b", help="model shape of the simulated section")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per contender; the fastest is printed")
-    parser.add_argument("--sim-only", action="store_true", help="skip the CPU measurements")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads for every contender (1: no spin-wait on a shared box)",
+    args = bench_args(
+        __doc__,
+        model="tiny",
+        num_prompts=256,
+        batch_size=32,
+        seed=0,
+        sim_gpu=Flag("h100", "GPU of the simulated section (capacity maths)"),
+        sim_model=Flag("llama-3-8b", "model shape of the simulated section"),
+        repeats=Flag(2, "runs per contender; the fastest is printed"),
+        sim_only=Flag(False, "skip the CPU measurements"),
+        threads=Flag(1, "torch CPU threads for every contender (1: no spin-wait on a shared box)"),
     )
-    args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = resolve_model(args.model)
     requests = workload(args.num_prompts, args.seed)
