@@ -20,6 +20,22 @@ RESULTS = BENCH / "results"  # only what README.md or docs/architecture.md cite 
 SIDE_VENVS = BENCH / "peers"  # vllm_env.sh, guidellm_env.sh (through side_venv.sh)
 
 
+class TokenRates:
+    """Output and total (prompt + output) tokens per second: what every bench's result row reports."""
+
+    seconds: float
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def out_tps(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def total_tps(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.seconds
+
+
 class Flag(NamedTuple):
     """A :func:`bench_args` option with a help line (a plain default says enough for the others)."""
 

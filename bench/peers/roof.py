@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import TokenRates
+
 # ---------------------------------------------------------------- FLOPs and the roof
 
 
@@ -65,7 +67,7 @@ def matmul_roof(
 
 
 @dataclass
-class Row:
+class Row(TokenRates):
     part: str  # offline | serving
     name: str
     seconds: float
@@ -78,14 +80,6 @@ class Row:
     itl: tuple[float, float] | None = None
     failed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def out_tps(self) -> float:
-        return self.output_tokens / self.seconds
-
-    @property
-    def total_tps(self) -> float:
-        return (self.prompt_tokens + self.output_tokens) / self.seconds
 
     def roof(self, gflops: float) -> float:
         return self.flops / self.seconds / (gflops * 1e9)

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from bench.common import Flag, bench_args
+from bench.common import Flag, TokenRates, bench_args
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
@@ -71,19 +71,11 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(TokenRates):
     name: str
     seconds: float
     output_tokens: int
     prompt_tokens: int
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds
-
-    @property
-    def total_tokens_per_s(self) -> float:
-        return (self.output_tokens + self.prompt_tokens) / self.seconds
 
 
 def workload(n: int, seed: int, vocab: int = 256) -> list[Request]:
@@ -297,34 +289,33 @@ def main() -> None:
     results = best_of(contenders, args.repeats)
     for r in results:
         print(
-            f"{r.name:<52} {r.seconds:8.2f} s  {r.tokens_per_s:9.1f} output tok/s  "
-            f"{r.total_tokens_per_s:9.1f} total tok/s"
+            f"{r.name:<52} {r.seconds:8.2f} s  {r.out_tps:9.1f} output tok/s  {r.total_tps:9.1f} total tok/s"
         )
     cont, static, hf, paged, reference, padded = results
     print(
-        f"kvfleet continuous / transformers generate:         {cont.tokens_per_s / hf.tokens_per_s:.2f}x (target >= 3x)"
+        f"kvfleet continuous / transformers generate:         {cont.out_tps / hf.out_tps:.2f}x (target >= 3x)"
     )
     print(
-        f"kvfleet continuous / kvfleet static, same batch:    {cont.tokens_per_s / static.tokens_per_s:.2f}x "
+        f"kvfleet continuous / kvfleet static, same batch:    {cont.out_tps / static.out_tps:.2f}x "
         "(target >= 2x)"
     )
     print(
-        f"kvfleet continuous / kvfleet static, same KV memory: {paged.tokens_per_s / static.tokens_per_s:.2f}x "
+        f"kvfleet continuous / kvfleet static, same KV memory: {paged.out_tps / static.out_tps:.2f}x "
         f"(target >= 2x; {memory} blocks of {BLOCK_SIZE} = what a contiguous allocator reserves for "
         f"{args.batch_size} sequences of {MAX_LEN} tokens, the static batch's worst case)"
     )
     print(
-        f"kvfleet continuous / kvfleet static, padded, same batch: {cont.tokens_per_s / padded.tokens_per_s:.2f}x "
+        f"kvfleet continuous / kvfleet static, padded, same batch: {cont.out_tps / padded.out_tps:.2f}x "
         "(target >= 2x; every row of a static batch steps until the batch's longest output, as a "
         "static-batching server computes it: the baseline of the Orca and vLLM papers)"
     )
     print(
-        f"kvfleet continuous / static, padded, same KV memory: {paged.tokens_per_s / padded.tokens_per_s:.2f}x "
+        f"kvfleet continuous / static, padded, same KV memory: {paged.out_tps / padded.out_tps:.2f}x "
         "(target >= 2x)"
     )
     print(
         f"attention backend {resolve_backend('auto', torch.device('cpu'))!r} (auto) / 'torch': "
-        f"{cont.tokens_per_s / reference.tokens_per_s:.2f}x"
+        f"{cont.out_tps / reference.out_tps:.2f}x"
     )
     print(step_bound(requests, args.batch_size))
     print_simulated(requests, args.batch_size, args.sim_gpu, args.sim_model)
