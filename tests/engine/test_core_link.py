@@ -13,6 +13,8 @@ import pytest
 
 from kvfleet.engine.core_link import HEADER, AsyncLink, BlockingLink, FrameReader, LinkClosed, frame
 
+from ..waiting import wait_until
+
 
 def test_a_frame_is_its_pickle_behind_an_eight_byte_length() -> None:
     data = frame(("add", [1, 2, 3]))
@@ -37,11 +39,20 @@ def test_the_reader_keeps_a_partial_frame_until_its_last_byte() -> None:
     assert reader.feed(wire[-1:]) == ["x" * 100]
 
 
+class Linked:
+    """An AsyncLink on the running loop over one end of a socket pair, recording what it receives and why it closed."""
+
+    def __init__(self) -> None:
+        self.ours, self.theirs = socket.socketpair()
+        self.got: list[Any] = []
+        self.closed: list[str] = []
+        loop = asyncio.get_running_loop()
+        self.link = AsyncLink(BlockingLink(self.ours), loop, self.got.append, self.closed.append)
+
+
 async def test_sending_far_more_than_the_socket_buffer_queues_instead_of_failing() -> None:
-    ours, theirs = socket.socketpair()
-    loop = asyncio.get_running_loop()
-    closed: list[str] = []
-    link = AsyncLink(BlockingLink(ours), loop, lambda m: None, closed.append)
+    pair = Linked()
+    ours, theirs, link, closed = pair.ours, pair.theirs, pair.link, pair.closed
     big = [list(range(20_000)) for _ in range(60)]  # ~6 MB of pickles, the buffers hold ~0.2-0.4 MB
     for i, ids in enumerate(big):
         link.send((i, ids))  # never raises, never blocks
@@ -49,10 +60,8 @@ async def test_sending_far_more_than_the_socket_buffer_queues_instead_of_failing
     peer, got = BlockingLink(theirs), []
     reading = threading.Thread(target=lambda: got.extend(peer.recv() for _ in big), daemon=True)
     reading.start()
-    for _ in range(500):  # bounded: the loop flushes as the peer reads
-        if not reading.is_alive():
-            break
-        await asyncio.sleep(0.01)
+    # bounded: the loop flushes as the peer reads
+    await wait_until(lambda: not reading.is_alive(), 500)
     assert [i for i, _ in got] == list(range(60)) and got[-1][1] == big[-1]
     assert (link.queued_bytes, closed) == (0, [])
     link.detach()
@@ -60,34 +69,23 @@ async def test_sending_far_more_than_the_socket_buffer_queues_instead_of_failing
 
 
 async def test_a_large_message_from_the_peer_arrives_whole_through_the_event_loop() -> None:
-    ours, theirs = socket.socketpair()
-    loop = asyncio.get_running_loop()
-    got: list[Any] = []
-    link = AsyncLink(BlockingLink(ours), loop, got.append, lambda reason: None)
+    pair = Linked()
+    ours, theirs, link, got = pair.ours, pair.theirs, pair.link, pair.got
     payload = ["token"] * 2_000_000  # ~4 MB: many reads, across several loop callbacks
     sender = threading.Thread(target=lambda: BlockingLink(theirs).send(payload), daemon=True)
     sender.start()
-    for _ in range(1000):
-        if got:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: got, 1000)
     assert got == [payload]
     link.detach()
     ours.close(), theirs.close()
 
 
 async def test_only_the_peer_closing_its_end_closes_the_link() -> None:
-    ours, theirs = socket.socketpair()
-    loop = asyncio.get_running_loop()
-    got: list[Any] = []
-    closed: list[str] = []
-    link = AsyncLink(BlockingLink(ours), loop, got.append, closed.append)
+    pair = Linked()
+    ours, theirs, link, got, closed = pair.ours, pair.theirs, pair.link, pair.got, pair.closed
     BlockingLink(theirs).send("last words")
     theirs.close()
-    for _ in range(200):
-        if closed:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: closed, 200)
     assert (got, closed) == (["last words"], ["end of stream"])
     link.send("to nobody")  # after the close: dropped, no error
     ours.close()

@@ -4,30 +4,21 @@ TenantQuota may name an adapter, and the CRD refuses duplicate adapter names."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.operator.config import OperatorConfig
-from kvfleet.operator.testing.apiserver import ApiServer, serve
-from kvfleet.operator.testing.cluster import User, inferenceservice, tenantquota
-from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator
+from kvfleet.operator.testing.apiserver import ApiServer
+from kvfleet.operator.testing.cluster import inferenceservice, tenantquota
+from kvfleet.operator.testing.harness import eventually, running_operator
 
 ISVC = "kvfleet.dev/v1alpha1/inferenceservices"
 TQ = "kvfleet.dev/v1alpha1/tenantquotas"
 DEPLOY = "apps/v1/deployments"
 CONFIG = OperatorConfig(namespaces=("default",), standalone=True, engine_image="kvfleet:test")
 ADAPTERS = [{"name": "sql", "uri": "pvc://loras/sql"}, {"name": "chat", "uri": "hf://acme/chat-lora@v1"}]
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[ApiServer, User]]:
-    async with serve() as server:
-        with kubeconfig_for(server, tmp_path) as client:
-            yield server, User(client)
 
 
 def condition(server: ApiServer, resource: str, name: str, kind: str) -> tuple[str, str, str] | None:

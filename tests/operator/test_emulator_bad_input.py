@@ -3,29 +3,20 @@ event, never a crash loop; refused specs never reach the operator; nothing accep
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.operator.config import OperatorConfig
-from kvfleet.operator.testing.apiserver import ApiServer, serve
-from kvfleet.operator.testing.cluster import User, inferenceservice, tenantquota
-from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator, settle
+from kvfleet.operator.testing.apiserver import ApiServer
+from kvfleet.operator.testing.cluster import inferenceservice, tenantquota
+from kvfleet.operator.testing.harness import eventually, running_operator, settle
 
 ISVC = "kvfleet.dev/v1alpha1/inferenceservices"
 TQ = "kvfleet.dev/v1alpha1/tenantquotas"
 DEPLOY = "apps/v1/deployments"
 CONFIG = OperatorConfig(namespaces=("default",), standalone=True, engine_image="kvfleet:test")
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[ApiServer, User]]:
-    async with serve() as server:
-        with kubeconfig_for(server, tmp_path) as client:
-            yield server, User(client)
 
 
 def conditions(server: ApiServer, resource: str, name: str) -> dict[str, tuple[str, str, str]]:

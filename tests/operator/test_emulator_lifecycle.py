@@ -40,6 +40,16 @@ class Cluster:
                 return dict(cond)
         return None
 
+    async def apply_and_await_children(self) -> None:
+        """Apply the default InferenceService and wait until the operator has made its children."""
+        await self.user.apply(inferenceservice())
+        await eventually(lambda: self.get(PDB), what="the children")
+
+    async def requests_once_quiet(self) -> int:
+        """Wait until the server has been quiet for half a second; then the number of requests it saw."""
+        await settle(self.server, quiet=0.5)
+        return len(self.server.requests)
+
     def writes(self, since: int = 0) -> list[tuple[str, str]]:
         """(method, path) of every write the server saw after request number ``since``."""
         methods = [(r.method.value.upper(), r.url.path) for r in self.server.requests[since:]]
@@ -83,10 +93,8 @@ async def test_applying_an_inferenceservice_creates_its_deployment_service_and_p
 
 async def test_scaling_and_changing_engine_args_patch_only_the_deployment(cluster: Cluster) -> None:
     async with running_operator(CONFIG):
-        await cluster.user.apply(inferenceservice())
-        await eventually(lambda: cluster.get(PDB), what="the children")
-        await settle(cluster.server, quiet=0.5)
-        before = len(cluster.server.requests)
+        await cluster.apply_and_await_children()
+        before = await cluster.requests_once_quiet()
         await cluster.user.scale("llama", 3)
         await eventually(lambda: (cluster.get(DEPLOY) or {})["spec"]["replicas"] == 3, what="3 replicas")
         engine = {"maxNumSeqs": 64, "prefixCaching": False}
@@ -115,8 +123,7 @@ async def test_a_ready_deployment_makes_the_inferenceservice_ready(cluster: Clus
 
 async def test_deleting_the_inferenceservice_deletes_its_children(cluster: Cluster) -> None:
     async with running_operator(CONFIG):
-        await cluster.user.apply(inferenceservice())
-        await eventually(lambda: cluster.get(PDB), what="the children")
+        await cluster.apply_and_await_children()
         await cluster.user.delete("inferenceservices", "llama")
         await eventually(lambda: cluster.get(ISVC) is None, what="the InferenceService gone")
     assert (cluster.get(DEPLOY), cluster.get(SERVICE), cluster.get(PDB)) == (None, None, None)
@@ -124,8 +131,7 @@ async def test_deleting_the_inferenceservice_deletes_its_children(cluster: Clust
 
 async def test_a_resync_with_nothing_changed_writes_nothing(cluster: Cluster) -> None:
     async with running_operator(CONFIG):
-        await cluster.user.apply(inferenceservice())
-        await eventually(lambda: cluster.get(PDB), what="the children")
+        await cluster.apply_and_await_children()
         await roll_out(cluster.client, "llama", ready=1)
         await eventually(lambda: (cluster.condition("Ready") or {}).get("status") == "True", what="Ready")
         await settle(cluster.server)
@@ -137,10 +143,8 @@ async def test_a_resync_with_nothing_changed_writes_nothing(cluster: Cluster) ->
 
 async def test_status_only_changes_do_not_rerender_children(cluster: Cluster) -> None:
     async with running_operator(CONFIG):
-        await cluster.user.apply(inferenceservice())
-        await eventually(lambda: cluster.get(PDB), what="the children")
-        await settle(cluster.server, quiet=0.5)
-        before = len(cluster.server.requests)
+        await cluster.apply_and_await_children()
+        before = await cluster.requests_once_quiet()
         await roll_out(cluster.client, "llama", ready=0)  # a Deployment status change alone
         await settle(cluster.server)
     child_writes = [w for w in cluster.writes(before) if "/inferenceservices/" not in w[1]]

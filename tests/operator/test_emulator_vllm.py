@@ -3,27 +3,15 @@ the Deployment runs vllm serve from the operator's vLLM image, its pods labelled
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kvfleet.operator.config import OperatorConfig
-from kvfleet.operator.testing.apiserver import ApiServer, serve
-from kvfleet.operator.testing.cluster import User, inferenceservice
-from kvfleet.operator.testing.harness import eventually, kubeconfig_for, running_operator
+from kvfleet.operator.testing.cluster import inferenceservice
+from kvfleet.operator.testing.harness import eventually, running_operator
 from kvfleet.protocol import LABEL_ENGINE_KIND
 
 DEPLOY = "apps/v1/deployments"
 CONFIG = OperatorConfig(namespaces=("default",), standalone=True, vllm_image="vllm/vllm-openai:test")
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[ApiServer, User]]:
-    async with serve() as server:
-        with kubeconfig_for(server, tmp_path) as client:
-            yield server, User(client)
 
 
 async def test_a_vllm_inference_service_becomes_a_vllm_serve_deployment_from_the_vllm_image(env: Any) -> None:

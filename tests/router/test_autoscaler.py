@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvfleet.resources import AutoscalingSpec
@@ -14,33 +16,35 @@ SPEC = AutoscalingSpec(
 ZERO = SPEC.model_copy(update={"scale_to_zero": True, "min_replicas": 0})
 
 
-@pytest.mark.parametrize(
-    ("spec", "inputs", "expected", "why"),
-    [
-        (SPEC, ScaleInputs(current=2, waiting=8, kv_usage=0.4, busy=4), 2, "8/2/4 = 1.0: on target"),
-        (
-            SPEC,
-            ScaleInputs(current=4, waiting=17, kv_usage=0.4, busy=8),
-            4,
-            "1.0625: inside the 10% tolerance",
-        ),
-        (SPEC, ScaleInputs(current=2, waiting=10, kv_usage=0.4, busy=4), 3, "1.25: ceil(2*1.25)=3"),
-        (SPEC, ScaleInputs(current=2, waiting=0, kv_usage=0.96, busy=4), 3, "kv 0.96/0.8 = 1.2: ceil(2.4)=3"),
-        (SPEC, ScaleInputs(current=4, waiting=2, kv_usage=0.2, busy=2), 1, "max(0.125, 0.25): ceil(1.0)=1"),
-        (SPEC, ScaleInputs(current=3, waiting=200, kv_usage=0.9, busy=9), 10, "clamped to maxReplicas"),
-        (SPEC, ScaleInputs(current=2, waiting=0, kv_usage=0.0, busy=0), 1, "idle, not below minReplicas"),
-        (SPEC, ScaleInputs(current=0, waiting=3, kv_usage=0.0, busy=0), 1, "from zero when a request waits"),
-        (
-            ZERO,
-            ScaleInputs(current=0, waiting=0, kv_usage=0.0, busy=0),
-            0,
-            "stays at zero with nothing waiting",
-        ),
-        (ZERO, ScaleInputs(current=0, waiting=50, kv_usage=0.0, busy=0), 1, "from zero: one replica first"),
-        (ZERO, ScaleInputs(current=2, waiting=0, kv_usage=0.0, busy=0), 0, "to zero with no work at all"),
-        (ZERO, ScaleInputs(current=2, waiting=0, kv_usage=0.01, busy=1), 1, "not to zero while one runs"),
-    ],
-)
+def case(
+    spec: AutoscalingSpec, current: int, waiting: int, kv_usage: float, busy: int, expected: int, why: str
+) -> Any:
+    """One row of the table: the spec, the ScaleInputs field by field, the replicas expected and why."""
+    inputs = ScaleInputs(current=current, waiting=waiting, kv_usage=kv_usage, busy=busy)
+    return pytest.param(spec, inputs, expected, why, id=why)
+
+
+# case(spec, current, waiting, kv_usage, busy, expected replicas, why): ratio and tolerance, bounds
+BOUNDED = [
+    case(SPEC, 2, 8, 0.4, 4, 2, "8/2/4 = 1.0: on target"),
+    case(SPEC, 4, 17, 0.4, 8, 4, "1.0625: inside the 10% tolerance"),
+    case(SPEC, 2, 10, 0.4, 4, 3, "1.25: ceil(2*1.25)=3"),
+    case(SPEC, 2, 0, 0.96, 4, 3, "kv 0.96/0.8 = 1.2: ceil(2.4)=3"),
+    case(SPEC, 4, 2, 0.2, 2, 1, "max(0.125, 0.25): ceil(1.0)=1"),
+    case(SPEC, 3, 200, 0.9, 9, 10, "clamped to maxReplicas"),
+    case(SPEC, 2, 0, 0.0, 0, 1, "idle, not below minReplicas"),
+    case(SPEC, 0, 3, 0.0, 0, 1, "from zero when a request waits"),
+]
+# with scale to zero: from and to zero replicas
+TO_ZERO = [
+    case(ZERO, 0, 0, 0.0, 0, 0, "stays at zero with nothing waiting"),
+    case(ZERO, 0, 50, 0.0, 0, 1, "from zero: one replica first"),
+    case(ZERO, 2, 0, 0.0, 0, 0, "to zero with no work at all"),
+    case(ZERO, 2, 0, 0.01, 1, 1, "not to zero while one runs"),
+]
+
+
+@pytest.mark.parametrize(("spec", "inputs", "expected", "why"), BOUNDED + TO_ZERO)
 def test_the_recommendation(spec: AutoscalingSpec, inputs: ScaleInputs, expected: int, why: str) -> None:
     assert recommend(spec, inputs) == expected, why
 

@@ -18,6 +18,7 @@ from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
 from kvfleet.testing.processes import free_port
 
+from ..waiting import wait_until
 from .fakes import FakeEngine, served
 
 KEY = "sk-alice-0123456789"
@@ -40,10 +41,7 @@ async def router(
         app = build_app(config)
         url = await stack.enter_async_context(served(app, free_port()))
         state = app.state.router
-        for _ in range(200):
-            if all(e.load is not None for e in state.fleet.engines.values()):
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: all(e.load is not None for e in state.fleet.engines.values()), 200, 0.02)
         yield url, state
 
 
@@ -151,10 +149,7 @@ async def test_two_hundred_concurrent_requests_admit_exactly_max_concurrent() ->
                     return r.status
 
             tasks = [asyncio.create_task(one()) for _ in range(200)]
-            for _ in range(3000):
-                if sum(t.done() for t in tasks) == 190 and engine.active == 10:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: sum(t.done() for t in tasks) == 190 and engine.active == 10, 3000)
             assert engine.active == 10
             gate.set()
             codes = await asyncio.gather(*tasks)
@@ -214,10 +209,7 @@ async def _stop_engine_at(port: int) -> None:
 
     server = RUNNING[port]
     server.should_exit = True
-    for _ in range(300):
-        if not server.started or server.should_exit and not server.servers:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: not server.started or server.should_exit and not server.servers, 300)
     await asyncio.sleep(0.2)
 
 
@@ -256,10 +248,7 @@ async def test_a_client_that_disconnects_cancels_the_upstream_stream() -> None:
             ) as r:
                 async for _ in r.aiter_bytes():
                     break
-        for _ in range(300):
-            if engine.aborted and state.quota.in_flight("alice") == 0:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: engine.aborted and state.quota.in_flight("alice") == 0, 300)
         assert engine.aborted == 1 and engine.active == 0
         assert state.quota.in_flight("alice") == 0
         assert state.metrics.requests.labels(model="tiny", tenant="alice", code="499")._value.get() == 1
@@ -273,18 +262,12 @@ async def test_requests_wait_while_every_engine_is_saturated_and_shed_at_the_dea
             auth = {"Authorization": f"Bearer {KEY}"}
             body = {"model": "tiny", "prompt": "x"}
             first = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
-            for _ in range(3000):
-                if engine.active:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: engine.active, 3000)
             shed = await http.post("/v1/completions", json=body, headers=auth)
             assert shed.status_code == 503 and shed.headers["retry-after"] == "1"
             assert shed.json()["error"]["code"] == "deadline"
             waiting = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
-            for _ in range(3000):
-                if state.waiting("tiny"):
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: state.waiting("tiny"), 3000)
             assert state.waiting("tiny") == 1
             engine.gate.set()
             assert (await first).status_code == 200

@@ -12,12 +12,15 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kvfleet.engine.attention.base import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import store_kv_reference
+from kvfleet.engine.kernels.linear import resolve_linear
 from kvfleet.engine.kernels.triton import paged_attention
 
 if not torch.cuda.is_available() and not paged_attention.INTERPRETED:
@@ -42,6 +45,27 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(before)
 
 
+def linear_case(rows: int, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (rows, k), weight (n, k) and bias (n,), drawn in that order from a generator seeded by the shape."""
+    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
+    return (
+        torch.randn(rows, k, generator=gen),
+        torch.randn(n, k, generator=gen),
+        torch.randn(n, generator=gen),
+    )
+
+
+def assert_packed_is_f_linear(
+    packed: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, tol: dict[str, float]
+) -> None:
+    """A packed weight equals ``F.linear`` without and with a bias, called itself and through ``resolve_linear``."""
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x, None), F.linear(x, weight), **tol)
+        torch.testing.assert_close(packed(x, bias), F.linear(x, weight, bias), **tol)
+        # through the model's entry point (at more rows than the native few-row kernel takes, too)
+        torch.testing.assert_close(resolve_linear(weight, bias, packed)(x), F.linear(x, weight, bias), **tol)
+
+
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,6 +79,25 @@ class PagedBatch:
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     meta: AttentionMetadata
+
+
+def heads(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> dict[str, int]:
+    """A batch's attention shape, as ``make_paged_batch`` takes it: ``paged_batch(seqs, **heads(4, 2, 64, 16))``."""
+    return {
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "block_size": block_size,
+    }
+
+
+# MHA, GQA 2 and GQA 4 (num_heads, num_kv_heads, head_dim, block_size): every paged-attention kernel checks these
+MHA_GQA2_GQA4 = ((2, 2, 64, 16), (4, 2, 128, 8), (8, 2, 64, 32))
+
+
+def shapes(*rows: tuple[int, int, int, int]) -> list[Any]:
+    """(num_heads, num_kv_heads, head_dim, block_size) rows as values of a ``shape`` parameter, id'd by the row."""
+    return [pytest.param(heads(*row), id="-".join(map(str, row))) for row in rows]
 
 
 def make_paged_batch(

@@ -12,14 +12,14 @@ import torch
 from kvfleet.engine.attention.torch_backend import paged_attention_reference, store_kv_reference
 from kvfleet.engine.kernels.triton.kv_store import store_kv
 
-from .conftest import run_triton
+from .conftest import heads, run_triton, shapes
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-LLAMA3_8B = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
+LLAMA3_8B = heads(32, 8, 128, 16)
 
 
 def _mixed_batch_of_32(max_len: int = 4096, seed: int = 0) -> list[tuple[int, int]]:
@@ -69,24 +69,13 @@ def test_llama3_8b_decode_batch_of_128_matches_the_reference(paged_batch: Callab
     )
 
 
-@pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
-    [(32, 8, 64, 8), (28, 4, 128, 32), (16, 16, 256, 16), (8, 2, 96, 16)],
-)
+@pytest.mark.parametrize("shape", shapes((32, 8, 64, 8), (28, 4, 128, 32), (16, 16, 256, 16), (8, 2, 96, 16)))
 def test_other_tile_configurations_compile_and_match_the_reference(
-    paged_batch: Callable, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+    paged_batch: Callable, shape: dict[str, int]
 ) -> None:
     seqs = [(700, 700), (2000, 64), (1500, 1), (17, 1), (33, 33)]
-    batch = paged_batch(
-        seqs,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        block_size=block_size,
-        dtype=torch.bfloat16,
-        device="cuda",
-    )
-    scale = head_dim**-0.5
+    batch = paged_batch(seqs, **shape, dtype=torch.bfloat16, device="cuda")
+    scale = shape["head_dim"] ** -0.5
     _assert_close_bf16(
         run_triton(batch, scale),
         paged_attention_reference(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale),

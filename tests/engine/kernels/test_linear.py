@@ -16,7 +16,7 @@ from kvfleet.engine.kernels import linear
 from kvfleet.engine.kernels.linear import few_rows, resolve_linear, skinny_weight
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS, NativeLinear, load_linear
 
-from .conftest import needs_compiler
+from .conftest import linear_case, needs_compiler
 
 # float32 sums in another order than MKL's: relative to the size of the terms
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -36,10 +36,8 @@ def native() -> NativeLinear:
 def test_every_row_count_and_ragged_shape_matches_f_linear(
     native: NativeLinear, threads: int, rows: int, k: int, n: int, bias: bool
 ) -> None:
-    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
-    x = torch.randn(rows, k, generator=gen)
-    weight = torch.randn(n, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias else None
+    x, weight, some_bias = linear_case(rows, k, n)
+    b = some_bias if bias else None
     torch.testing.assert_close(native(x, weight, b), F.linear(x, weight, b), **TOL)
 
 

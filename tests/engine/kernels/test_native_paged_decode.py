@@ -25,7 +25,7 @@ from kvfleet.engine.kernels.native import build, paged_decode
 from kvfleet.engine.kernels.native.paged_decode import PagedCache
 from kvfleet.engine.runner import resolve_backend
 
-from .conftest import needs_compiler
+from .conftest import MHA_GQA2_GQA4, heads, needs_compiler, shapes
 
 DECODES = [(9, 1), (1, 1), (33, 1), (16, 1), (70, 1), (17, 1)]
 # (seq_len, query_len): a whole prefill, a chunked prefill across a block boundary, decodes
@@ -54,32 +54,24 @@ def _cpu(batch, scale: float, window: int | None = None) -> torch.Tensor:  # typ
 @needs_compiler
 @pytest.mark.parametrize("seqs", [DECODES, MIXED], ids=["decodes", "mixed"])
 @pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
-    [
-        (2, 2, 64, 16),  # MHA
-        (4, 2, 128, 8),  # GQA 2
-        (8, 2, 64, 32),  # GQA 4
+    "shape",
+    shapes(
+        *MHA_GQA2_GQA4,
         (8, 1, 32, 16),  # GQA 8, the tiny model's head size
         (4, 1, 80, 8),  # head_dim without a specialised copy
         (7, 1, 64, 1),  # GQA 7 (Qwen2-7B's ratio); one token per block
         (3, 3, 17, 4),  # odd head_dim, no GQA
-    ],
+    ),
 )
 def test_decodes_among_prefills_match_the_reference_without_reading_unowned_slots(
-    paged_batch: Callable,
-    seqs: list[tuple[int, int]],
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
+    paged_batch: Callable, seqs: list[tuple[int, int]], shape: dict[str, int]
 ) -> None:
     # unowned slots hold NaN (make_paged_batch): one read of them would poison a whole row
-    batch = paged_batch(
-        seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size
-    )
-    out = _cpu(batch, head_dim**-0.5)
+    batch = paged_batch(seqs, **shape)
+    scale = shape["head_dim"] ** -0.5
+    out = _cpu(batch, scale)
     assert out.shape == batch.q.shape and not out.isnan().any()
-    torch.testing.assert_close(out, _reference(batch, head_dim**-0.5), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(out, _reference(batch, scale), atol=2e-5, rtol=2e-5)
 
 
 @needs_compiler
@@ -93,9 +85,7 @@ def test_the_portable_loops_match_the_reference_where_the_cpu_has_vector_code_fo
     # built without AVX-512, the kernel runs the portable loops that CPUs without it get
     portable, reason = paged_decode.build_kernel((*build.FLAGS, "-mno-avx512f"))
     assert portable is not None, reason
-    batch = paged_batch(
-        DECODES, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=8
-    )
+    batch = paged_batch(DECODES, **heads(num_heads, num_kv_heads, head_dim, 8))
     meta, out = batch.meta, torch.empty_like(batch.q)
     everyone = torch.arange(len(DECODES), dtype=torch.int64)
     paged = PagedCache(batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
@@ -106,13 +96,7 @@ def test_the_portable_loops_match_the_reference_where_the_cpu_has_vector_code_fo
 @needs_compiler
 @pytest.mark.parametrize("window", [1, 5, 16, 40, 1000])
 def test_a_sliding_window_reads_only_the_last_window_keys(paged_batch: Callable, window: int) -> None:
-    batch = paged_batch(
-        [(155, 1), (120, 40), (70, 1), (5, 1), (33, 1)],
-        num_heads=8,
-        num_kv_heads=2,
-        head_dim=64,
-        block_size=16,
-    )
+    batch = paged_batch([(155, 1), (120, 40), (70, 1), (5, 1), (33, 1)], **heads(8, 2, 64, 16))
     out = _cpu(batch, 0.125, window)
     torch.testing.assert_close(out, _reference(batch, 0.125, window), atol=2e-5, rtol=2e-5)
 

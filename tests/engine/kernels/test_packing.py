@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from kvfleet.engine.kernels import packing
-from kvfleet.engine.kernels.linear import resolve_linear
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight
+
+from .conftest import assert_packed_is_f_linear, linear_case
 
 needs_onednn = pytest.mark.skipif(
     not OnednnPackedWeight.available(), reason="this torch build has no oneDNN linear"
@@ -31,19 +32,10 @@ TOL = dict(
 @pytest.mark.parametrize("rows", [1, 17, 100, 513])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33)])
 def test_the_onednn_packed_matmul_equals_f_linear(threads: int, rows: int, k: int, n: int) -> None:
-    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
-    x, weight, bias = (
-        torch.randn(rows, k, generator=gen),
-        torch.randn(n, k, generator=gen),
-        torch.randn(n, generator=gen),
-    )
+    x, weight, bias = linear_case(rows, k, n)
     packed = OnednnPackedWeight.pack(weight)
     assert packed is not None and (packed.out_features, packed.in_features) == (n, k)
-    with torch.inference_mode():
-        torch.testing.assert_close(packed(x, None), F.linear(x, weight), **TOL)
-        torch.testing.assert_close(packed(x, bias), F.linear(x, weight, bias), **TOL)
-        # through the model's entry point: more rows than the native few-row kernel takes
-        torch.testing.assert_close(resolve_linear(weight, bias, packed)(x), F.linear(x, weight, bias), **TOL)
+    assert_packed_is_f_linear(packed, x, weight, bias, TOL)
 
 
 @pytest.mark.parametrize("kind", sorted(packing.PACKERS))

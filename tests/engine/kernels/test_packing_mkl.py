@@ -21,6 +21,8 @@ from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing import mkl
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 
+from .conftest import linear_case
+
 needs_mkl = pytest.mark.skipif(not MklPackedWeight.available(), reason="this torch build has no MKL pack API")
 # float32 sums in another order: relative to the size of the terms
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -36,8 +38,7 @@ def packed_of(weight: torch.Tensor) -> MklPackedWeight:
 @pytest.mark.parametrize("rows", [1, 17, 100, 513])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33), (8, 49)])
 def test_the_packed_matmul_equals_f_linear(threads: int, rows: int, k: int, n: int) -> None:
-    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
-    x, weight = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
+    x, weight, _ = linear_case(rows, k, n)
     with torch.inference_mode():
         torch.testing.assert_close(packed_of(weight)(x, None), F.linear(x, weight), **TOL)
 

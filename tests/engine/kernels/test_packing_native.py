@@ -18,6 +18,8 @@ from kvfleet.engine.kernels.linear import resolve_linear
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 
+from .conftest import assert_packed_is_f_linear, linear_case
+
 pytestmark = pytest.mark.skipif(
     not NativePackedWeight.available(), reason="the native library does not build here"
 )
@@ -41,18 +43,10 @@ def test_the_panels_hold_16_columns_k_major_and_zeros_past_the_last_column() -> 
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 17, 32, 100, 513])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (1536, 576), (64, 1), (37, 33), (8, 49)])
 def test_the_packed_matmul_equals_f_linear(threads: int, rows: int, k: int, n: int) -> None:
-    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
-    x, weight, bias = (
-        torch.randn(rows, k, generator=gen),
-        torch.randn(n, k, generator=gen),
-        torch.randn(n, generator=gen),
-    )
+    x, weight, bias = linear_case(rows, k, n)
     packed = packed_of(weight)
     assert (packed.out_features, packed.in_features) == (n, k)
-    with torch.inference_mode():
-        torch.testing.assert_close(packed(x, None), F.linear(x, weight), **TOL)
-        torch.testing.assert_close(packed(x, bias), F.linear(x, weight, bias), **TOL)
-        torch.testing.assert_close(resolve_linear(weight, bias, packed)(x), F.linear(x, weight, bias), **TOL)
+    assert_packed_is_f_linear(packed, x, weight, bias, TOL)
 
 
 def test_a_rows_output_is_the_same_bits_whatever_else_is_in_the_batch(threads: int) -> None:

@@ -16,6 +16,17 @@ def computed(kv: KVCacheManager, s: Sequence, num_tokens: int) -> None:
     kv.cache_computed_blocks(s)
 
 
+def prefilled(
+    num_blocks: int, num_tokens: int, request_id: str, **options: bool
+) -> tuple[KVCacheManager, Sequence]:
+    """A manager of ``num_blocks`` 4-token blocks holding a prompt of tokens 0..num_tokens-1, allocated and computed."""
+    kv = KVCacheManager(num_blocks=num_blocks, block_size=4, **options)
+    s = seq(list(range(num_tokens)), request_id)
+    kv.allocate_slots(s, num_tokens)
+    computed(kv, s, num_tokens)
+    return kv, s
+
+
 def test_a_prompt_gets_exactly_the_blocks_its_tokens_need_and_decode_grows_one_block_at_a_time() -> None:
     kv = KVCacheManager(num_blocks=10, block_size=4)
     a = seq(list(range(10)))
@@ -55,10 +66,7 @@ def test_a_shared_prefix_is_served_from_the_cache_with_reference_counts_and_coun
 
 
 def test_a_hit_never_covers_the_whole_prompt_so_the_last_token_is_recomputed() -> None:
-    kv = KVCacheManager(num_blocks=10, block_size=4)
-    a = seq(list(range(8)), "a")
-    kv.allocate_slots(a, 8)
-    computed(kv, a, 8)
+    kv, a = prefilled(10, 8, "a")
     same = seq(list(range(8)), "b")
     hit = kv.find_cached_prefix(same)
     assert (hit.block_ids, hit.num_tokens) == ((0,), 4)
@@ -93,10 +101,7 @@ def test_free_returns_a_sequence_tail_first_so_its_tail_is_evicted_first() -> No
 
 
 def test_freeing_one_of_two_sharers_keeps_the_shared_blocks_in_use() -> None:
-    kv = KVCacheManager(num_blocks=8, block_size=4)
-    a = seq(list(range(9)), "a")
-    kv.allocate_slots(a, 9)
-    computed(kv, a, 9)
+    kv, a = prefilled(8, 9, "a")
     b = seq(list(range(9)), "b")
     assert kv.allocate_slots(b, 1, kv.find_cached_prefix(b)) == [3]
     assert b.block_ids == [0, 1, 3]
@@ -108,10 +113,7 @@ def test_freeing_one_of_two_sharers_keeps_the_shared_blocks_in_use() -> None:
 
 
 def test_a_fork_shares_the_full_prompt_blocks_before_the_last_prompt_token() -> None:
-    kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
-    parent = seq(list(range(10)), "r")
-    kv.allocate_slots(parent, 10)
-    computed(kv, parent, 10)
+    kv, parent = prefilled(8, 10, "r", enable_prefix_caching=False)
     child = Sequence("r", parent.prompt_token_ids, parent.params, index=1)
     assert kv.fork(parent, child) == 8
     assert (child.block_ids, child.num_computed_tokens) == ([0, 1], 8)
@@ -121,10 +123,7 @@ def test_a_fork_shares_the_full_prompt_blocks_before_the_last_prompt_token() -> 
 
 
 def test_a_fork_of_a_block_aligned_prompt_recomputes_the_whole_last_block() -> None:
-    kv = KVCacheManager(num_blocks=8, block_size=4)
-    parent = seq(list(range(8)), "r")
-    kv.allocate_slots(parent, 8)
-    computed(kv, parent, 8)
+    kv, parent = prefilled(8, 8, "r")
     child = Sequence("r", parent.prompt_token_ids, parent.params, index=1)
     assert kv.fork(parent, child) == 4
     assert child.block_ids == [0]

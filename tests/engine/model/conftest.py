@@ -25,11 +25,25 @@ PROMPTS = [
     [256] + list(range(40, 69)),
     [256, 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211],
 ]
-COMMON: dict[str, Any] = dict(
-    vocab_size=259,
-    hidden_size=64,
-    intermediate_size=160,
-    num_hidden_layers=2,
+
+
+def model_shape(
+    hidden_size: int, intermediate_size: int, num_hidden_layers: int, **more: Any
+) -> dict[str, Any]:
+    """A transformers config's size keywords over the tiny byte-level vocabulary (256 bytes and 3 specials)."""
+    return dict(
+        vocab_size=259,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        **more,
+    )
+
+
+COMMON = model_shape(
+    64,
+    160,
+    2,
     max_position_embeddings=256,
     initializer_range=0.2,
     bos_token_id=BOS_ID,

@@ -3,6 +3,7 @@ transformers' greedy generate: mixed batches, chunked prefill, preemption and pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,17 @@ BACKENDS = ["torch", "triton", "cpu"]
 def prompts_for(backend: str) -> list[list[int]]:
     """Triton runs interpreted on the CPU: a short and a long prompt are enough to cover it."""
     return PROMPTS if backend != "triton" else [PROMPTS[0], PROMPTS[2]]
+
+
+@pytest.fixture
+def llm_of(hf_checkpoints: dict[str, Path]) -> Callable[..., tuple[Path, LLM]]:
+    """A variant's checkpoint folder and an ``LLM`` over it on ``backend``, with the engine ``options``."""
+
+    def make(variant: str, backend: str, **options: int) -> tuple[Path, LLM]:
+        folder = hf_checkpoints[variant]
+        return folder, LLM(model=str(folder), attention_backend=backend, **options)
+
+    return make
 
 
 def tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -53,20 +65,18 @@ def record_plans(llm: LLM) -> list[SchedulerPlan]:
     ],
 )
 def test_a_batch_of_mixed_prompt_lengths_through_llm_generate_matches_transformers(
-    variant: str, backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+    variant: str, backend: str, llm_of: Callable[..., tuple[Path, LLM]], hf_greedy: Any
 ) -> None:
-    folder = hf_checkpoints[variant]
-    llm = LLM(model=str(folder), attention_backend=backend, num_kv_blocks=64)
+    folder, llm = llm_of(variant, backend, num_kv_blocks=64)
     prompts = prompts_for(backend)
     assert tokens(llm, prompts) == [hf_greedy(folder, p, NEW_TOKENS) for p in prompts]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_prefill_under_a_small_token_budget_matches_transformers(
-    backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+    backend: str, llm_of: Callable[..., tuple[Path, LLM]], hf_greedy: Any
 ) -> None:
-    folder = hf_checkpoints["qwen2-tied"]
-    llm = LLM(model=str(folder), attention_backend=backend, num_kv_blocks=64, max_num_batched_tokens=8)
+    folder, llm = llm_of("qwen2-tied", backend, num_kv_blocks=64, max_num_batched_tokens=8)
     plans = record_plans(llm)
     prompts = prompts_for(backend)
     assert tokens(llm, prompts) == [hf_greedy(folder, p, NEW_TOKENS) for p in prompts]
@@ -77,23 +87,21 @@ def test_chunked_prefill_under_a_small_token_budget_matches_transformers(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_preemption_under_a_tiny_kv_budget_recomputes_to_the_same_tokens(
-    backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+    backend: str, llm_of: Callable[..., tuple[Path, LLM]], hf_greedy: Any
 ) -> None:
-    folder = hf_checkpoints["llama-gqa-llama3-sharded"]
+    folder, llm = llm_of("llama-gqa-llama3-sharded", backend, num_kv_blocks=7, block_size=4)
     # Three 8-token prompts fill 6 of 7 four-token blocks; the first decode steps need a third
     # block each, so the latest sequence is preempted and recomputed later.
     prompts = [[256] + [10 * i + j for j in range(7)] for i in range(3)]
-    llm = LLM(model=str(folder), attention_backend=backend, num_kv_blocks=7, block_size=4)
     assert tokens(llm, prompts) == [hf_greedy(folder, p, NEW_TOKENS) for p in prompts]
     assert llm.engine.stats().num_preemptions > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_second_request_sharing_a_prefix_hits_the_cache_and_decodes_the_same_tokens(
-    backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+    backend: str, llm_of: Callable[..., tuple[Path, LLM]], hf_greedy: Any
 ) -> None:
-    folder = hf_checkpoints["qwen2-tied"]
-    llm = LLM(model=str(folder), attention_backend=backend, num_kv_blocks=64, block_size=4)
+    folder, llm = llm_of("qwen2-tied", backend, num_kv_blocks=64, block_size=4)
     first = PROMPTS[2]
     second = first[:12] + [7, 8, 9, 10, 11]  # the first 3 blocks are the first prompt's
     assert tokens(llm, [first]) == [hf_greedy(folder, first, NEW_TOKENS)]

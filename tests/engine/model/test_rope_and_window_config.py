@@ -14,14 +14,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, _compute_dynam
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies
 
-SHAPE: dict[str, Any] = dict(
-    vocab_size=259,
-    hidden_size=128,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-)
+from .conftest import model_shape
+
+SHAPE = model_shape(128, 64, 4, num_attention_heads=4, num_key_value_heads=4)
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 ROPES = {
     "linear": {"rope_type": "linear", "factor": 2.5},

@@ -27,6 +27,7 @@ from kvfleet.router.gateway_config import GatewayConfig
 from kvfleet.router.prefix import tenant_cache_salt
 from kvfleet.router.usage import UsageLog
 
+from ...waiting import wait_until
 from ..fakes import FakeEngine
 from .stack import ALPHA, BETA, Stack, gateway, tenant
 
@@ -127,10 +128,8 @@ async def test_a_request_through_envoy_leaves_one_usage_record(stack: Stack, tmp
             model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
         )
         assert [c async for c in chunks]
-        for _ in range(250):  # ext_proc settles once Envoy reports the end of the response
-            if stack.counted("alpha", "200") > answered:
-                break
-            await asyncio.sleep(0.02)
+        # ext_proc settles once Envoy reports the end of the response
+        await wait_until(lambda: stack.counted("alpha", "200") > answered, 250, 0.02)
     finally:
         stack.state.usage_log.close()
         stack.state.usage_log = None
@@ -255,18 +254,12 @@ async def test_requests_queue_inside_ext_proc_and_are_shed_at_the_deadline_by_en
     ):
         auth, body = {"authorization": f"Bearer {ALPHA}"}, {"model": "tiny", "prompt": "x"}
         first = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
-        for _ in range(300):
-            if engine.active:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: engine.active, 300)
         shed = await http.post("/v1/completions", json=body, headers=auth)
         assert (shed.status_code, shed.headers["retry-after"]) == (503, "1")
         assert shed.json()["error"]["code"] == "deadline"
         waiting = asyncio.create_task(http.post("/v1/completions", json=body, headers=auth))
-        for _ in range(300):
-            if s.state.waiting("tiny"):
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: s.state.waiting("tiny"), 300)
         assert s.state.waiting("tiny") == 1  # held by the router while Envoy waits on ext_proc
         engine.gate.set()
         assert [(await first).status_code, (await waiting).status_code] == [200, 200]

@@ -62,6 +62,15 @@ REQUEST = {":method": "POST", ":path": "/v1/completions", "authorization": "Bear
 BODY = b'{"model": "tiny", "prompt": "hi"}'
 
 
+def _exchange(*response: ProcessingRequest) -> list[ProcessingRequest]:
+    """What Envoy sends of a conversation: REQUEST's headers, its whole BODY, then ``response``'s messages."""
+    return [
+        ProcessingRequest(request_headers=_headers(REQUEST)),
+        ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
+        *response,
+    ]
+
+
 async def _converse(
     gate: ScriptedGate, messages: list[ProcessingRequest], consumed: list[ProcessingRequest] | None = None
 ) -> list[ProcessingResponse]:
@@ -89,10 +98,7 @@ async def test_an_admitted_request_goes_to_its_models_cluster_engine_first_witho
     gate = ScriptedGate(Ticket())
     replies = await _converse(
         gate,
-        [
-            ProcessingRequest(request_headers=_headers(REQUEST)),
-            ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
-        ],
+        _exchange(),
     )
     assert gate.seen == [(REQUEST, BODY)]
     assert replies[0].request_headers is not None and replies[0].request_headers.response is None
@@ -109,10 +115,7 @@ async def test_a_body_the_router_rewrites_goes_upstream_with_its_own_length() ->
     rewritten = b'{"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": true}}'
     replies = await _converse(
         ScriptedGate(Ticket(upstream_body=rewritten)),
-        [
-            ProcessingRequest(request_headers=_headers(REQUEST)),
-            ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
-        ],
+        _exchange(),
     )
     body = replies[1].request_body
     assert body is not None and body.response is not None and body.response.body_mutation is not None
@@ -125,11 +128,9 @@ async def test_a_refusal_is_an_immediate_response_and_ends_the_conversation() ->
     consumed: list[ProcessingRequest] = []
     replies = await _converse(
         ScriptedGate(refusal),
-        [
-            ProcessingRequest(request_headers=_headers(REQUEST)),
-            ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
+        _exchange(
             ProcessingRequest(response_headers=_headers({":status": "200"})),
-        ],
+        ),
         consumed,
     )
     assert (len(consumed), len(replies)) == (2, 2)
@@ -148,16 +149,14 @@ async def test_the_response_streams_past_the_ticket_which_is_finished_once_at_it
     ticket = Ticket()
     replies = await _converse(
         ScriptedGate(ticket),
-        [
-            ProcessingRequest(request_headers=_headers(REQUEST)),
-            ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
+        _exchange(
             ProcessingRequest(
                 response_headers=_headers({":status": "200", "content-type": "text/event-stream"})
             ),
             ProcessingRequest(response_body=HttpBody(body=b"data: 1\n\n")),
             ProcessingRequest(response_body=HttpBody(body=b"shout: 2\n\n")),
             ProcessingRequest(response_body=HttpBody(body=b"", end_of_stream=True)),
-        ],
+        ),
     )
     assert ticket.statuses == [200]
     assert _set(replies[2], "response_headers") == {"x-kvfleet-engine": "10.0.0.7:8000"}
@@ -181,12 +180,10 @@ async def test_a_stream_cut_before_the_response_ended_still_finishes_the_ticket_
     ticket = Ticket()
     await _converse(
         ScriptedGate(ticket),
-        [
-            ProcessingRequest(request_headers=_headers(REQUEST)),
-            ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
+        _exchange(
             ProcessingRequest(response_headers=_headers({":status": "200"})),
             ProcessingRequest(response_body=HttpBody(body=b"data: 1\n\n")),
-        ],
+        ),
     )
     assert ticket.outcomes == [Outcome(status=200, complete=False)]
 
@@ -205,10 +202,8 @@ async def test_a_response_without_a_body_finishes_the_ticket_on_its_headers() ->
     ticket = Ticket()
     await _converse(
         ScriptedGate(ticket),
-        [
-            ProcessingRequest(request_headers=_headers(REQUEST)),
-            ProcessingRequest(request_body=HttpBody(body=BODY, end_of_stream=True)),
+        _exchange(
             ProcessingRequest(response_headers=_headers({":status": "204"}, end_of_stream=True)),
-        ],
+        ),
     )
     assert ticket.outcomes == [Outcome(status=204, complete=True)]
