@@ -20,6 +20,7 @@ import orjson
 
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
+from kvfleet.router.metrics import record_slis
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
@@ -240,6 +241,7 @@ class Exchange:
         if slo.ttft_ms is None and slo.tpot_ms is None:
             return
         if self.req.stream:
+            record_slis(m, model, tenant, (slo.ttft_ms, slo.tpot_ms), ttft, self.gaps)
             met = (slo.ttft_ms is None or ttft * 1000 <= slo.ttft_ms) and (
                 slo.tpot_ms is None or tpot * 1000 <= slo.tpot_ms
             )

@@ -3,7 +3,8 @@
 Names are the contract with the dashboards and rules; each series is labelled by
 model and tenant as the client sees the request. Goodput is
 ``kvfleet_router_slo_requests_total{met="true"}``: requests that met their
-InferenceService's TTFT and TPOT targets. Requests naming a LoRA adapter are counted
+InferenceService's TTFT and TPOT targets; the SLO rules judge TTFT and inter-token latency apart,
+from ``kvfleet_router_sli_events_total{sli, good}`` (:func:`record_slis`). Requests naming a LoRA adapter are counted
 again by adapter (``kvfleet_router_adapter_*``); only adapters an engine is configured with
 get a series, so a client cannot mint label values.
 """
@@ -73,6 +74,13 @@ class RouterMetrics:
             [*mt, "met"],
             registry=r,
         )
+        self.sli_events = Counter(
+            "kvfleet_router_sli_events",
+            "Service-level-indicator events by whether each met its spec.slo target: sli=ttft, one per "
+            "streamed request (its first token within ttftMs); sli=itl, one per inter-token gap (within tpotMs)",
+            [*mt, "sli", "good"],
+            registry=r,
+        )
         self.adapter_requests = Counter(
             "kvfleet_router_adapter_requests",
             "Requests naming a LoRA adapter, by status code",
@@ -118,3 +126,22 @@ class RouterMetrics:
     def reject(self, model: str, tenant: str, reason: str, code: int) -> None:
         self.child(self.rejections, model, tenant, reason).inc()
         self.child(self.requests, model, tenant, str(code)).inc()
+
+
+def record_slis(m: RouterMetrics, model: str, tenant: str, targets: tuple[int | None, int | None],
+                ttft_s: float, gaps_s: list[float]) -> None:  # fmt: skip
+    """One streamed request's SLI events against ``targets`` (ttftMs, tpotMs; None: not judged): its
+    time to first token, and each of its inter-token gaps (the ITL SLI counts gaps, not requests,
+    so one long stall in a long answer spends budget as a user feels it)."""
+    ttft_ms, itl_ms = targets
+    if ttft_ms is not None:
+        _count(m, model, tenant, "ttft", int(ttft_s * 1000 <= ttft_ms), 1)
+    if itl_ms is not None and gaps_s:
+        _count(m, model, tenant, "itl", sum(1 for gap in gaps_s if gap * 1000 <= itl_ms), len(gaps_s))
+
+
+def _count(m: RouterMetrics, model: str, tenant: str, sli: str, good: int, events: int) -> None:
+    """``good`` of ``events`` met the target; both series exist from the first event on (at 0 where
+    none), so the rules' error ratio is 0, not absent, while every event is good."""
+    m.child(m.sli_events, model, tenant, sli, "true").inc(good)
+    m.child(m.sli_events, model, tenant, sli, "false").inc(events - good)
