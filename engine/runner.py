@@ -3,7 +3,8 @@
 Where it sits: ``Engine.step()`` calls ``ModelRunner.execute(plan)`` (the ``Runner``
 protocol of ``engine/interfaces.py``) after ``Scheduler.schedule()``. The runner owns the
 model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_size,
-kv_heads, head_dim)); it flattens the plan (:mod:`kvfleet.engine.batch`), runs the model
+kv_heads, head_dim), plus one null block at the end where the decode path runs,
+``engine/decode_path.py``); decode steps go through that path, the others: it flattens the plan (:mod:`kvfleet.engine.batch`), runs the model
 under ``torch.inference_mode`` and samples.
 
 :func:`build_runner` is the one entry point the Engine uses: it resolves the model name, loads
