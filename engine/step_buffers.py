@@ -86,9 +86,12 @@ class StepBuffers:
         self._np["sample_rows"][:] = np.arange(max_seqs)
         self._np["query_start_loc"][:] = np.arange(max_seqs + 1)
         self._np["block_tables"][:] = null_block
-        self._copied: torch.cuda.Event | None = (
-            None  # the last copy, on CUDA: the host buffer is busy until it ends
-        )
+        # Every row is padding until a step fills it: a warm-up or capture before the first step
+        # writes only the null slot.
+        self._np["slot_mapping"][:] = self.null_slot
+        self._np["seq_lens"][:] = 1
+        # The last copy, on CUDA: the host buffer is busy until it ends.
+        self._copied: torch.cuda.Event | None = None
         self._copy(max_seqs)
 
     @property
