@@ -168,6 +168,19 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="a structured-output request whose grammar is not compiled in S seconds is a 400",
     )
     e.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="decode steps without CUDA graphs (engine/cuda_graphs.py)",
+    )
+    e.add_argument(
+        "--cuda-graph-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... up to --max-num-seqs)",
+    )
+    e.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=int,

@@ -53,6 +53,11 @@ class EngineConfig(BaseModel):
     distributed_timeout_seconds: float = Field(default=30.0, gt=0.0)
     # Structured outputs (engine/structured): a grammar not compiled in this many seconds is a 400.
     structured_outputs_compile_timeout: float = Field(default=30.0, gt=0.0)
+    # vLLM's flags (engine/cuda_graphs.py): enforce_eager runs decode steps without CUDA graphs;
+    # cuda_graph_sizes are the decode batch sizes captured (None: 1, 2, 4, 8, 16, ... up to max_num_seqs);
+    # given on the CPU, decode batches are padded to them there too (no graphs: a plain call)
+    enforce_eager: bool = False
+    cuda_graph_sizes: list[int] | None = None
     # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 

@@ -3,7 +3,8 @@
 Where it sits: ``Engine.step()`` calls ``ModelRunner.execute(plan)`` (the ``Runner``
 protocol of ``engine/interfaces.py``) after ``Scheduler.schedule()``. The runner owns the
 model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_size,
-kv_heads, head_dim)); it flattens the plan (:mod:`kvfleet.engine.batch`), runs the model
+kv_heads, head_dim), plus one null block at the end where the decode path runs,
+``engine/decode_path.py``); decode steps go through that path, the others: it flattens the plan (:mod:`kvfleet.engine.batch`), runs the model
 under ``torch.inference_mode`` and samples.
 
 :func:`build_runner` is the one entry point the Engine uses: it resolves the model name, loads
@@ -38,6 +39,7 @@ from kvfleet.capacity import check_engine_fits, model_shape_from_config
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.decode_path import DecodePath, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
@@ -167,13 +169,20 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(config, self.model_config)
         self.backend = get_backend(backend)
         self.block_size = config.block_size
-        self._num_blocks = self._count_kv_blocks()
         kv_heads = self.model_config.num_kv_heads if self.shard is None else self.shard.kv_heads.size
-        shape = (2, self._num_blocks, self.block_size, kv_heads, self.model_config.head_dim)
+        shape = (2, 1, self.block_size, kv_heads, self.model_config.head_dim)
+        setup = decode_setup(config, self.device, backend, self.model_config, self.max_model_len)
+        self._graph_bytes = 0 if setup is None else setup.measure(self.model, self.backend, shape)
+        self._num_blocks = self._count_kv_blocks()
+        null_blocks = 0 if setup is None else 1  # the decode path's padding rows write the last block
+        shape = (2, self._num_blocks + null_blocks, *shape[2:])
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device)
             for _ in range(self.model_config.num_layers)
         ]
+        self.decode: DecodePath | None = None
+        if setup is not None:
+            self.decode = setup.build(self.model, self.kv_caches, self.backend, null_block=self._num_blocks)
         self.sampler = Sampler(config.seed, self.device)
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
@@ -240,12 +249,18 @@ class ModelRunner:
     def _cuda_kv_budget(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
         return gpu_kv_budget(
-            self.config, self.model_path, self.dtype, self.max_model_len, used=total - free, total=total
-        )
+            self.config, self.model_path, self.dtype, self.max_model_len,
+            used=total - free + self._graph_bytes, total=total,
+        )  # fmt: skip
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         if plan.is_empty:
             return {}
+        if self.decode is not None:  # a decode step: static buffers, a captured graph (decode_path.py)
+            with torch.inference_mode():
+                decoded = self.decode.run(plan)
+                if decoded is not None:
+                    return self._sample(plan, *decoded)
         batch = flatten_plan(plan, self.block_size, self.device)
         slots: dict[str, int] | None = None
         if self.lora is not None and any(s.seq.lora_name is not None for s in plan.scheduled):
@@ -257,9 +272,15 @@ class ModelRunner:
             lora = batch.meta.lora
             self.leader.send_step(batch, slots, None if lora is None else lora.token_slots)
         with torch.inference_mode():
-            logits = self._forward(batch)
+            return self._sample(plan, self._forward(batch), batch.sample_seq_ids)
+
+    def _sample(
+        self, plan: SchedulerPlan, logits: torch.Tensor, seq_ids: tuple[int, ...]
+    ) -> dict[int, SampleResult]:
+        """One token per sampling row of ``logits`` (in the order of ``seq_ids``), under inference mode."""
+        with torch.inference_mode():
             if self.structured is not None:  # after whichever forward (per-op or fused) made the logits
-                self.structured.mask(logits, batch.sample_seq_ids)
+                self.structured.mask(logits, seq_ids)
             requests = [
                 SampleRequest(
                     s.seq.params,
@@ -272,7 +293,7 @@ class ModelRunner:
                 if s.sample
             ]
             results = self.sampler.sample(logits, requests)
-        return dict(zip(batch.sample_seq_ids, results, strict=True))
+        return dict(zip(seq_ids, results, strict=True))
 
     def _forward(self, batch: FlatBatch) -> torch.Tensor:
         return self.model(

@@ -93,11 +93,12 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
     return apply_top_p(out, params.top_p)
 
 
-def _draw(logits: torch.Tensor, generator: torch.Generator) -> int:
+def _draw(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The drawn index, as a 0-d tensor on the logits' device (read with the step's other tokens)."""
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws index i with probability p_i.
     probs = torch.softmax(logits, dim=-1)
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    return int(torch.argmax(probs / noise))
+    return torch.argmax(probs / noise)
 
 
 # A token a structured output's grammar refuses has logprob -inf; OpenAI's schema wants a number, so
@@ -115,11 +116,17 @@ def _logprob(logprobs: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
 
 
 class Sampler:
-    """Holds the generator for unseeded requests; everything else is a pure function of the inputs."""
+    """Holds the generator for unseeded requests; everything else is a pure function of the inputs.
+
+    A step's tokens are picked on the logits' device into one int64 buffer kept between steps
+    (the greedy argmax of every row at once, then the rows that penalise or draw, each written
+    in place) and read back with one ``tolist``: one synchronisation per step. Logprobs, when a
+    request asks, are read after it, when the device is idle."""
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self.device = device
         self._generator = torch.Generator(device=device).manual_seed(seed)
+        self._tokens = torch.empty(0, dtype=torch.int64, device=device)
 
     def _generator_for(self, req: SampleRequest) -> torch.Generator:
         if req.params.seed is None:
@@ -127,22 +134,34 @@ class Sampler:
         seed = request_seed(req.params.seed, req.sample_index, req.output_position)
         return torch.Generator(device=self.device).manual_seed(seed)
 
+    def _token_buffer(self, rows: int, device: torch.device) -> torch.Tensor:
+        if self._tokens.shape[0] < rows or self._tokens.device != device:
+            self._tokens = torch.empty(max(rows, 2 * self._tokens.shape[0]), dtype=torch.int64, device=device)
+        return self._tokens[:rows]
+
     def sample(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[SampleResult]:
         """``logits``: float32 (len(requests), vocab). Returns one result per row, in order."""
         if not requests:
             return []
-        greedy_ids = torch.argmax(logits, dim=-1).tolist()
+        tokens = self._token_buffer(len(requests), logits.device)
+        torch.argmax(logits, dim=-1, out=tokens)
+        for row, req in enumerate(requests):
+            p = req.params
+            if p.greedy and not p.penalised:
+                continue
+            values = logits[row]
+            if p.penalised:
+                values = apply_penalties(values, p, req.prompt_token_ids, req.output_token_ids)
+            tokens[row] = (
+                torch.argmax(values)
+                if p.greedy
+                else _draw(processed_logits(values, p), self._generator_for(req))
+            )
+        ids = tokens.tolist()  # the step's one synchronisation
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         results = []
-        for row, req in enumerate(requests):
-            p, values = req.params, logits[row]
-            if p.penalised:
-                values = apply_penalties(values, p, req.prompt_token_ids, req.output_token_ids)
-            if p.greedy:
-                token = int(torch.argmax(values)) if p.penalised else int(greedy_ids[row])
-            else:
-                token = _draw(processed_logits(values, p), self._generator_for(req))
+        for row, (req, token) in enumerate(zip(requests, ids, strict=True)):
             lp = None
             if logprobs is not None and req.params.logprobs is not None:
                 lp = _logprob(logprobs[row], token, req.params.logprobs)

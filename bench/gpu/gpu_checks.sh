@@ -6,6 +6,13 @@
 #   smollm2  issue #11: bench/gpu/gpu_smollm2.py (SmolLM2 on the GPU against transformers, then
 #            offline speed). Output: $OUT/gpu_smollm2.txt.
 #   fused    the Triton fused-op tests (tests/engine/kernels/test_triton_fused.py), compiled.
+#   graphs   issue #30: the gpu-marked decode-path test (CUDA graphs vs enforce_eager, float32 greedy
+#            tokens), bench/gpu/gpu_graphs.py (Llama-3-8B bf16 decode step eager / static buffers /
+#            CUDA graph at batch 1/8/32/128 with MBU; SmolLM2 offline GPU-busy fraction, graphs and
+#            eager, against transformers' best static batch), then the smollm2 stage's float32
+#            triton check against transformers, with graphs on (the default). Needs the whole GGUF:
+#            run it on the warm machine after the kernels (.gpumodel/a) call, carrying .gpumodel/b.
+#            Output: $OUT/gpu_graphs.txt, $OUT/gpu_tests_graphs.txt, $OUT/gpu_smollm2.txt.
 #   profile  bench/gpu/gpu_step_profile.py: where a step's time goes, SmolLM2's shapes with random
 #            weights (one call: carry .gpumodel/shapes, made here by its `prepare`).
 #
@@ -23,6 +30,7 @@
 #   mv part-00 .gpumodel/a/; mv part-01 .gpumodel/b/
 #   run(command="bash bench/gpu/gpu_checks.sh kernels", carry=[".whl", ".gpumodel/a"], timeout_s=420)
 #   run(command="bash bench/gpu/gpu_checks.sh smollm2", carry=[".whl", ".gpumodel/b"], timeout_s=420)
+#   (or, for issue #30, "bash bench/gpu/gpu_checks.sh graphs" in place of the smollm2 call, timeout_s=540)
 # Without a GPU it checks itself: SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu/gpu_checks.sh all
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +45,7 @@ fi
 # kvfleet.<part> lives in the top-level folders (docs/architecture.md §2): a tree of links lays them out as Python imports them.
 mkdir -p "$site/tree/kvfleet"
 for f in "$PWD"/kvfleet/*; do ln -s "$f" "$site/tree/kvfleet/"; done
-for p in engine router operator; do ln -s "$PWD/$p" "$site/tree/kvfleet/$p"; done
+for p in engine router operator; do ln -sfn "$PWD/$p" "$site/tree/kvfleet/$p"; done  # -n: replace the kvfleet/ link, never nest into it
 export PYTHONPATH="$site/tree:$site/wheels${PYTHONPATH:+:$PYTHONPATH}"
 smoke=()
 if [ "${SMOKE:-0}" = 1 ]; then smoke=(--smoke); fi
@@ -77,6 +85,19 @@ smollm2() {
   return "$bench"
 }
 
+graphs() {
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_decode_path.py 2>&1 | tee "$OUT/gpu_tests_graphs.txt"
+  local tests=${PIPESTATUS[0]}
+  if [ "${SMOKE:-0}" = 1 ]; then export TRITON_INTERPRET=1; fi
+  "$PYTHON" -m bench.gpu.gpu_graphs --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
+  local bench=${PIPESTATUS[0]}
+  unset TRITON_INTERPRET
+  local equal=0
+  if [ "${SMOKE:-0}" != 1 ]; then smollm2 --backends triton --dtypes float32 --hf-batches 128 || equal=1; fi
+  echo "graphs: gpu tests rc=$tests, gpu_graphs rc=$bench, smollm2 float32 rc=$equal"
+  return $((tests || bench || equal))
+}
+
 profile() {
   "$PYTHON" -m bench.gpu.gpu_step_profile run --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
   return "${PIPESTATUS[0]}"
@@ -87,8 +108,9 @@ case $stage in
   profile) profile || rc=1 ;;
   smollm2) smollm2 "${@:2}" || rc=1 ;;
   fused) fused || rc=1 ;;
+  graphs) graphs || rc=1 ;;
   all) kernels || rc=1; smollm2 || rc=1 ;;
-  *) echo "unknown stage $stage: kernels, smollm2 [ARGS], fused, profile or all" >&2; exit 2 ;;
+  *) echo "unknown stage $stage: kernels, smollm2 [ARGS], graphs, fused, profile or all" >&2; exit 2 ;;
 esac
 echo "stage $stage rc=$rc; output in $OUT"
 exit $rc

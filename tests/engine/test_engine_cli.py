@@ -28,6 +28,7 @@ def test_the_flags_build_one_engine_config() -> None:
             "--no-prefix-caching", "--no-prepack-weights", "--weight-packing", "onednn", "--scheduling-policy", "priority", "--seed", "3",
             "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
             "--max-lora-rank", "8", "--max-cpu-loras", "4", "--structured-outputs-compile-timeout", "2.5", "-tp", "2", "--distributed-timeout-seconds", "12",
+            "--enforce-eager", "--cuda-graph-sizes", "1", "8", "32",
         )
     )  # fmt: skip
     assert config.model_dump() == {
@@ -49,6 +50,8 @@ def test_the_flags_build_one_engine_config() -> None:
         "enable_chunked_prefill": True,
         "prepack_weights": False,
         "weight_packing": "onednn",
+        "enforce_eager": True,
+        "cuda_graph_sizes": [1, 8, 32],
         "enable_lora": False,
         "lora_modules": {"sql": "/adapters/sql", "chat": "/adapters/chat"},
         "max_loras": 2,

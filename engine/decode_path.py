@@ -1,0 +1,149 @@
+"""The decode-step path of the model runner: static buffers, padding to a served size, a graph runner.
+
+Where it sits: ``ModelRunner.execute`` offers every plan to :meth:`DecodePath.run` first; a pure
+decode step (every scheduled sequence one new token and sampling, no LoRA adapter) that fits the
+buffers comes back as logits of its rows, anything else as None and runs the eager path
+(:func:`kvfleet.engine.batch.flatten_plan`). The step's values go into :class:`StepBuffers` with
+one host-to-device copy, the batch is padded up to one of the graph runner's sizes (padding rows
+write the null block the runner reserves past the scheduler's blocks), and the graph runner
+(:mod:`kvfleet.engine.cuda_graphs`) replays the captured forward, or on the CPU calls it.
+
+:func:`decode_setup` decides, before the KV cache is sized, whether this engine takes the path
+and with which runner: none at tensor parallelism > 1 nor with dynamic rope (its frequencies are
+read on the host per step); CUDA graphs on CUDA with the ``triton`` backend unless
+``enforce_eager`` (the ``torch`` backend plans its padded SDPA calls from the metadata read on
+the host, which a capture cannot hold; ``cpu`` is CPU-only); the plain call otherwise, padded to
+``cuda_graph_sizes`` when given (tests do, to run the padding on the CPU), else unpadded.
+LoRA steps run eagerly (the adapter context is per row and per step).
+
+Graph memory, on CUDA: :meth:`DecodeSetup.measure` captures every size once against a one-block
+throw-away KV cache before the cache is sized, measures the device memory the capture took
+(``torch.cuda.mem_get_info``, so the driver's share is in it), frees it, and the runner adds it to
+the ``used`` bytes :func:`kvfleet.engine.runner.gpu_kv_budget` is given; the real capture follows
+the KV allocation (a graph holds the cache's addresses).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvfleet.engine.attention import AttentionBackend
+from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.cuda_graphs import (
+    CudaGraphs,
+    EagerCalls,
+    GraphRunner,
+    StepShape,
+    capture_sizes,
+    padded_size,
+)
+from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.rope import rope_is_dynamic
+from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.step_buffers import StepBuffers
+
+if TYPE_CHECKING:
+    from kvfleet.engine.model.llama import LlamaForCausalLM
+
+
+class DecodePath:
+    """Decode steps of ``model`` over ``kv_caches`` through static buffers and a graph runner."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[torch.Tensor],
+        backend: AttentionBackend,
+        buffers: StepBuffers,
+        graphs: GraphRunner,
+        max_model_len: int,
+    ) -> None:
+        self.model, self.kv_caches, self.backend = model, kv_caches, backend
+        self.buffers, self.graphs = buffers, graphs
+        full_width = buffers.layout.max_blocks
+        with torch.inference_mode():
+            graphs.prepare(self._forward, lambda rows: StepShape(rows, full_width, max_model_len))
+
+    def _forward(self, shape: StepShape) -> torch.Tensor:
+        batch = self.buffers.batch(shape.rows, shape.width, (), shape.max_seq_len)
+        return self.model(
+            batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
+        )
+
+    def run(self, plan: SchedulerPlan) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+        """(logits of the sampling rows, their seq ids), or None: not a step this path takes."""
+        scheduled = plan.scheduled
+        if not all(s.num_new_tokens == 1 and s.sample and s.seq.lora_name is None for s in scheduled):
+            return None
+        rows = padded_size(self.graphs.sizes, len(scheduled))
+        if rows is None or not self.buffers.fits(scheduled):
+            return None
+        self.buffers.fill(scheduled, rows)
+        width = max(len(s.block_ids) for s in scheduled)
+        max_seq_len = max(s.num_computed_before for s in scheduled) + 1
+        logits = self.graphs.run(StepShape(rows, width, max_seq_len))
+        return logits[: len(scheduled)], tuple(s.seq.seq_id for s in scheduled)
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    """What the runner decided before the KV cache exists; :meth:`build` once it does."""
+
+    sizes: tuple[int, ...]
+    cuda_graphs: bool
+    max_blocks: int  # block-table columns per row
+    block_size: int
+    max_model_len: int
+    device: torch.device
+
+    def runner(self) -> GraphRunner:
+        return CudaGraphs(self.sizes, self.device) if self.cuda_graphs else EagerCalls(self.sizes)
+
+    def build(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[torch.Tensor],
+        backend: AttentionBackend,
+        null_block: int,
+    ) -> DecodePath:
+        """The path over the runner's caches, whose block ``null_block`` no sequence owns."""
+        buffers = StepBuffers(self.sizes[-1], self.max_blocks, self.block_size, null_block, self.device)
+        return DecodePath(model, kv_caches, backend, buffers, self.runner(), self.max_model_len)
+
+    def measure(self, model: LlamaForCausalLM, backend: AttentionBackend, cache_shape: Sequence[int]) -> int:
+        """Device bytes a capture of every size takes (0 without CUDA graphs): captured once over a
+        one-block cache of ``cache_shape``'s other dimensions, measured, freed."""
+        if not self.cuda_graphs:
+            return 0
+        torch.cuda.synchronize(self.device)
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        shape = (cache_shape[0], 1, *cache_shape[2:])
+        dtype = next(model.parameters()).dtype
+        caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in model.model.layers]
+        path: DecodePath | None = self.build(model, caches, backend, null_block=0)
+        torch.cuda.empty_cache()  # the warm-up's freed blocks: not the graphs' (their pool is held)
+        taken = free_before - torch.cuda.mem_get_info(self.device)[0]
+        del path, caches
+        gc.collect()
+        torch.cuda.empty_cache()
+        return max(0, taken)
+
+
+def decode_setup(
+    config: EngineConfig, device: torch.device, backend: str, model_config: ModelConfig, max_model_len: int
+) -> DecodeSetup | None:
+    """Whether the engine takes the decode path, and with which graph runner (see the module's docstring)."""
+    if config.tensor_parallel_size > 1 or rope_is_dynamic(model_config):
+        return None
+    cuda_graphs = device.type == "cuda" and backend == "triton" and not config.enforce_eager
+    if cuda_graphs or config.cuda_graph_sizes:
+        sizes = capture_sizes(config.max_num_seqs, config.cuda_graph_sizes)
+    else:  # a plain call for every batch size: no padding
+        sizes = tuple(range(1, config.max_num_seqs + 1))
+    max_blocks = -(-max_model_len // config.block_size) + 1
+    return DecodeSetup(sizes, cuda_graphs, max_blocks, config.block_size, max_model_len, device)
