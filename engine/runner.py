@@ -39,6 +39,7 @@ from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.kernels.native.cpu_features import cpu_paths_line
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.loader import load_config, load_model
@@ -153,6 +154,8 @@ class ModelRunner:
         self.device = pick_device(config)
         self.dtype = pick_dtype(config, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
+        if self.device.type == "cpu":
+            log.info("%s", cpu_paths_line())
         self.shard: RankShard | None = None
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:
