@@ -53,7 +53,9 @@ class EngineConfig(BaseModel):
     distributed_timeout_seconds: float = Field(default=30.0, gt=0.0)
     # Structured outputs (engine/structured): a grammar not compiled in this many seconds is a 400.
     structured_outputs_compile_timeout: float = Field(default=30.0, gt=0.0)
-    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py)
+    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py);
+    # int8 (CPU) and fp8 (GPU, cc >= 8.9) quantise a Hugging Face checkpoint's linears at load
+    # (model/hf_quant_loader.py); a compressed-tensors checkpoint is served quantised without the flag
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
@@ -66,10 +68,6 @@ class EngineConfig(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
-        if self.quantization in ("int8", "fp8"):
-            raise ValueError(
-                f"quantization={self.quantization!r} is not implemented; 'gguf' is (a .gguf model)"
-            )
         if self.quantization is not None and self.lora_enabled:
             raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
         if self.quantization is not None and self.tensor_parallel_size > 1:

@@ -41,7 +41,9 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.kernels.native.cpu_features import cpu_paths_line
 from kvfleet.engine.lora.manager import LoraManager
+from kvfleet.engine.model.compressed_tensors import checkpoint_quantization
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.hf_quant_loader import load_hf_quantized
 from kvfleet.engine.model.loader import load_config, load_model
 from kvfleet.engine.model.quant_loader import load_quantized_model
 from kvfleet.engine.model.rope import rope_is_dynamic
@@ -160,11 +162,14 @@ class ModelRunner:
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:
             self.leader = self._start_workers(backend)
+        quantized = config.quantization or checkpoint_quantization(self.model_path)
         if config.quantization == "gguf":  # the linears stay in the file's blocks: nothing to (pre)pack
             self.model = load_quantized_model(config.model, self.model_path, self.dtype, self.device)
+        elif quantized:  # int8 / fp8 (model/hf_quant_loader.py): resolved linears, nothing to (pre)pack
+            self.model = load_hf_quantized(config.quantization, self.model_path, self.dtype, self.device)
         else:
             self.model = load_model(self.model_path, self.dtype, self.device, self.shard)
-        prepack = config.prepack_weights and config.quantization is None
+        prepack = config.prepack_weights and not quantized
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
