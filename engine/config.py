@@ -58,7 +58,9 @@ class EngineConfig(BaseModel):
     # given on the CPU, decode batches are padded to them there too (no graphs: a plain call)
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
-    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py)
+    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py);
+    # int8 (CPU) and fp8 (GPU, cc >= 8.9) quantise a Hugging Face checkpoint's linears at load
+    # (model/hf_quant_loader.py); a compressed-tensors checkpoint is served quantised without the flag
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
@@ -71,10 +73,6 @@ class EngineConfig(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
-        if self.quantization in ("int8", "fp8"):
-            raise ValueError(
-                f"quantization={self.quantization!r} is not implemented; 'gguf' is (a .gguf model)"
-            )
         if self.quantization is not None and self.lora_enabled:
             raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
         if self.quantization is not None and self.tensor_parallel_size > 1:

@@ -41,8 +41,11 @@ from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.decode_path import DecodePath, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.kernels.native.cpu_features import cpu_paths_line
 from kvfleet.engine.lora.manager import LoraManager
+from kvfleet.engine.model.compressed_tensors import checkpoint_quantization
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.hf_quant_loader import load_hf_quantized
 from kvfleet.engine.model.loader import load_config, load_model
 from kvfleet.engine.model.quant_loader import load_quantized_model
 from kvfleet.engine.model.rope import rope_is_dynamic
@@ -155,15 +158,20 @@ class ModelRunner:
         self.device = pick_device(config)
         self.dtype = pick_dtype(config, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
+        if self.device.type == "cpu":
+            log.info("%s", cpu_paths_line())
         self.shard: RankShard | None = None
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:
             self.leader = self._start_workers(backend)
+        quantized = config.quantization or checkpoint_quantization(self.model_path)
         if config.quantization == "gguf":  # the linears stay in the file's blocks: nothing to (pre)pack
             self.model = load_quantized_model(config.model, self.model_path, self.dtype, self.device)
+        elif quantized:  # int8 / fp8 (model/hf_quant_loader.py): resolved linears, nothing to (pre)pack
+            self.model = load_hf_quantized(config.quantization, self.model_path, self.dtype, self.device)
         else:
             self.model = load_model(self.model_path, self.dtype, self.device, self.shard)
-        prepack = config.prepack_weights and config.quantization is None
+        prepack = config.prepack_weights and not quantized
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)

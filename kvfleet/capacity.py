@@ -37,6 +37,7 @@ from .capacity_catalog import (  # noqa: F401  (re-exported: callers import the 
     resolve_gpu,
     resolve_model,
 )
+from .capacity_quant import WEIGHT_FORMATS, canonical_quantization, per_rank_weight_bytes  # noqa: F401
 from .capacity_tp import (  # noqa: F401  (re-exported)
     kv_heads_per_rank,
     per_rank_params,
@@ -65,9 +66,10 @@ def weights_bytes(shape: ModelShape, dtype: str = "bfloat16") -> int:
     return shape.num_params * DTYPE_BYTES[canonical_dtype(dtype)]
 
 
-def per_rank_weights_bytes(shape: ModelShape, dtype: str, tp: int) -> int:
-    """The weights of the biggest of ``tp`` ranks (:func:`per_rank_params`), in ``dtype``."""
-    return per_rank_params(shape, tp) * DTYPE_BYTES[canonical_dtype(dtype)]
+def per_rank_weights_bytes(shape: ModelShape, dtype: str, tp: int, quantization: str | None = None) -> int:
+    """The weights of the biggest of ``tp`` ranks (:func:`per_rank_params`), in ``dtype``; the decoder
+    linears in ``quantization``'s bytes per weight (:mod:`kvfleet.capacity_quant`)."""
+    return per_rank_weight_bytes(shape, dtype, tp, quantization)
 
 
 def per_rank_kv_bytes_per_token(shape: ModelShape, dtype: str, tp: int) -> int:
@@ -140,7 +142,14 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 def decode_tokens_per_s_bound(
-    shape: ModelShape, gpu: GPUSpec, *, num_gpus: int, context: int, batch_size: int, dtype: str = "bfloat16"
+    shape: ModelShape,
+    gpu: GPUSpec,
+    *,
+    num_gpus: int,
+    context: int,
+    batch_size: int,
+    dtype: str = "bfloat16",
+    quantization: str | None = None,
 ) -> float:
     """Memory-bandwidth roofline of decode: batch × one GPU's bandwidth ÷ bytes one rank reads per step.
 
@@ -149,7 +158,7 @@ def decode_tokens_per_s_bound(
     ``context`` tokens: bytes = weights/rank + B × context × KV bytes/token/rank; it yields B tokens.
     """
     step_bytes = per_rank_weights_bytes(
-        shape, dtype, num_gpus
+        shape, dtype, num_gpus, quantization
     ) + batch_size * context * per_rank_kv_bytes_per_token(shape, dtype, num_gpus)
     return batch_size * gpu.bandwidth_bytes_per_s / step_bytes
 
@@ -206,6 +215,7 @@ def check_engine_fits(
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 256,
     used_bytes: int | None = None,
+    quantization: str | None = None,
 ) -> FitVerdict:
     """The one verdict on loading ``shape`` over ``tp`` GPUs of ``gpu_memory_bytes`` each.
 
@@ -219,7 +229,7 @@ def check_engine_fits(
     """
     dtype = canonical_dtype(dtype)
     _check_inputs(tp, gpu_memory_bytes, gpu_memory_utilization, max_model_len, block_size)
-    weights = per_rank_weights_bytes(shape, dtype, tp)
+    weights = per_rank_weights_bytes(shape, dtype, tp, quantization)
     used = weights + RANK_RUNTIME_OVERHEAD_BYTES if used_bytes is None else used_bytes
     reserve = activation_reserve_bytes(
         shape,
@@ -291,6 +301,7 @@ class CapacityPlan:
     kv_heads_per_rank: int
     kv_blocks: int
     block_size: int
+    quantization: str = "none"  # the decoder linears' weight format (capacity_quant.WEIGHT_FORMATS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -322,6 +333,7 @@ def plan_capacity(
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 256,
     block_size: int = 16,
+    quantization: str | None = None,
 ) -> CapacityPlan:
     """What fits of ``shape`` on ``num_gpus`` × ``gpu`` (tensor parallel), and how fast decode can go.
 
@@ -350,10 +362,11 @@ def plan_capacity(
         block_size,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
+        quantization=quantization,
     )
     batch = batch_size if batch_size is not None else max(1, v.max_concurrent_sequences)
     bound = decode_tokens_per_s_bound(
-        shape, gpu, num_gpus=num_gpus, context=ctx, batch_size=batch, dtype=dtype
+        shape, gpu, num_gpus=num_gpus, context=ctx, batch_size=batch, dtype=dtype, quantization=quantization
     )
     return CapacityPlan(
         model=shape.name,
@@ -362,7 +375,7 @@ def plan_capacity(
         dtype=dtype,
         context=ctx,
         gpu_memory_utilization=gpu_memory_utilization,
-        weights_bytes=weights_bytes(shape, dtype),
+        weights_bytes=per_rank_weights_bytes(shape, dtype, 1, quantization),
         kv_bytes_per_token=kv_bytes_per_token(shape, dtype),
         activation_bytes=v.activation_reserve_bytes,
         usable_bytes=v.usable_bytes_per_rank,
@@ -379,4 +392,5 @@ def plan_capacity(
         kv_heads_per_rank=v.kv_heads_per_rank,
         kv_blocks=v.num_kv_blocks,
         block_size=block_size,
+        quantization=canonical_quantization(quantization),
     )

@@ -16,6 +16,7 @@ import sys
 from kvfleet.capacity import (
     GIB,
     RANK_RUNTIME_OVERHEAD_BYTES,
+    WEIGHT_FORMATS,
     CapacityError,
     CapacityPlan,
     plan_capacity,
@@ -44,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", default="bfloat16", help="weights and KV dtype: bfloat16, float16, float32, fp8, int8"
     )
     parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=sorted(WEIGHT_FORMATS),
+        help="the decoder linears' weight format (bytes per weight: fp8/int8 1 + a scale per row, "
+        "gguf-q4_1 0.625, gguf-q8_0 1.0625, ...); embeddings, LM head and KV stay in --dtype",
+    )
+    parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory to use"
     )
     parser.add_argument("--json", action="store_true", help="print JSON (an object, a list for several GPUs)")
@@ -63,6 +71,7 @@ def _plans(args: argparse.Namespace) -> list[CapacityPlan]:
             context=args.context,
             dtype=args.dtype,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            quantization=args.quantization,
         )
         for name in gpu_names
     ]
@@ -77,7 +86,8 @@ def format_table(plans: list[CapacityPlan]) -> str:
     first = plans[0]
     head = (
         f"model {first.model} ({first.num_params / 1e9:.2f} B params), dtype {first.dtype}, "
-        f"context {first.context}, gpu-memory-utilization {first.gpu_memory_utilization}"
+        + ("" if first.quantization == "none" else f"quantization {first.quantization}, ")
+        + f"context {first.context}, gpu-memory-utilization {first.gpu_memory_utilization}"
     )
     rows: list[tuple[str, list[str]]] = [
         ("GPU", [f"{p.num_gpus} x {p.gpu}" for p in plans]),

@@ -2,7 +2,7 @@
 
 Where it sits: each kernel module of this package (``paged_decode``, ``paged_prefill``,
 ``fused_ops``, ``skinny_gemm``, ``packed_gemm``, ``decode_layers``,
-``quant_gemm``) binds its entry points from
+``quant_gemm``, ``int8_gemm``) binds its entry points from
 :func:`library`; nothing else compiles. The C sources are built with the machine's C compiler
 (``$CC``, ``cc`` or ``gcc``; :data:`FLAGS`: ``-O3 -march=native -fopenmp``) into
 ``$KVFLEET_CACHE/kernels`` (default ``~/.cache/kvfleet/kernels``), named by a hash of the sources,
@@ -36,6 +36,7 @@ SOURCES = tuple(
         "paged_prefill.c",
         "decode_layers.c",
         "quant_gemm.c",
+        "int8_gemm.c",
     )
 )
 HEADERS = (CSRC / "fast_exp.h",)  # included by the sources: part of the build key

@@ -1,0 +1,81 @@
+"""The per-channel int8 CPU matmul (csrc/int8_gemm.c) against torch references.
+
+Two references: the exact one (per-token int8 activations and the int8 weights multiplied in
+float64, as the kernel's integer dots are exact: only float rounding apart), and the float32 one
+(int8's error on both sides, a loose bound)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvfleet.engine.kernels.int8_linear import Int8Linear, resolve_int8_linear
+from kvfleet.engine.kernels.native.int8_gemm import (
+    Int8KernelError,
+    Int8Weight,
+    load_int8,
+    quantize_per_channel,
+)
+
+native = load_int8()
+pytestmark = pytest.mark.skipif(native is None, reason="the native library does not build here")
+
+
+def emulated(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    dx = x.abs().amax(dim=1, keepdim=True) / 127.0
+    qx = torch.round(x / torch.where(dx > 0, dx, torch.ones_like(dx)))
+    return (qx.double() @ w.qweight.double().T * dx.double() * w.scale.double()).float()
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 48), (5, 200, 33), (9, 576, 96)])
+def test_the_kernel_is_the_exact_int8_product_and_near_the_float_one(
+    portable: bool, m: int, k: int, n: int
+) -> None:
+    assert native is not None
+    g = torch.Generator().manual_seed(m * k + n)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * 0.05
+    bias = torch.randn(n, generator=g)
+    q = quantize_per_channel(w)
+    out = native(x, q, bias, portable=portable)
+    torch.testing.assert_close(out, emulated(x, q) + bias, rtol=1e-5, atol=1e-5)
+    ref = x @ w.T + bias
+    assert ((out - ref).norm() / (ref - bias).norm()).item() < 0.02
+
+
+def test_the_avx2_and_portable_paths_agree_exactly_on_the_integer_dots() -> None:
+    assert native is not None
+    x, w = torch.randn(7, 320), quantize_per_channel(torch.randn(40, 320))
+    torch.testing.assert_close(native(x, w), native(x, w, portable=True), rtol=1e-6, atol=1e-6)
+
+
+def test_per_channel_quantisation_keeps_each_rows_amax_and_dequantises_within_half_a_step() -> None:
+    w = torch.randn(16, 64)
+    w[3] = 0.0
+    q = quantize_per_channel(w)
+    assert q.qweight.abs().amax(dim=1)[torch.arange(16) != 3].eq(127).all()
+    assert q.scale[3] == 1.0 and q.qweight[3].eq(0).all()
+    assert ((q.dequantised() - w).abs() <= q.scale[:, None] / 2 + 1e-7).all()
+    assert q.nbytes == 16 * 64 + 16 * 4
+
+
+def test_a_zero_activation_row_gives_the_bias() -> None:
+    assert native is not None
+    q = quantize_per_channel(torch.randn(8, 32))
+    bias = torch.arange(8.0)
+    assert torch.equal(native(torch.zeros(2, 32), q, bias), bias.expand(2, 8))
+
+
+def test_a_width_mismatch_and_a_malformed_weight_are_refused() -> None:
+    assert native is not None
+    with pytest.raises(Int8KernelError, match="columns"):
+        native(torch.randn(2, 31), quantize_per_channel(torch.randn(4, 32)))
+    with pytest.raises(Int8KernelError, match="scale"):
+        Int8Weight(torch.zeros(4, 32, dtype=torch.int8), torch.ones(3))
+
+
+def test_the_resolved_linear_keeps_the_input_shape_and_dtype() -> None:
+    linear = resolve_int8_linear(quantize_per_channel(torch.randn(24, 64)))
+    assert isinstance(linear, Int8Linear)
+    out = linear(torch.randn(2, 3, 64, dtype=torch.bfloat16))
+    assert out.shape == (2, 3, 24) and out.dtype == torch.bfloat16
