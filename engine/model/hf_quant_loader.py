@@ -44,6 +44,7 @@ from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.loader import load_config, weight_files
 from kvfleet.engine.model.projections import Matmuls
+from kvfleet.engine.model.resident import resident_weight_bytes
 
 log = logging.getLogger(__name__)
 Weight = Int8Weight | Fp8Weight | torch.Tensor
@@ -249,30 +250,3 @@ def _load_embedding_and_head(model: LlamaForCausalLM, plan: _Plan, tied: bool) -
         model.model.embed_tokens = nn.Embedding.from_pretrained(floats.to(plan.dtype), freeze=True)
     head = embed if tied else plan.weight("lm_head")
     model.fixed_lm_head = linear_of([head], None, plan.dtype)
-
-
-def resident_weight_bytes(model: LlamaForCausalLM) -> int:
-    """Bytes the weights hold: int8/fp8 weights and scales, float linears and parameters, each once."""
-    seen: dict[int, int] = {}
-
-    def add(t: torch.Tensor) -> None:
-        if not t.is_meta:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-
-    for p in model.parameters():
-        add(p)
-    embed = model.model.embed_tokens
-    if isinstance(embed, Int8Embedding):
-        add(embed.int8.qweight)
-        add(embed.int8.scale)
-    matmuls: list[Linear] = [model.lm_head_matmul()]
-    for layer in model.model.layers:
-        assert isinstance(layer, DecoderLayer)
-        for block in (layer.self_attn, layer.mlp):
-            matmuls.extend(block.matmuls())
-    for m in matmuls:
-        w = getattr(m, "weight", None)
-        for t in (w.qweight, w.scale) if isinstance(w, Int8Weight | Fp8Weight) else (w,):
-            if isinstance(t, torch.Tensor):
-                add(t)
-    return sum(seen.values())

@@ -24,12 +24,13 @@ from torch import nn
 
 from kvfleet.engine.kernels.linear import Linear, resolve_linear
 from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
-from kvfleet.engine.kernels.quant_linear import ConcatLinear, QuantLinear, concat_rows, resolve_quant_linear
+from kvfleet.engine.kernels.quant_linear import ConcatLinear, concat_rows, resolve_quant_linear
 from kvfleet.engine.model.config import ModelLoadError
 from kvfleet.engine.model.gguf_convert import PERMUTED_QK, hf_name, read_gguf, unpermute_qk
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.loader import load_config
 from kvfleet.engine.model.projections import Matmuls
+from kvfleet.engine.model.resident import resident_weight_bytes
 from kvfleet.engine.model.sources import SMOLLM2, gguf_source, smollm2_gguf
 
 log = logging.getLogger(__name__)
@@ -169,30 +170,3 @@ def _load_floats(model: LlamaForCausalLM, tensors: dict[str, ReaderTensor]) -> N
         owner, leaf = target.rsplit(".", 1)
         values = _floats(t).reshape(params[target].shape)
         setattr(model.get_submodule(owner), leaf, nn.Parameter(values, requires_grad=False))
-
-
-def resident_weight_bytes(model: LlamaForCausalLM) -> int:
-    """Bytes the weights hold: quantised blocks, float linears and float parameters, each once."""
-    seen: dict[int, int] = {}
-
-    def add(t: torch.Tensor) -> None:
-        if not t.is_meta:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-
-    for p in model.parameters():
-        add(p)
-    embed = model.model.embed_tokens
-    if isinstance(embed, QuantEmbedding):
-        add(embed.blocks.blocks)
-    matmuls: list[Linear] = [model.lm_head_matmul()]
-    for layer in model.model.layers:
-        assert isinstance(layer, DecoderLayer)
-        for block in (layer.self_attn, layer.mlp):
-            matmuls.extend(block.matmuls())
-    for m in matmuls:
-        for part in m.parts if isinstance(m, ConcatLinear) else (m,):
-            if isinstance(part, QuantLinear):
-                add(part.weight.blocks)
-            elif hasattr(part, "weight") and isinstance(part.weight, torch.Tensor):
-                add(part.weight)
-    return sum(seen.values())
