@@ -86,6 +86,8 @@ class EngineSpec(CamelModel):
     max_loras: int = Field(default=4, ge=1, le=MAX_ADAPTERS)  # adapters resident on the device at once
     max_lora_rank: int = Field(default=16, ge=1, le=512)
     drain_seconds: int = Field(default=60, ge=0, le=3600)
+    # the weights' format (--quantization, vLLM's flag): fp8 on GPUs, int8 and gguf on the CPU
+    quantization: Literal["fp8", "int8", "gguf"] | None = None
 
     @field_validator("gpu_memory_utilization")
     @classmethod

@@ -78,6 +78,8 @@ def capacity_verdict(spec: InferenceServiceSpec) -> tuple[CapacityVerdict, list[
             max_num_batched_tokens=spec.engine.max_num_batched_tokens,
             max_num_seqs=spec.engine.max_num_seqs,
             block_size=spec.engine.block_size,
+            # fp8 is the one GPU format; gguf's bytes depend on the file's block types: counted in the dtype
+            quantization="fp8" if spec.engine.quantization == "fp8" else None,
         )
     except ValueError as err:
         message = f"spec.model.maxModelLen {model.max_model_len}: {err}"

@@ -47,7 +47,7 @@ def shared_flags(spec: InferenceServiceSpec) -> list[str]:
 
 def shared_optional_flags(spec: InferenceServiceSpec) -> list[str]:
     """The optional flags both engines take alike, only where the spec sets them: the context length,
-    the dtype, the tensor-parallel size (``spec.resources.gpus`` > 1)."""
+    the dtype, the tensor-parallel size (``spec.resources.gpus`` > 1), the weights' format."""
     args: list[str] = []
     if spec.model.max_model_len is not None:
         args += ["--max-model-len", str(spec.model.max_model_len)]
@@ -55,6 +55,8 @@ def shared_optional_flags(spec: InferenceServiceSpec) -> list[str]:
         args += ["--dtype", spec.model.dtype]
     if spec.resources.gpus > 1:
         args += ["--tensor-parallel-size", str(spec.resources.gpus)]
+    if spec.engine.quantization is not None:
+        args += ["--quantization", spec.engine.quantization]
     return args
 
 
