@@ -91,6 +91,10 @@ REFUSED_ISVC = [
         isvc(adapters=[{"name": "m", "uri": "file:///a"}]),
         "an adapter may not take the model's name (clients tell them apart by it)",
     ),
+    (
+        isvc(engine={"kind": "vllm", "quantization": "int8"}),
+        "quantization: int8 is kvfleet's CPU format; kind vllm takes fp8 or gguf",
+    ),
 ]
 
 
