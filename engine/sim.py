@@ -133,6 +133,9 @@ class SimRunner:
         self.speedup = speedup
         self._sleep = sleep
         self.simulated_seconds = 0.0  # total step time of the timing model, before the speedup
+        # the last step's simulated seconds: the engine's step cost model learns this clock, not the
+        # wall clock (which runs ``speedup`` times faster), so a step time target means simulated ms
+        self.last_step_seconds = 0.0
         self.num_steps = 0
 
     @property
@@ -142,6 +145,7 @@ class SimRunner:
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         seconds = self.timing.step_seconds(plan)
         self.simulated_seconds += seconds
+        self.last_step_seconds = seconds
         self.num_steps += 1
         if seconds > 0:
             self._sleep(seconds / self.speedup)

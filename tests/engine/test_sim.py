@@ -128,3 +128,28 @@ print(r.json()["choices"][0]["text"], "torch" in sys.modules)
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
     assert out == ["abc", "False"]
+
+
+def test_a_step_time_target_holds_on_the_simulated_clock_not_the_wall_clock() -> None:
+    """Issue #33: the engine's cost model learns the simulator's seconds (here 1000x the wall clock's),
+    so a burst of long prompts beside running streams keeps every simulated step near the target."""
+    timing = TimingModel(base_s=0.005, per_token_s=1e-4, per_context_token_s=1e-6)
+    cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu", target_step_ms=20.0)
+    runner = SimRunner(2048, timing, speedup=1000.0)
+    engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
+    for i in range(8):
+        engine.add_request(f"d{i}", [1 + i] * 8, SamplingParams(max_tokens=400))
+    for _ in range(5):
+        engine.step()
+    for i in range(8):
+        engine.add_request(f"p{i}", [20 + i] * 1000, SamplingParams(max_tokens=2))
+    seconds, rows = [], []
+    while any(f"p{i}" in engine._requests for i in range(8)):
+        engine.step()
+        seconds.append(runner.last_step_seconds)
+        rows.append(sum(1 for s in engine.scheduler.running if s.request_id.startswith("d")))
+    assert min(rows) == 8  # the streams ran through the burst
+    assert max(seconds[3:]) <= 0.020 * 1.05  # the first steps learn a prefill token's cost
+    assert len(seconds) < 8000 * 1e-4 / (0.020 - 0.0065) * 1.5  # chunks near the target's size
+    fixed, per_token, per_row, per_context = engine.scheduler.step_cost.coefficients()
+    assert per_token + per_context == pytest.approx(1e-4 + 1e-6, rel=0.1)
