@@ -124,6 +124,7 @@ class Engine:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_finished = 0
+        self._num_steps_run = 0  # steps that ran a plan, while a step time target is set
 
     def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
         """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
@@ -325,7 +326,11 @@ class Engine:
 
     def _observe_step(self, plan: SchedulerPlan, wall_s: float) -> None:
         """Feed the scheduler's step cost model: the runner's own clock if it keeps one (the
-        simulator's timing model), else the wall time of the whole step (what a stream waits)."""
+        simulator's timing model), else the wall time of the whole step (what a stream waits).
+        The first step is left out: it pays the runner's one-time lazy set-up."""
+        self._num_steps_run += 1
+        if self._num_steps_run == 1:
+            return
         clock = getattr(self.runner, "last_step_seconds", None)
         seconds = wall_s if clock is None else float(clock)
         self.scheduler.step_cost.observe(StepShape.of(plan.scheduled), seconds)

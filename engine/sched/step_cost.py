@@ -11,6 +11,7 @@ The model: ``seconds ≈ fixed + per_prefill_token × p + per_decode_row × r + 
 fitted by exponentially weighted least squares with regularised forgetting: each step the old
 evidence decays by ``decay`` and a small ridge pulls towards the previous fit, so a direction the
 recent steps do not excite (no prefill for a while) keeps its last estimate instead of drifting.
+Steps far off the fit (a neighbour's CPU burst, a warm-up) get Huber weights, not full ones.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kvfleet.engine.sched.plan import ScheduledSeq
 _WARMUP_PREFILL_STEPS = 3  # prefill steps seen before the fitted per-token cost alone sizes chunks
 # Features are scaled to about 1 at a typical step, so the 4x4 normal equations stay well conditioned.
 _SCALES = (1.0, 256.0, 32.0, 16384.0)  # fixed, prefill tokens, decode rows, context tokens
+_HUBER_K = 3.0  # residuals past this many mean absolute residuals are down-weighted
 _RIDGE = 1e-2  # pull towards the previous fit, against the decayed evidence (sum of weights ~ 1/(1-decay))
 
 
@@ -61,6 +63,7 @@ class StepCostModel:
         self._theta = theta  # seconds per scaled feature
         self._seconds_per_prefill_token = 0.0  # EW mean of whole-step seconds / batched tokens
         self._prior_knows_prefill = prior is not None and prior[1] > 0.0
+        self._mean_abs_residual = 0.0  # EW mean of |seconds - prediction|, clipped: the noise's scale
         self.num_observed = 0
         self.num_prefill_observed = 0
 
@@ -77,12 +80,13 @@ class StepCostModel:
 
     def observe(self, shape: StepShape, seconds: float) -> None:
         x = _features(shape.prefill_tokens, shape.decode_rows, shape.context_tokens)
+        w = self._huber_weight(sum(t * xi for t, xi in zip(self._theta, x, strict=True)), seconds)
         lam, ridge = self.decay, (1.0 - self.decay) * _RIDGE
         for i, xi in enumerate(x):
             row = self._a[i]
             for j, xj in enumerate(x):
-                row[j] = lam * row[j] + xi * xj + (ridge if i == j else 0.0)
-            self._b[i] = lam * self._b[i] + xi * seconds + ridge * self._theta[i]
+                row[j] = lam * row[j] + w * xi * xj + (ridge if i == j else 0.0)
+            self._b[i] = lam * self._b[i] + w * xi * seconds + ridge * self._theta[i]
         self._theta = _solve(self._a, self._b)
         self.num_observed += 1
         if shape.prefill_tokens:
@@ -90,6 +94,18 @@ class StepCostModel:
             ratio = seconds / (shape.prefill_tokens + shape.decode_rows)
             old = self._seconds_per_prefill_token
             self._seconds_per_prefill_token = ratio if old == 0.0 else lam * old + (1.0 - lam) * ratio
+
+    def _huber_weight(self, predicted: float, seconds: float) -> float:
+        """An observation's weight: 1 within HUBER_K mean absolute residuals (or a quarter of the
+        prediction) of the fit, less beyond, so a step slowed by a neighbour's burst of CPU or a
+        one-time warm-up bends the fit only as much as an ordinary step."""
+        residual = abs(seconds - predicted)
+        bound = max(_HUBER_K * self._mean_abs_residual, 0.25 * predicted, 1e-6)
+        if self.num_observed < _WARMUP_PREFILL_STEPS:
+            bound = max(bound, residual)  # no scale yet: every early step counts fully
+        lam = self.decay
+        self._mean_abs_residual = lam * self._mean_abs_residual + (1.0 - lam) * min(residual, bound)
+        return 1.0 if residual <= bound else bound / residual
 
     def predict(self, prefill_tokens: int, decode_rows: int, context_tokens: int) -> float:
         x = _features(prefill_tokens, decode_rows, context_tokens)

@@ -175,3 +175,15 @@ def test_a_shared_prefix_still_waits_for_the_prompt_computing_it_then_hits_the_c
     assert summary(step(s))[32:] == [("a", 176, 176)]
     assert summary(step(s))[32:] == [("a", 352, 51), ("b", 400, 3)]  # b rides a's last blocks
     assert b.num_cached_tokens == 400
+
+
+def test_a_step_slowed_tenfold_now_and_then_does_not_drag_the_fit() -> None:
+    """A neighbour's CPU burst or a warm-up: Huber weights keep such steps from owning the fit."""
+    cost = StepCostModel()
+    for i in range(300):
+        shape = StepShape(prefill_tokens=(i * 37) % 300, decode_rows=8 + i % 25, context_tokens=4000 + 97 * i)
+        seconds = step_seconds(shape, 0.001)
+        cost.observe(shape, seconds * (10.0 if i % 10 == 3 else 1.0))
+    fixed, per_token, per_row, _ = cost.coefficients()
+    assert per_token == pytest.approx(0.001, rel=0.15) and per_row == pytest.approx(0.002, rel=0.3)
+    assert cost.predict(0, 32, 8000) == pytest.approx(0.01 + 0.064 + 0.0008, rel=0.25)
