@@ -33,6 +33,8 @@ def test_a_step_costs_the_base_plus_its_batched_tokens_plus_its_context() -> Non
     # 11 batched tokens (a 10-token prefill chunk and one decode); contexts 10 + 23.
     assert timing.step_seconds(_plan()) == pytest.approx(0.005 + 11e-4 + 33e-6)
     assert timing.step_seconds(SchedulerPlan()) == 0.0
+    per_row = TimingModel(base_s=0.005, per_token_s=1e-4, per_context_token_s=1e-6, per_row_s=1e-3)
+    assert per_row.step_seconds(_plan()) == pytest.approx(0.005 + 11e-4 + 33e-6 + 2e-3)  # two sequences
 
 
 def test_the_hardware_timing_comes_from_the_capacity_maths() -> None:
