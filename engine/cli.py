@@ -123,7 +123,15 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("engine")
     e.add_argument("--max-num-seqs", type=int, default=256)
-    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="hard cap on a step's tokens")
+    e.add_argument(
+        "--target-step-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="stall-free batching: while streams decode, size prefill chunks so a step's predicted time "
+        "(a cost model fitted to the measured steps) stays within MS (default: no time target)",
+    )
     e.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     mem = e.add_mutually_exclusive_group()
     mem.add_argument(

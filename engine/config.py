@@ -36,6 +36,11 @@ class EngineConfig(BaseModel):
     # auto: "cpu" (native decode kernel) on a CPU where it builds, else "torch"
     attention_backend: Literal["auto", "torch", "triton", "cpu"] = "auto"
     enable_chunked_prefill: bool = True
+    # Stall-free batching (engine/sched/step_cost.py): while streams are decoding, a step's prefill
+    # chunks are sized so the step's predicted time stays within this many ms (the decode gap bound);
+    # None: steps are bounded by max_num_batched_tokens only, as in vLLM. A time target trades TTFT
+    # for inter-token latency, so it is the deployment's SLO (the operator passes spec.slo.itlP99Ms).
+    target_step_ms: float | None = Field(default=None, gt=0.0)
     # float32 on the CPU: keep each layer's linears packed once for a GEMM library, for steps of more
     # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
     prepack_weights: bool = True
@@ -73,6 +78,8 @@ class EngineConfig(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
+        if self.target_step_ms is not None and not self.enable_chunked_prefill:
+            raise ValueError("target_step_ms sizes prefill chunks: it needs enable_chunked_prefill")
         if self.quantization is not None and self.lora_enabled:
             raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
         if self.quantization is not None and self.tensor_parallel_size > 1:

@@ -33,7 +33,9 @@ from kvfleet.engine.model.sources import served_name
 from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
 from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, SamplingParams
+from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.sched.scheduler import Scheduler
+from kvfleet.engine.sched.step_cost import StepShape
 from kvfleet.engine.sequence import Sequence
 
 if TYPE_CHECKING:  # the real module imports xgrammar and torch: only an engine with a model builds it
@@ -111,6 +113,7 @@ class Engine:
             policy=config.scheduling_policy,
             enable_chunked_prefill=config.enable_chunked_prefill,
             max_loras=config.max_loras if config.lora_enabled else None,
+            target_step_s=None if config.target_step_ms is None else config.target_step_ms / 1e3,
         )
         self.lora: LoraHost | None = getattr(runner, "lora", None) if config.lora_enabled else None
         self._lora_usage = LoraUsage()
@@ -121,6 +124,7 @@ class Engine:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_finished = 0
+        self._num_steps_run = 0  # steps that ran a plan, while a step time target is set
 
     def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
         """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
@@ -281,6 +285,7 @@ class Engine:
         """
         if self._awaiting_grammar:
             self._admit_compiled()
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             if self._awaiting_grammar:  # nothing to run but compiles: wait for one, briefly
@@ -315,7 +320,20 @@ class Engine:
             if out.finished:
                 del self._requests[out.request_id]
                 self._num_finished += 1
+        if self.scheduler.target_step_s is not None:
+            self._observe_step(plan, time.perf_counter() - started)
         return outputs
+
+    def _observe_step(self, plan: SchedulerPlan, wall_s: float) -> None:
+        """Feed the scheduler's step cost model: the runner's own clock if it keeps one (the
+        simulator's timing model), else the wall time of the whole step (what a stream waits).
+        The first step is left out: it pays the runner's one-time lazy set-up."""
+        self._num_steps_run += 1
+        if self._num_steps_run == 1:
+            return
+        clock = getattr(self.runner, "last_step_seconds", None)
+        seconds = wall_s if clock is None else float(clock)
+        self.scheduler.step_cost.observe(StepShape.of(plan.scheduled), seconds)
 
     # ---- LoRA adapters (engine/lora)
     def load_lora(self, name: str, path: str) -> None:

@@ -37,19 +37,24 @@ class SimConfigError(ValueError):
 class TimingModel:
     """Seconds one engine step takes on the simulated GPU.
 
-    step = base_s + per_token_s × batched tokens + per_context_token_s × Σ context lengths.
+    step = base_s + per_token_s × batched tokens + per_context_token_s × Σ context lengths
+           + per_row_s × sequences in the step.
     ``base_s`` is reading every weight once (weights ÷ bandwidth), ``per_token_s`` the compute
     of one token (2 × params ÷ FLOP/s: what makes prefill cost grow per prompt token), and
     ``per_context_token_s`` reading one token's K and V (kv bytes per token ÷ bandwidth: what
-    makes decode cost grow with batch size and context).
+    makes decode cost grow with batch size and context). ``per_row_s`` is what each sequence costs
+    beyond its tokens (its LM head row, sampling, attention set-up): 0 from the capacity maths; about
+    1 ms for SmolLM2 on a 2-core CPU (``bench/serving/stall_free_sim.py``), where a decode row costs
+    nearly twice a prefill token, which the stall-free scheduler's cost model sees too.
     """
 
     base_s: float
     per_token_s: float
     per_context_token_s: float
+    per_row_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("base_s", "per_token_s", "per_context_token_s"):
+        for name in ("base_s", "per_token_s", "per_context_token_s", "per_row_s"):
             if getattr(self, name) < 0:
                 raise SimConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -57,7 +62,12 @@ class TimingModel:
         if plan.is_empty:
             return 0.0
         context = sum(s.context_len for s in plan.scheduled)
-        return self.base_s + self.per_token_s * plan.num_batched_tokens + self.per_context_token_s * context
+        return (
+            self.base_s
+            + self.per_token_s * plan.num_batched_tokens
+            + self.per_context_token_s * context
+            + self.per_row_s * len(plan.scheduled)
+        )
 
     @classmethod
     def for_hardware(
@@ -133,6 +143,9 @@ class SimRunner:
         self.speedup = speedup
         self._sleep = sleep
         self.simulated_seconds = 0.0  # total step time of the timing model, before the speedup
+        # the last step's simulated seconds: the engine's step cost model learns this clock, not the
+        # wall clock (which runs ``speedup`` times faster), so a step time target means simulated ms
+        self.last_step_seconds = 0.0
         self.num_steps = 0
 
     @property
@@ -142,6 +155,7 @@ class SimRunner:
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         seconds = self.timing.step_seconds(plan)
         self.simulated_seconds += seconds
+        self.last_step_seconds = seconds
         self.num_steps += 1
         if seconds > 0:
             self._sleep(seconds / self.speedup)

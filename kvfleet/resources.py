@@ -126,6 +126,9 @@ class SLOSpec(CamelModel):
 
     ttft_ms: int | None = Field(default=None, ge=1)
     tpot_ms: int | None = Field(default=None, ge=1)
+    # The bound on a stream's gaps between tokens: not judged in goodput (TPOT is); each engine gets
+    # it as --target-step-ms, its stall-free scheduler's step time target (issue #33).
+    itl_p99_ms: int | None = Field(default=None, ge=1)
 
 
 class RoutingSpec(CamelModel):

@@ -20,7 +20,7 @@ import orjson
 
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
-from kvfleet.router.metrics import record_slis
+from kvfleet.router.metrics import record_slis, sli_targets
 from kvfleet.router.quota import Charge, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest
 from kvfleet.router.tenants import Tenant
@@ -238,10 +238,11 @@ class Exchange:
                 m.child(m.tpot, model, tenant).observe(tpot)
         service = state.fleet.service_for(model)
         slo = service.slo if service is not None else state.config.slo
-        if slo.ttft_ms is None and slo.tpot_ms is None:
+        if self.req.stream:
+            record_slis(m, model, tenant, sli_targets(slo), ttft, self.gaps)
+        if slo.ttft_ms is None and slo.tpot_ms is None:  # goodput judges TTFT and TPOT only
             return
         if self.req.stream:
-            record_slis(m, model, tenant, (slo.ttft_ms, slo.tpot_ms), ttft, self.gaps)
             met = (slo.ttft_ms is None or ttft * 1000 <= slo.ttft_ms) and (
                 slo.tpot_ms is None or tpot * 1000 <= slo.tpot_ms
             )

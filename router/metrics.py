@@ -16,6 +16,8 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
+from kvfleet.resources import SLOSpec
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 M = TypeVar("M", bound=MetricWrapperBase)
@@ -126,6 +128,12 @@ class RouterMetrics:
     def reject(self, model: str, tenant: str, reason: str, code: int) -> None:
         self.child(self.rejections, model, tenant, reason).inc()
         self.child(self.requests, model, tenant, str(code)).inc()
+
+
+def sli_targets(slo: SLOSpec) -> tuple[int | None, int | None]:
+    """(TTFT target, per-gap ITL target) in ms of ``spec.slo``: ``itlP99Ms`` where set (a p99 target is
+    a gap target 99% of gaps meet: the SLO's own 99% objective), else ``tpotMs``."""
+    return slo.ttft_ms, slo.itl_p99_ms if slo.itl_p99_ms is not None else slo.tpot_ms
 
 
 def record_slis(m: RouterMetrics, model: str, tenant: str, targets: tuple[int | None, int | None],

@@ -9,6 +9,11 @@ order. It never touches tensors and never imports torch (docs/architecture.md §
 There is no prefill or decode phase: each running sequence has ``num_computed_tokens``
 catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut
 into chunks by the per-step token budget, so chunked prefill and decodes share a step.
+
+With a step time target (``target_step_s``, ``--target-step-ms``) the step is planned stall-free
+as in Sarathi-Serve: every running decode first, then prefill chunks sized so that the step's
+predicted time (``step_cost.StepCostModel``, fitted online from the engine's measured steps)
+stays within the target; ``max_num_batched_tokens`` stays a hard cap on top of it.
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ from kvfleet.engine.kv.kv_cache_manager import NO_PREFIX, CachedPrefix, KVCacheM
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sched.policy import SchedulingPolicy, make_policy
+from kvfleet.engine.sched.step_cost import StepCostModel, StepShape, StepTimeBudget
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
 # A waiting sequence waits for another's in-flight prefix when at least this many of its
 # tokens would otherwise be computed twice (SGLang's in-batch prefix threshold is 32 too).
 SHARED_PREFIX_WAIT_TOKENS = 32
+# Under a step time target, the first prefill of every step gets at least this many tokens, so
+# prompts progress even when the running decodes alone fill the target.
+MIN_PREFILL_CHUNK_TOKENS = 32
 
 
 class Sampled(NamedTuple):
@@ -43,6 +52,9 @@ class Scheduler:
         policy: SchedulingPolicy | str = "fcfs",
         enable_chunked_prefill: bool = True,
         max_loras: int | None = None,
+        target_step_s: float | None = None,
+        step_cost: StepCostModel | None = None,
+        min_prefill_chunk: int = MIN_PREFILL_CHUNK_TOKENS,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -56,6 +68,12 @@ class Scheduler:
         self._requests: dict[str, list[Sequence]] = {}
         self.num_preemptions = 0
         self._running_sorted = True  # False once an admission may have broken the policy order
+        if target_step_s is not None and target_step_s <= 0:
+            raise ValueError(f"target_step_s must be > 0, got {target_step_s}")
+        self.target_step_s = target_step_s  # None: steps bounded by max_num_batched_tokens only
+        self.step_cost = step_cost or StepCostModel()  # fed by Engine.step() when a target is set
+        self.min_prefill_chunk = min_prefill_chunk
+        self._time: StepTimeBudget | None = None  # the step being planned's time left, stall-free mode
 
     # ---- queue state
     @property
@@ -82,6 +100,8 @@ class Scheduler:
     # step's tokens never exceed the budget; a waiting sequence is admitted only when no
     # running one had to be preempted this step.
     def schedule(self) -> SchedulerPlan:
+        if self.target_step_s is not None:
+            return self._schedule_stall_free(self.target_step_s)
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
@@ -108,6 +128,88 @@ class Scheduler:
         if not preempted and self.policy.may_admit(num_running_at_start):
             budget = self._admit(budget, scheduled)
         return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
+
+    # Invariant (stall-free): every running decode is planned before any prefill chunk, each group
+    # in policy order; prefill chunks (running prompts, then admissions) fill what the time target
+    # leaves as the cost model predicts it, and the token cap; the first prefill of a step gets at
+    # least min_prefill_chunk tokens. A step with no decode has no stream to keep going: the cap
+    # alone bounds it.
+    def _schedule_stall_free(self, target_s: float) -> SchedulerPlan:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+        if not self._running_sorted:
+            self.policy.order_running(self.running)
+            self._running_sorted = True
+        num_running_at_start = len(self.running)
+        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decoding:
+            if budget == 0 or seq.status is not SequenceStatus.RUNNING:
+                continue  # out of tokens, or preempted by a decode before it
+            entry = self._room(seq, 1, NO_PREFIX, scheduled, preempted)
+            if entry is None:
+                break  # seq gave its own blocks up: everything after it is preempted too
+            scheduled.append(entry)
+            budget -= 1
+        if scheduled:
+            self._time = StepTimeBudget(
+                self.step_cost, target_s, self.min_prefill_chunk, StepShape.of(scheduled)
+            )
+        try:
+            budget = self._prefill_running(prefilling, budget, scheduled, preempted)
+            if not preempted and self.policy.may_admit(num_running_at_start):
+                self._admit(budget, scheduled)
+        finally:
+            self._time = None
+        return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
+
+    def _prefill_running(
+        self,
+        prefilling: list[Sequence],
+        budget: int,
+        scheduled: list[ScheduledSeq],
+        preempted: list[Sequence],
+    ) -> int:
+        """The next chunks of running prompts, in policy order, within the budget and the time left."""
+        for seq in prefilling:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted to make room for a decode or an earlier prompt
+            cached = self._cached_prefix(seq) if not seq.block_ids else NO_PREFIX
+            before = seq.num_computed_tokens + cached.num_tokens
+            num_new = min(seq.num_tokens - before, budget)
+            if self._time is not None and (num_new := self._time.chunk(before, num_new)) == 0:
+                break
+            entry = self._room(seq, num_new, cached, scheduled, preempted)
+            if entry is None:
+                break
+            if self._time is not None:
+                self._time.spend(before, num_new)
+            scheduled.append(entry)
+            budget -= num_new
+        return budget
+
+    def _room(
+        self,
+        seq: Sequence,
+        num_new: int,
+        cached: CachedPrefix,
+        scheduled: list[ScheduledSeq],
+        preempted: list[Sequence],
+    ) -> ScheduledSeq | None:
+        """Blocks for running ``seq``'s next chunk; out of blocks, the lowest-priority running sequence
+        not yet in this step's plan is preempted, until it fits or ``seq`` itself goes (None)."""
+        in_plan: set[int] | None = None
+        while self.kv.allocate_slots(seq, num_new, cached) is None:
+            in_plan = {e.seq.seq_id for e in scheduled} if in_plan is None else in_plan
+            victim = next(s for s in reversed(self.running) if s.seq_id not in in_plan)
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return None
+        return self._entry(seq, num_new)
 
     def _schedule_running(self, i: int, budget: int, preempted: list[Sequence]) -> ScheduledSeq | None:
         """Room for running[i]'s next chunk, preempting from the back of the running list if needed."""
@@ -153,8 +255,13 @@ class Scheduler:
                 break
             if self.enable_chunked_prefill:
                 num_new = min(num_new, budget)
+            before = seq.num_computed_tokens + cached.num_tokens
+            if self._time is not None and (num_new := self._time.chunk(before, num_new)) == 0:
+                break  # the step's time target is spent
             if self.kv.allocate_slots(seq, num_new, cached) is None:
                 break  # out of blocks: admissions never preempt
+            if self._time is not None:
+                self._time.spend(before, num_new)
             self._start(seq)
             scheduled.append(self._entry(seq, num_new))
             budget = max(0, budget - num_new)

@@ -23,7 +23,7 @@ def test_the_flags_build_one_engine_config() -> None:
     config = cli.engine_config(
         _args(
             "--model", "/models/llama", "--served-model-name", "llama", "--max-num-seqs", "32",
-            "--max-num-batched-tokens", "4096", "--block-size", "32", "--kv-cache-memory", "8GiB",
+            "--max-num-batched-tokens", "4096", "--target-step-ms", "250", "--block-size", "32", "--kv-cache-memory", "8GiB",
             "--num-kv-blocks", "100", "--max-model-len", "4096", "--dtype", "bfloat16", "--attention", "triton",
             "--no-prefix-caching", "--no-prepack-weights", "--weight-packing", "onednn", "--scheduling-policy", "priority", "--seed", "3",
             "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
@@ -48,6 +48,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "scheduling_policy": "priority",
         "attention_backend": "triton",
         "enable_chunked_prefill": True,
+        "target_step_ms": 250.0,
         "prepack_weights": False,
         "weight_packing": "onednn",
         "enforce_eager": True,

@@ -33,6 +33,8 @@ def test_a_step_costs_the_base_plus_its_batched_tokens_plus_its_context() -> Non
     # 11 batched tokens (a 10-token prefill chunk and one decode); contexts 10 + 23.
     assert timing.step_seconds(_plan()) == pytest.approx(0.005 + 11e-4 + 33e-6)
     assert timing.step_seconds(SchedulerPlan()) == 0.0
+    per_row = TimingModel(base_s=0.005, per_token_s=1e-4, per_context_token_s=1e-6, per_row_s=1e-3)
+    assert per_row.step_seconds(_plan()) == pytest.approx(0.005 + 11e-4 + 33e-6 + 2e-3)  # two sequences
 
 
 def test_the_hardware_timing_comes_from_the_capacity_maths() -> None:
@@ -128,3 +130,28 @@ print(r.json()["choices"][0]["text"], "torch" in sys.modules)
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
     assert out == ["abc", "False"]
+
+
+def test_a_step_time_target_holds_on_the_simulated_clock_not_the_wall_clock() -> None:
+    """Issue #33: the engine's cost model learns the simulator's seconds (here 1000x the wall clock's),
+    so a burst of long prompts beside running streams keeps every simulated step near the target."""
+    timing = TimingModel(base_s=0.005, per_token_s=1e-4, per_context_token_s=1e-6)
+    cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu", target_step_ms=20.0)
+    runner = SimRunner(2048, timing, speedup=1000.0)
+    engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
+    for i in range(8):
+        engine.add_request(f"d{i}", [1 + i] * 8, SamplingParams(max_tokens=400))
+    for _ in range(5):
+        engine.step()
+    for i in range(8):
+        engine.add_request(f"p{i}", [20 + i] * 1000, SamplingParams(max_tokens=2))
+    seconds, rows = [], []
+    while any(f"p{i}" in engine._requests for i in range(8)):
+        engine.step()
+        seconds.append(runner.last_step_seconds)
+        rows.append(sum(1 for s in engine.scheduler.running if s.request_id.startswith("d")))
+    assert min(rows) == 8  # the streams ran through the burst
+    assert max(seconds[4:]) <= 0.020 * 1.05  # the first steps (the very first unobserved) learn
+    assert len(seconds) < 8000 * 1e-4 / (0.020 - 0.0065) * 1.5  # chunks near the target's size
+    fixed, per_token, per_row, per_context = engine.scheduler.step_cost.coefficients()
+    assert per_token + per_context == pytest.approx(1e-4 + 1e-6, rel=0.1)

