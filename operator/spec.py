@@ -79,7 +79,9 @@ def _check_engine_kind(spec: InferenceServiceSpec) -> None:
     if eng.kind == "vllm" and eng.simulate:
         raise SpecError("spec.engine.simulate", "kind vllm has no simulated mode (kvfleet's engine only)")
     if eng.kind == "vllm" and eng.quantization == "int8":
-        raise SpecError("spec.engine.quantization", "int8 is kvfleet's CPU format; kind vllm takes fp8 or gguf")
+        raise SpecError(
+            "spec.engine.quantization", "int8 is kvfleet's CPU format; kind vllm takes fp8 or gguf"
+        )
 
 
 def _check_adapters(spec: InferenceServiceSpec) -> None:
