@@ -96,6 +96,12 @@ class Scheduler:
             self._requests[seq.request_id].extend(forks)
 
     # ---- planning
+    def _order_running(self) -> None:
+        """Put the running sequences back in policy order if an admission may have broken it."""
+        if not self._running_sorted:
+            self.policy.order_running(self.running)
+            self._running_sorted = True
+
     # Invariant: running sequences are served before any waiting one, in policy order; the
     # step's tokens never exceed the budget; a waiting sequence is admitted only when no
     # running one had to be preempted this step.
@@ -105,9 +111,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        if not self._running_sorted:
-            self.policy.order_running(self.running)
-            self._running_sorted = True
+        self._order_running()
         running, block_size = self.running, self.kv.block_size
         num_running_at_start = len(running)
         i = 0
@@ -138,9 +142,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        if not self._running_sorted:
-            self.policy.order_running(self.running)
-            self._running_sorted = True
+        self._order_running()
         num_running_at_start = len(self.running)
         decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
         prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
