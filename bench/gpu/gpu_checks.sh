@@ -22,7 +22,9 @@
 #   echo /.whl/ >> .git/info/exclude; echo /.gpumodel/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     pydantic pydantic-core annotated-types typing-inspection typing-extensions gguf
+#     pydantic pydantic-core annotated-types typing-inspection typing-extensions gguf xgrammar apache-tvm-ffi
+#   (versions as in .venv: two versions of one wheel stop the install; xgrammar's wheel is manylinux_2_28,
+#   apache-tvm-ffi's manylinux_2_24/2_28: add those --platform tags)
 # The 98 MB GGUF is over one call's 64 MiB, so it travels in two halves, one per call, on the
 # same warm machine (each run keeps what it was given under /tmp/kvfleet-gguf-parts):
 #   mkdir -p .gpumodel/a .gpumodel/b
@@ -98,6 +100,42 @@ graphs() {
   return $((tests || bench || equal))
 }
 
+# issue #30 and #34's fp8 in two calls on one warm machine (the GGUF travels in halves, one per call):
+#   gpu1 (carry .whl, .gpumodel/a): every gpu-marked test (kernels, fp8, CUDA graphs), the fused-op
+#        tests, gpu_graphs.py's decode steps and gpu_fp8.py. Output: gpu_tests_all.txt, gpu_graphs.txt, gpu_fp8.txt.
+#   gpu2 (carry .whl, .gpumodel/b): gpu_graphs.py's SmolLM2 part and the float32 greedy check against
+#        transformers with graphs on. Output: gpu_graphs_smollm2.txt, gpu_smollm2.txt.
+# the gpu-marked test files whose imports the device image has (tests/engine/server needs uvicorn, others openai)
+gpu_tests=(tests/engine/kernels/test_fp8_gpu.py tests/engine/kernels/test_gpu_kernels.py tests/engine/kernels/test_triton_lora.py tests/engine/test_decode_path.py)
+
+gpu1() {
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider -m gpu "${gpu_tests[@]}" 2>&1 | tee "$OUT/gpu_tests_all.txt"
+  local tests=${PIPESTATUS[0]}
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider tests/engine/kernels/test_triton_fused.py 2>&1 | tee -a "$OUT/gpu_tests_all.txt"
+  tests=$((tests || PIPESTATUS[0]))
+  if [ "${SMOKE:-0}" = 1 ]; then export TRITON_INTERPRET=1; fi
+  "$PYTHON" -m bench.gpu.gpu_graphs --out "$OUT" --skip-smollm2 "${smoke[@]}" 2>&1 | grep -v "it/s\]"
+  local graphs=${PIPESTATUS[0]}
+  "$PYTHON" -m bench.gpu.gpu_fp8 --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
+  local fp8=${PIPESTATUS[0]}
+  unset TRITON_INTERPRET
+  echo "gpu1: gpu tests rc=$tests, gpu_graphs rc=$graphs, gpu_fp8 rc=$fp8"
+  return $((tests || graphs || fp8))
+}
+
+gpu2() {
+  local equal=0 bench=0
+  "$PYTHON" -P -m pytest -q -p no:cacheprovider -m gpu "${gpu_tests[@]}" 2>&1 | tee "$OUT/gpu_tests_gpu2.txt"
+  local tests=${PIPESTATUS[0]}
+  if [ "${SMOKE:-0}" != 1 ]; then
+    smollm2 --backends triton --dtypes float32 --hf-batches 128 || equal=1
+    "$PYTHON" -m bench.gpu.gpu_graphs --out "$OUT/smollm2" --skip-decode 2>&1 | grep -v "it/s\]"
+    bench=${PIPESTATUS[0]}
+  fi
+  echo "gpu2: gpu tests rc=$tests, smollm2 float32 rc=$equal, gpu_graphs smollm2 rc=$bench"
+  return $((tests || equal || bench))
+}
+
 profile() {
   "$PYTHON" -m bench.gpu.gpu_step_profile run --out "$OUT" "${smoke[@]}" 2>&1 | grep -v "it/s\]"
   return "${PIPESTATUS[0]}"
@@ -109,6 +147,8 @@ case $stage in
   smollm2) smollm2 "${@:2}" || rc=1 ;;
   fused) fused || rc=1 ;;
   graphs) graphs || rc=1 ;;
+  gpu1) gpu1 || rc=1 ;;
+  gpu2) gpu2 || rc=1 ;;
   all) kernels || rc=1; smollm2 || rc=1 ;;
   *) echo "unknown stage $stage: kernels, smollm2 [ARGS], graphs, fused, profile or all" >&2; exit 2 ;;
 esac

@@ -116,7 +116,7 @@ def busy_run(llm: Any, prompts: list[Any], params: list[Any]) -> tuple[float, fl
     """(wall seconds, GPU-busy fraction) of one generate under the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    sync("cuda")  # type: ignore[arg-type]
+    sync(torch.device("cuda"))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         llm.generate(prompts, params)
@@ -178,6 +178,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--skip-smollm2", action="store_true")
+    p.add_argument("--skip-decode", action="store_true", help="only SmolLM2 (the GGUF's second call)")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     cuda = torch.cuda.is_available() and not args.smoke
@@ -195,7 +196,8 @@ def main(argv: list[str]) -> int:
         (args.out / "gpu_graphs.txt").write_text("\n".join(lines) + "\n")
 
     say(f"device: {torch.cuda.get_device_name() if cuda else 'cpu (smoke)'}; torch {torch.__version__}")
-    part_decode(args, device, dtype, say)
+    if not args.skip_decode:
+        part_decode(args, device, dtype, say)
     if cuda and not args.skip_smollm2:
         part_smollm2(args, say)
     return 0

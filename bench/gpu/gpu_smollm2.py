@@ -184,7 +184,7 @@ def speed(args: argparse.Namespace, gguf: Path, say: Say) -> None:
 
 
 def hf_batch(hf: Any, rs: list[Any], device: str) -> None:
-    from offline_throughput import left_padded  # bench/, beside this script
+    from bench.serving.offline_throughput import left_padded
 
     ids, mask = left_padded([r.prompt for r in rs], 0)
     longest = max(r.max_tokens for r in rs)
