@@ -40,7 +40,8 @@ class IncrementalDetokenizer:
         self._parts: list[str] = []
 
     def push(self, token_ids: Iterable[int]) -> str:
-        data = b"".join(self._tokenizer.token_bytes(t) for t in token_ids if t not in self._skip)
+        token_bytes, skip = self._tokenizer.token_bytes, self._skip
+        data = b"".join([token_bytes(t) for t in token_ids if t not in skip])
         new = self._decoder.decode(data)
         if new:
             self._parts.append(new)

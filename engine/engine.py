@@ -192,8 +192,9 @@ class Engine:
         ]
         if lora is not None:
             self._lora_usage.requests[lora] += 1
-        states = [SeqOutputState(seq, self._make_detokenizer(params)) for seq in seqs]
         per_step = params.output_kind is RequestOutputKind.PER_STEP
+        lazy = not per_step and not params.stop  # nobody reads the text before the end
+        states = [SeqOutputState(seq, self._make_detokenizer(params), lazy_text=lazy) for seq in seqs]
         self._requests[request_id] = _Request(request_id, prompt_ids, states, per_step)
         if params.structured is not None and self.structured is not None:
             self.structured.submit(request_id, params.structured)  # scheduled once compiled

@@ -9,6 +9,11 @@ Stop conditions, in the order checked (all but the length limits wait for
 string in the detokenised text, then ``max_tokens`` and the context limit ("length").
 The EOS / stop token stays in ``token_ids`` but adds no text. A matched stop string is
 cut from the text (kept with ``include_stop_str_in_output``).
+
+Text is decoded as the tokens come only where something reads it before the end: a stream
+(per-step deltas) or a stop string. Otherwise (``lazy_text``: ``LLM.generate``'s final-only
+outputs without stop strings) the tokens are decoded in one push when the sequence finishes;
+an incremental UTF-8 decoder gives the same text however the bytes are split.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class SeqOutputState:
     _sent_tokens: int = 0
     _finish_sent: bool = False
     _max_stop_len: int = field(default=0, init=False)
+    lazy_text: bool = False  # decode only when finished (nobody reads the text before)
+    _decoded: int = 0  # output tokens pushed to the detokenizer so far, when lazy
 
     def __post_init__(self) -> None:
         self._max_stop_len = max((len(s) for s in self.seq.params.stop), default=0)
@@ -90,7 +97,14 @@ class SeqOutputState:
         is_eos = not params.ignore_eos and token_id in eos_token_ids
         if may_stop and (is_eos or token_id in params.stop_token_ids):
             self.stop_reason = token_id if token_id in params.stop_token_ids else None
+            self._catch_up(num_output - 1)  # the stop token adds no text
             return self._finish(SequenceStatus.FINISHED_STOPPED)
+        if self.lazy_text:
+            if num_output >= params.max_tokens or len(seq.prompt_token_ids) + num_output >= max_len:
+                self._catch_up(num_output)
+                self.text += self.detokenizer.flush()
+                return self._finish(SequenceStatus.FINISHED_LENGTH)
+            return None
         new_text = self.detokenizer.push([token_id])
         self.text += new_text
         if may_stop and params.stop and self._stop_string_found(new_text, params):
@@ -99,6 +113,12 @@ class SeqOutputState:
             self.text += self.detokenizer.flush()
             return self._finish(SequenceStatus.FINISHED_LENGTH)
         return None
+
+    def _catch_up(self, upto: int) -> None:
+        """Lazy text: push the output tokens not yet decoded, up to ``upto``."""
+        if self.lazy_text and upto > self._decoded:
+            self.text += self.detokenizer.push(self.seq.output_token_ids[self._decoded : upto])
+            self._decoded = upto
 
     def _stop_string_found(self, new_text: str, params: SamplingParams) -> bool:
         """Cut the text at a stop string that the new text completed; True if there was one."""
@@ -117,11 +137,13 @@ class SeqOutputState:
 
     def stop(self) -> SequenceStatus:
         """Finish with "stop" for a reason outside this state (a structured output's grammar ended)."""
+        self._catch_up(len(self.seq.output_token_ids))
         self.text += self.detokenizer.flush()
         return self._finish(SequenceStatus.FINISHED_STOPPED)
 
     def abort(self) -> None:
         if self.finish_reason is None:
+            self._catch_up(len(self.seq.output_token_ids))
             self.finish_reason = SequenceStatus.FINISHED_ABORTED.value
 
     @property

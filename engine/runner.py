@@ -286,27 +286,30 @@ class ModelRunner:
         self, plan: SchedulerPlan, logits: torch.Tensor, seq_ids: tuple[int, ...]
     ) -> dict[int, SampleResult]:
         """One token per sampling row of ``logits`` (in the order of ``seq_ids``), under inference mode."""
+        if not seq_ids:
+            return {}
         with torch.inference_mode():
             if self.structured is not None:  # after whichever forward (per-op or fused) made the logits
                 self.structured.mask(logits, seq_ids)
-            requests = [
-                SampleRequest(
-                    s.seq.params,
-                    s.seq.index,
-                    s.seq.num_output_tokens,
-                    s.seq.prompt_token_ids,
-                    s.seq.output_token_ids,
-                )
-                for s in plan.scheduled
-                if s.sample
-            ]
-            results = self.sampler.sample(logits, requests)
+            requests = sample_requests(plan)
+            results = self.sampler.read(self.sampler.pick(logits, requests), logits, requests)
         return dict(zip(seq_ids, results, strict=True))
 
     def _forward(self, batch: FlatBatch) -> torch.Tensor:
         return self.model(
             batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
         )
+
+
+def sample_requests(plan: SchedulerPlan) -> list[SampleRequest] | None:
+    """The sampler's view of the plan's sampling rows; None when every row is plain greedy."""
+    seqs = [s.seq for s in plan.scheduled if s.num_computed_before + s.num_new_tokens == s.seq.num_tokens]
+    if all(seq.params.plain_greedy for seq in seqs):
+        return None
+    return [
+        SampleRequest(s.params, s.index, s.num_output_tokens, s.prompt_token_ids, s.output_token_ids)
+        for s in seqs
+    ]
 
 
 def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInfo]:

@@ -118,15 +118,18 @@ def _logprob(logprobs: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
 class Sampler:
     """Holds the generator for unseeded requests; everything else is a pure function of the inputs.
 
-    A step's tokens are picked on the logits' device into one int64 buffer kept between steps
+    A step's tokens are picked on the logits' device into an int64 buffer kept between steps
     (the greedy argmax of every row at once, then the rows that penalise or draw, each written
     in place) and read back with one ``tolist``: one synchronisation per step. Logprobs, when a
-    request asks, are read after it, when the device is idle."""
+    request asks, are read after it, when the device is idle. :meth:`pick` and :meth:`read` are
+    the two halves, for a caller that reads a step's tokens later (async scheduling); the picks
+    alternate between two buffers, so a step's tokens survive the next step's pick."""
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self.device = device
         self._generator = torch.Generator(device=device).manual_seed(seed)
-        self._tokens = torch.empty(0, dtype=torch.int64, device=device)
+        self._buffers = [torch.empty(0, dtype=torch.int64, device=device) for _ in range(2)]
+        self._turn = 0
 
     def _generator_for(self, req: SampleRequest) -> torch.Generator:
         if req.params.seed is None:
@@ -135,17 +138,19 @@ class Sampler:
         return torch.Generator(device=self.device).manual_seed(seed)
 
     def _token_buffer(self, rows: int, device: torch.device) -> torch.Tensor:
-        if self._tokens.shape[0] < rows or self._tokens.device != device:
-            self._tokens = torch.empty(max(rows, 2 * self._tokens.shape[0]), dtype=torch.int64, device=device)
-        return self._tokens[:rows]
+        self._turn ^= 1
+        tokens = self._buffers[self._turn]
+        if tokens.shape[0] < rows or tokens.device != device:
+            tokens = torch.empty(max(rows, 2 * tokens.shape[0]), dtype=torch.int64, device=device)
+            self._buffers[self._turn] = tokens
+        return tokens[:rows]
 
-    def sample(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[SampleResult]:
-        """``logits``: float32 (len(requests), vocab). Returns one result per row, in order."""
-        if not requests:
-            return []
-        tokens = self._token_buffer(len(requests), logits.device)
+    def pick(self, logits: torch.Tensor, requests: list[SampleRequest] | None) -> torch.Tensor:
+        """Every row's token, on the logits' device (not read); ``requests`` None: every row greedy,
+        unpenalised (the argmax alone)."""
+        tokens = self._token_buffer(logits.shape[0], logits.device)
         torch.argmax(logits, dim=-1, out=tokens)
-        for row, req in enumerate(requests):
+        for row, req in enumerate(requests or ()):
             p = req.params
             if p.greedy and not p.penalised:
                 continue
@@ -157,13 +162,26 @@ class Sampler:
                 if p.greedy
                 else _draw(processed_logits(values, p), self._generator_for(req))
             )
-        ids = tokens.tolist()  # the step's one synchronisation
-        want_logprobs = any(r.params.logprobs is not None for r in requests)
-        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        return tokens
+
+    def read(
+        self, tokens: torch.Tensor, logits: torch.Tensor, requests: list[SampleRequest] | None
+    ) -> list[SampleResult]:
+        """The picked tokens as results (the synchronisation), with logprobs where asked."""
+        ids = tokens.tolist()
+        if requests is None or not any(r.params.logprobs is not None for r in requests):
+            return list(map(SampleResult, ids))
+        logprobs = torch.log_softmax(logits, dim=-1)
         results = []
         for row, (req, token) in enumerate(zip(requests, ids, strict=True)):
             lp = None
-            if logprobs is not None and req.params.logprobs is not None:
+            if req.params.logprobs is not None:
                 lp = _logprob(logprobs[row], token, req.params.logprobs)
             results.append(SampleResult(token_id=token, logprob=lp))
         return results
+
+    def sample(self, logits: torch.Tensor, requests: list[SampleRequest]) -> list[SampleResult]:
+        """``logits``: float32 (len(requests), vocab). Returns one result per row, in order."""
+        if not requests:
+            return []
+        return self.read(self.pick(logits, requests), logits, requests)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 
@@ -169,3 +170,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @cached_property  # read per sampling row per step; the params never change (frozen)
+    def plain_greedy(self) -> bool:
+        """Whether the row's token is the logits' argmax and nothing else is asked (no logprobs)."""
+        return self.greedy and not self.penalised and self.logprobs is None

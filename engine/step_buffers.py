@@ -90,6 +90,8 @@ class StepBuffers:
         # writes only the null slot.
         self._np["slot_mapping"][:] = self.null_slot
         self._np["seq_lens"][:] = 1
+        self._rows = np.arange(max_seqs)
+        self._tables: list[tuple[int, ...] | None] = [None] * max_seqs
         # The last copy, on CUDA: the host buffer is busy until it ends.
         self._copied: torch.cuda.Event | None = None
         self._copy(max_seqs)
@@ -104,26 +106,30 @@ class StepBuffers:
         )
 
     # Invariant: after fill(scheduled, rows), device row r < len(scheduled) holds exactly what
-    # flatten_plan would put in row r for this decode step, and rows len(scheduled)..rows-1 are padding.
+    # flatten_plan would put in row r for this decode step, and rows len(scheduled)..rows-1 are padding;
+    # self._tables[r] is the block table host row r holds (None: unknown), so an unchanged one is not rewritten.
     def fill(self, scheduled: Sequence[ScheduledSeq], rows: int) -> None:
         """Write a decode step (every entry one new token, sampled) padded to ``rows`` rows, and copy it."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy may still read the host buffer
         n, bs, a = len(scheduled), self.block_size, self._np
-        ids, pos, slots = [], [], []
-        tables = a["block_tables"]
+        ids, pos = [], []
+        tables, known = a["block_tables"], self._tables
         for r, (seq, start, _, block_ids) in enumerate(scheduled):
             prompt = seq.prompt_token_ids
             ids.append(prompt[start] if start < len(prompt) else seq.output_token_ids[start - len(prompt)])
             pos.append(start)
-            slots.append(block_ids[start // bs] * bs + start % bs)
-            tables[r, : len(block_ids)] = block_ids
-        a["input_ids"][:n], a["positions"][:n], a["slot_mapping"][:n] = ids, pos, slots
-        a["seq_lens"][:n] = pos
-        a["seq_lens"][:n] += 1
+            if known[r] != block_ids:  # a new sequence in this row, or a new block: rewrite it
+                tables[r, : len(block_ids)] = block_ids
+                known[r] = block_ids
+        a["input_ids"][:n], a["positions"][:n] = ids, pos
+        p = a["positions"][:n]
+        a["slot_mapping"][:n] = tables[self._rows[:n], p // bs] * bs + p % bs
+        np.add(p, 1, out=a["seq_lens"][:n], casting="unsafe")
         a["input_ids"][n:rows], a["positions"][n:rows], a["slot_mapping"][n:rows] = 0, 0, self.null_slot
         a["seq_lens"][n:rows] = 1
         tables[n:rows, 0] = self.null_block
+        known[n:rows] = [None] * (rows - n)
         self._copy(rows)
 
     def _copy(self, rows: int) -> None:

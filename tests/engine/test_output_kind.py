@@ -106,6 +106,37 @@ def test_an_aborted_final_only_request_still_returns_its_final_output(make_engin
     assert (out.finished, out.seqs[0].new_text, out.seqs[0].finish_reason) == (True, "bc", "abort")
 
 
+# Multi-byte characters, a byte that starts none and a 4-byte lead cut short: the final-only text is
+# decoded in one push at the end (output_processor's lazy text), the streamed one token by token.
+UTF8_CHAIN = [0x68, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xFF, 0xF0, 0x41]
+
+
+def utf8_chain(last: int) -> int:
+    i = UTF8_CHAIN.index(last) if last in UTF8_CHAIN else -1
+    return UTF8_CHAIN[(i + 1) % len(UTF8_CHAIN)]
+
+
+def test_final_only_text_decoded_at_the_end_equals_the_streamed_text_byte_for_byte(
+    make_engine: MakeEngine,
+) -> None:
+    texts: dict[RequestOutputKind, dict[str, tuple[str, str | None]]] = {}
+    for kind in RequestOutputKind:
+        engine = make_engine(next_token=utf8_chain, max_model_len=128)
+        for n in range(1, 14):  # every cut through the chain, so some end inside a character
+            engine.add_request(f"r{n}", "h", SamplingParams(max_tokens=n, output_kind=kind))
+        engine.add_request("aborted", "h", SamplingParams(max_tokens=40, output_kind=kind))
+        deltas = [engine.step() for _ in range(5)]
+        deltas.append([d for d in [engine.abort("aborted")] if d is not None])
+        while engine.has_unfinished_requests():
+            deltas.append(engine.step())
+        outs = fold(d for step in deltas for d in step)
+        texts[kind] = {r: (o.outputs[0].text, o.outputs[0].finish_reason) for r, o in outs.items()}
+    streamed = texts[RequestOutputKind.PER_STEP]
+    assert texts[RequestOutputKind.FINAL_ONLY] == streamed
+    assert streamed["r5"] == ("é€", "length") and streamed["r7"] == ("é€\ufffd\ufffd", "length")
+    assert streamed["aborted"][1] == "abort"
+
+
 def test_generate_runs_every_request_final_only_without_changing_the_callers_params(
     make_engine: MakeEngine,
 ) -> None:
