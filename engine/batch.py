@@ -8,8 +8,10 @@ which rows belong to which sequence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvfleet.engine.attention import AttentionMetadata
@@ -31,67 +33,67 @@ class FlatBatch:
     sample_seq_ids: tuple[int, ...]  # the seq_id of each of those rows, in order
 
 
-@dataclass
-class _Rows:
-    """The batch's columns as Python lists, filled one scheduled sequence at a time."""
-
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    seq_lens: list[int] = field(default_factory=list)
-    query_start: list[int] = field(default_factory=lambda: [0])
-    sample_rows: list[int] = field(default_factory=list)
-    sample_seq_ids: list[int] = field(default_factory=list)
-
-    # Invariant: row r of the batch is token seq.all_token_ids[p] of its sequence, at position p,
-    # stored in slot block_ids[p // block_size] * block_size + p % block_size.
-    def add(self, entry: ScheduledSeq, block_size: int) -> None:
-        seq, start, num_new, block_ids = entry
-        end = start + num_new
-        if len(block_ids) * block_size < end:
-            raise ValueError(
-                f"seq {seq.seq_id}: {len(block_ids)} blocks of {block_size} cannot hold {end} tokens"
-            )
-        if num_new == 1:  # a decode: the one token, without slicing the whole sequence
-            self.input_ids.append(_token_at(seq, start))
-            self.positions.append(start)
-            self.slots.append(block_ids[start // block_size] * block_size + start % block_size)
+def _input_ids(scheduled: tuple[ScheduledSeq, ...]) -> list[int]:
+    """The step's token ids, end to end (a decode's one token without slicing its sequence)."""
+    ids: list[int] = []
+    for seq, start, num_new, _ in scheduled:
+        if num_new == 1:
+            ids.append(_token_at(seq, start))
         else:
-            self.input_ids.extend(seq.tokens(start, end))
-            self.positions.extend(range(start, end))
-            self.slots.extend(
-                block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)
-            )
-        self.seq_lens.append(end)
-        rows = self.query_start[-1] + num_new
-        self.query_start.append(rows)
-        if end == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # entry.sample, inlined
-            self.sample_rows.append(rows - 1)
-            self.sample_seq_ids.append(seq.seq_id)
+            ids.extend(seq.tokens(start, start + num_new))
+    return ids
 
 
+def _block_tables(scheduled: tuple[ScheduledSeq, ...], lens: np.ndarray) -> np.ndarray:
+    """(rows, widest) int32, each row its sequence's block ids then zeros."""
+    tables = np.zeros((len(scheduled), int(lens.max())), dtype=np.int32)
+    flat = np.fromiter(
+        itertools.chain.from_iterable(e.block_ids for e in scheduled), np.int32, int(lens.sum())
+    )
+    tables[np.arange(tables.shape[1]) < lens[:, None]] = flat
+    return tables
+
+
+# Invariant: row r of the batch is token seq.all_token_ids[p] of its sequence, at position p,
+# stored in slot block_ids[p // block_size] * block_size + p % block_size; a sequence samples
+# (its last row is a sample row) when its chunk reaches the end of its known tokens.
 def flatten_plan(plan: SchedulerPlan, block_size: int, device: torch.device) -> FlatBatch:
-    rows = _Rows()
-    for entry in plan.scheduled:
-        rows.add(entry, block_size)
-    width = max(len(s.block_ids) for s in plan.scheduled)
-    tables = [list(s.block_ids) + [0] * (width - len(s.block_ids)) for s in plan.scheduled]
+    scheduled = plan.scheduled
+    n = len(scheduled)
+    start = np.fromiter((e.num_computed_before for e in scheduled), np.int64, n)
+    num_new = np.fromiter((e.num_new_tokens for e in scheduled), np.int64, n)
+    lens = np.fromiter((len(e.block_ids) for e in scheduled), np.int64, n)
+    end = start + num_new
+    short = np.flatnonzero(lens * block_size < end)
+    if short.size:
+        r = int(short[0])
+        raise ValueError(
+            f"seq {scheduled[r].seq.seq_id}: {lens[r]} blocks of {block_size} cannot hold {end[r]} tokens"
+        )
+    tables = _block_tables(scheduled, lens)
+    query_start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(num_new, out=query_start[1:])
+    row_seq = np.repeat(np.arange(n), num_new)  # each row's sequence
+    positions = np.arange(query_start[-1]) - query_start[row_seq] + start[row_seq]
+    slots = tables[row_seq, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    samples = np.fromiter((e.seq.num_tokens for e in scheduled), np.int64, n) == end
+    sample_seq_ids = tuple(e.seq.seq_id for e, s in zip(scheduled, samples.tolist(), strict=True) if s)
 
-    def tensor(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
+    def tensor(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(values).to(device=device, dtype=dtype)
 
     meta = AttentionMetadata(
-        slot_mapping=tensor(rows.slots, torch.int64),
+        slot_mapping=tensor(slots, torch.int64),
         block_tables=tensor(tables, torch.int32),
-        seq_lens=tensor(rows.seq_lens, torch.int32),
-        query_start_loc=tensor(rows.query_start, torch.int32),
-        max_query_len=max(s.num_new_tokens for s in plan.scheduled),
-        max_seq_len=max(rows.seq_lens),
+        seq_lens=tensor(end, torch.int32),
+        query_start_loc=tensor(query_start, torch.int32),
+        max_query_len=int(num_new.max()),
+        max_seq_len=int(end.max()),
     )
     return FlatBatch(
-        input_ids=tensor(rows.input_ids, torch.int64),
-        positions=tensor(rows.positions, torch.int64),
+        input_ids=torch.tensor(_input_ids(scheduled), dtype=torch.int64, device=device),
+        positions=tensor(positions, torch.int64),
         meta=meta,
-        sample_rows=tensor(rows.sample_rows, torch.int64),
-        sample_seq_ids=tuple(rows.sample_seq_ids),
+        sample_rows=tensor(query_start[1:][samples] - 1, torch.int64),
+        sample_seq_ids=sample_seq_ids,
     )
