@@ -181,6 +181,11 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="decode steps without CUDA graphs (engine/cuda_graphs.py)",
     )
     e.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="schedule and launch the next step before reading this one's tokens (engine/async_scheduling.py)",
+    )
+    e.add_argument(
         "--cuda-graph-sizes",
         type=int,
         nargs="+",

@@ -63,6 +63,9 @@ class EngineConfig(BaseModel):
     # given on the CPU, decode batches are padded to them there too (no graphs: a plain call)
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
+    # vLLM's flag (engine/async_scheduling.py): schedule and launch step N+1 while step N's tokens are
+    # still on the device (fed to N+1 there), and read them afterwards; False: one step at a time
+    async_scheduling: bool = False
     # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py);
     # int8 (CPU) and fp8 (GPU, cc >= 8.9) quantise a Hugging Face checkpoint's linears at load
     # (model/hf_quant_loader.py); a compressed-tensors checkpoint is served quantised without the flag

@@ -45,7 +45,7 @@ from kvfleet.engine.cuda_graphs import (
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.sched.plan import SchedulerPlan
-from kvfleet.engine.step_buffers import StepBuffers
+from kvfleet.engine.step_buffers import FedTokens, StepBuffers
 
 if TYPE_CHECKING:
     from kvfleet.engine.model.llama import LlamaForCausalLM
@@ -75,15 +75,18 @@ class DecodePath:
             batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
         )
 
-    def run(self, plan: SchedulerPlan) -> tuple[torch.Tensor, tuple[int, ...]] | None:
-        """(logits of the sampling rows, their seq ids), or None: not a step this path takes."""
+    def run(
+        self, plan: SchedulerPlan, fed: FedTokens | None = None
+    ) -> tuple[torch.Tensor, tuple[int, ...]] | None:
+        """(logits of the sampling rows, their seq ids), or None: not a step this path takes.
+        ``fed``: the previous step's tokens, for inputs still placeholders on the host."""
         scheduled = plan.scheduled
         if not all(s.num_new_tokens == 1 and s.sample and s.seq.lora_name is None for s in scheduled):
             return None
         rows = padded_size(self.graphs.sizes, len(scheduled))
         if rows is None or not self.buffers.fits(scheduled):
             return None
-        self.buffers.fill(scheduled, rows)
+        self.buffers.fill(scheduled, rows, fed)
         width = max(len(s.block_ids) for s in scheduled)
         max_seq_len = max(s.num_computed_before for s in scheduled) + 1
         logits = self.graphs.run(StepShape(rows, width, max_seq_len))

@@ -18,9 +18,9 @@ reference count (``KVCacheManager.fork``) and recomputing only the last partial 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvfleet.engine.async_scheduling import AsyncSteps
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.detokenizer import IncrementalDetokenizer
 from kvfleet.engine.interfaces import Runner, Tokenizer
@@ -30,13 +30,13 @@ from kvfleet.engine.lora.config import LoraError, unknown_adapter
 from kvfleet.engine.lora.stats import LoraHost, LoraUsage
 from kvfleet.engine.messages import AddCmd
 from kvfleet.engine.model.sources import served_name
-from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, SeqOutputState
+from kvfleet.engine.output_processor import Detokenizer, DetokenizerFactory, RequestState, SeqOutputState
 from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, SamplingParams
 from kvfleet.engine.sched.plan import SchedulerPlan
-from kvfleet.engine.sched.scheduler import Scheduler
+from kvfleet.engine.sched.scheduler import Sampled, Scheduler
 from kvfleet.engine.sched.step_cost import StepShape
-from kvfleet.engine.sequence import Sequence
+from kvfleet.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 
 if TYPE_CHECKING:  # the real module imports xgrammar and torch: only an engine with a model builds it
     from kvfleet.engine.structured import StructuredOutputs
@@ -45,28 +45,6 @@ __all__ = ["Engine", "EngineStats", "RequestError"]  # the last two live where t
 
 
 GRAMMAR_WAIT_S = 0.02  # an idle step waits this long at most for a compile to finish
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt_token_ids: list[int]
-    states: list[SeqOutputState]
-    per_step: bool  # an output every step it samples; else only when it finishes (FINAL_ONLY)
-
-    @property
-    def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.states)
-
-    def delta(self) -> ReqDelta:
-        """What the request's sequences added since its previous delta (only those with news)."""
-        return ReqDelta(
-            self.request_id,
-            self.finished,
-            len(self.prompt_token_ids),
-            self.states[0].seq.num_cached_tokens,
-            [s.delta() for s in self.states if s.has_news],
-        )
 
 
 class Engine:
@@ -120,11 +98,13 @@ class Engine:
         for name, path in config.lora_modules.items():
             self.load_lora(name, path)
         self._detokenizer_factory = detokenizer_factory
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_finished = 0
         self._num_steps_run = 0  # steps that ran a plan, while a step time target is set
+        self._host_token_requests = 0  # unfinished requests whose sampling reads earlier tokens on the host
+        self._async = AsyncSteps.for_engine(self) if config.async_scheduling else None
 
     def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
         """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
@@ -195,7 +175,9 @@ class Engine:
         per_step = params.output_kind is RequestOutputKind.PER_STEP
         lazy = not per_step and not params.stop  # nobody reads the text before the end
         states = [SeqOutputState(seq, self._make_detokenizer(params), lazy_text=lazy) for seq in seqs]
-        self._requests[request_id] = _Request(request_id, prompt_ids, states, per_step)
+        host = params.penalised or params.logprobs is not None or params.structured is not None
+        self._requests[request_id] = RequestState(request_id, prompt_ids, states, per_step, host)
+        self._host_token_requests += host
         if params.structured is not None and self.structured is not None:
             self.structured.submit(request_id, params.structured)  # scheduled once compiled
             self._awaiting_grammar[request_id] = seqs
@@ -219,7 +201,7 @@ class Engine:
             seqs = self._awaiting_grammar.pop(request_id)
             self._late_verdicts.append((request_id, error))
             if grammar is None:
-                del self._requests[request_id]
+                self._host_token_requests -= self._requests.pop(request_id).reads_host_tokens
                 continue
             for seq in seqs:
                 self.structured.start(seq.seq_id, grammar)
@@ -257,9 +239,10 @@ class Engine:
 
     def abort(self, request_id: str) -> ReqDelta | None:
         """Abort a request and free its blocks; its last delta (finish_reason "abort"), or None if unknown."""
-        request = self._requests.pop(request_id, None)
+        request = self._requests.get(request_id)
         if request is None:
             return None
+        self._forget(request_id)
         if self._awaiting_grammar.pop(request_id, None) is not None:
             assert self.structured is not None
             self.structured.cancel(request_id)
@@ -270,8 +253,10 @@ class Engine:
             self.structured.release(s.seq.seq_id for s in request.states)
         self.scheduler.abort(request_id)
         for state in request.states:
+            outputs = state.seq.output_token_ids
+            if outputs and outputs[-1] == PLACEHOLDER_TOKEN:  # async scheduling: never read, never emitted
+                outputs.pop()
             state.abort()
-        self._num_finished += 1
         return request.delta()
 
     # ---- the loop
@@ -282,22 +267,38 @@ class Engine:
         """Schedule, execute and process one step; one delta per request that changed.
 
         A FINAL_ONLY request appears only in the step that finishes it: its one delta holds
-        the whole completion.
+        the whole completion. With async scheduling the deltas are those of the step launched by
+        the previous call (``engine/async_scheduling.py``).
         """
         if self._awaiting_grammar:
             self._admit_compiled()
+        if self._async is not None:
+            return self._async.step()
+        return self.sync_step()
+
+    def sync_step(self) -> list[ReqDelta]:
+        """One step, its tokens read before it returns."""
         started = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
-            if self._awaiting_grammar:  # nothing to run but compiles: wait for one, briefly
-                assert self.structured is not None
-                self.structured.wait(GRAMMAR_WAIT_S)
+            self.idle()
             return []
         samples = self.runner.execute(plan)
-        changed: dict[str, _Request] = {}
+        outputs = self.process(self.scheduler.update(plan, samples))
+        self.observe(plan, started)
+        return outputs
+
+    def idle(self) -> None:
+        """Nothing to run: wait briefly for a grammar compile, if one is under way."""
+        if self._awaiting_grammar:
+            assert self.structured is not None
+            self.structured.wait(GRAMMAR_WAIT_S)
+
+    def process(self, sampled: list[Sampled]) -> list[ReqDelta]:
+        """Stop checks, detokenisation and the deltas of the sequences that sampled a token."""
+        changed: dict[str, RequestState] = {}
         max_len = min(self.max_model_len, self.kv.max_tokens_per_seq())
         requests, eos_ids, grammar = self._requests, self.eos_token_ids, self.structured
-        sampled = self.scheduler.update(plan, samples)
         self._generation_tokens += len(sampled)
         for seq, result in sampled:
             request = requests[seq.request_id]
@@ -319,16 +320,27 @@ class Engine:
         outputs = [r.delta() for r in changed.values() if r.per_step or r.finished]
         for out in outputs:
             if out.finished:
-                del self._requests[out.request_id]
-                self._num_finished += 1
-        if self.scheduler.target_step_s is not None:
-            self._observe_step(plan, time.perf_counter() - started)
+                self._forget(out.request_id)
         return outputs
 
-    def _observe_step(self, plan: SchedulerPlan, wall_s: float) -> None:
-        """Feed the scheduler's step cost model: the runner's own clock if it keeps one (the
-        simulator's timing model), else the wall time of the whole step (what a stream waits).
-        The first step is left out: it pays the runner's one-time lazy set-up."""
+    def _forget(self, request_id: str) -> None:
+        request = self._requests.pop(request_id)
+        self._num_finished += 1
+        if request.reads_host_tokens:
+            self._host_token_requests -= 1
+
+    @property
+    def reads_host_tokens(self) -> bool:
+        """Whether a request whose sampling needs the previous token on the host is unfinished."""
+        return self._host_token_requests > 0
+
+    def observe(self, plan: SchedulerPlan, started: float) -> None:
+        """Feed the scheduler's step cost model, when a step time target is set: the runner's own clock
+        if it keeps one (the simulator's timing model), else the wall time of the whole step (what a
+        stream waits). The first step is left out: it pays the runner's one-time lazy set-up."""
+        if self.scheduler.target_step_s is None:
+            return
+        wall_s = time.perf_counter() - started
         self._num_steps_run += 1
         if self._num_steps_run == 1:
             return

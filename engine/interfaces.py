@@ -27,6 +27,23 @@ class Runner(Protocol):
         ...
 
 
+class LaunchedStep(Protocol):
+    """A step whose tokens are picked on the device but not yet read (async scheduling)."""
+
+    def read(self) -> dict[int, SampleResult]:
+        """The step's samples by ``seq_id`` (the synchronisation)."""
+        ...
+
+
+class LaunchingRunner(Runner, Protocol):
+    """A runner that can launch a step and hand its tokens to the next one on the device."""
+
+    def launch(self, plan: SchedulerPlan) -> LaunchedStep:
+        """Run the plan without reading its tokens; an input token that is ``PLACEHOLDER_TOKEN`` is
+        the one the previous launched step sampled for that sequence, taken on the device."""
+        ...
+
+
 class Tokenizer(Protocol):
     @property
     def eos_token_ids(self) -> frozenset[int]: ...

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvfleet.engine.interfaces import Tokenizer
-from kvfleet.engine.outputs import SampleResult, SeqDelta, TokenLogprob
+from kvfleet.engine.outputs import ReqDelta, SampleResult, SeqDelta, TokenLogprob
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
@@ -175,3 +175,28 @@ class SeqOutputState:
         self._sent_chars, self._sent_tokens = emit_to, len(token_ids)
         self._finish_sent = self.finish_reason is not None
         return out
+
+
+@dataclass
+class RequestState:
+    """A request's output states, one per sample (n), and how its deltas go out."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    states: list[SeqOutputState]
+    per_step: bool  # an output every step it samples; else only when it finishes (FINAL_ONLY)
+    reads_host_tokens: bool = False  # its sampling needs the previous token on the host (async scheduling)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.states)
+
+    def delta(self) -> ReqDelta:
+        """What the request's sequences added since its previous delta (only those with news)."""
+        return ReqDelta(
+            self.request_id,
+            self.finished,
+            len(self.prompt_token_ids),
+            self.states[0].seq.num_cached_tokens,
+            [s.delta() for s in self.states if s.has_news],
+        )

@@ -42,6 +42,7 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.decode_path import DecodePath, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.kernels.native.cpu_features import cpu_paths_line
+from kvfleet.engine.launched_step import PickedStep, feed_flat
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.compressed_tensors import checkpoint_quantization
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
@@ -192,6 +193,7 @@ class ModelRunner:
         if setup is not None:
             self.decode = setup.build(self.model, self.kv_caches, self.backend, null_block=self._num_blocks)
         self.sampler = Sampler(config.seed, self.device)
+        self._last: PickedStep | None = None  # the last launched step: the next one may feed on it
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
         if config.lora_enabled:
@@ -262,14 +264,20 @@ class ModelRunner:
         )  # fmt: skip
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
-        if plan.is_empty:
-            return {}
+        return {} if plan.is_empty else self.launch(plan).read()
+
+    def launch(self, plan: SchedulerPlan) -> PickedStep:
+        """Run the plan and pick its tokens on the device without reading them (``LaunchingRunner``);
+        placeholder inputs take the previous launched step's tokens there."""
+        fed, self._last = self._last, None
         if self.decode is not None:  # a decode step: static buffers, a captured graph (decode_path.py)
             with torch.inference_mode():
-                decoded = self.decode.run(plan)
+                decoded = self.decode.run(plan, fed)
                 if decoded is not None:
-                    return self._sample(plan, *decoded)
+                    return self._pick(plan, *decoded)
         batch = flatten_plan(plan, self.block_size, self.device)
+        with torch.inference_mode():
+            feed_flat(batch.input_ids, plan, fed)
         slots: dict[str, int] | None = None
         if self.lora is not None and any(s.seq.lora_name is not None for s in plan.scheduled):
             adapters = [s.seq.lora_name for s in plan.scheduled for _ in range(s.num_new_tokens)]
@@ -280,20 +288,16 @@ class ModelRunner:
             lora = batch.meta.lora
             self.leader.send_step(batch, slots, None if lora is None else lora.token_slots)
         with torch.inference_mode():
-            return self._sample(plan, self._forward(batch), batch.sample_seq_ids)
+            return self._pick(plan, self._forward(batch), batch.sample_seq_ids)
 
-    def _sample(
-        self, plan: SchedulerPlan, logits: torch.Tensor, seq_ids: tuple[int, ...]
-    ) -> dict[int, SampleResult]:
-        """One token per sampling row of ``logits`` (in the order of ``seq_ids``), under inference mode."""
-        if not seq_ids:
-            return {}
-        with torch.inference_mode():
-            if self.structured is not None:  # after whichever forward (per-op or fused) made the logits
-                self.structured.mask(logits, seq_ids)
-            requests = sample_requests(plan)
-            results = self.sampler.read(self.sampler.pick(logits, requests), logits, requests)
-        return dict(zip(seq_ids, results, strict=True))
+    def _pick(self, plan: SchedulerPlan, logits: torch.Tensor, seq_ids: tuple[int, ...]) -> PickedStep:
+        """One token per sampling row of ``logits`` (in the order of ``seq_ids``), picked on the device."""
+        if self.structured is not None and seq_ids:  # after whichever forward (per-op or fused) made them
+            self.structured.mask(logits, seq_ids)
+        requests = sample_requests(plan)
+        tokens = self.sampler.pick(logits, requests)
+        self._last = PickedStep(self.sampler, tokens, logits, requests, seq_ids)
+        return self._last
 
     def _forward(self, batch: FlatBatch) -> torch.Tensor:
         return self.model(

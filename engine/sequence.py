@@ -19,6 +19,10 @@ from kvfleet.engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
 
+# Async scheduling (engine/async_scheduling.py): the token a launched step samples, appended before
+# it is read so the next step can be planned; never a vocabulary id, never emitted.
+PLACEHOLDER_TOKEN = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"

@@ -9,10 +9,15 @@ to the device in one copy, and read through views of fixed addresses, which is w
 replays against. Nothing is allocated on the device per step.
 
 Layout of the one byte buffer, by region (``S`` = ``max_seqs`` rows, ``W`` = ``max_blocks`` per row):
-int64 ``input_ids[S]``, ``positions[S]``, ``slot_mapping[S]``, ``sample_rows[S]``, then int32
+int64 ``input_ids[S]``, ``positions[S]``, ``slot_mapping[S]``, ``sample_rows[S]``, ``feed_rows[S]``, then int32
 ``seq_lens[S]``, ``query_start_loc[S + 1]``, ``block_tables[S, W]``. The regions sit at fixed offsets
 whatever the batch, and a step copies the prefix up to its last block-table row. ``sample_rows``
 and ``query_start_loc`` are ``arange`` for every decode batch: written once, at construction.
+
+Async scheduling (``engine/async_scheduling.py``): a row whose token is not known on the host yet
+(``PLACEHOLDER_TOKEN``, sampled by the step still on the device) names in ``feed_rows`` the row of the
+previous step's token buffer that holds it, and :meth:`StepBuffers.feed` copies those tokens into
+``input_ids`` on the device after the copy (no host round trip); other rows hold -1 there.
 
 Padding rows (a batch padded up to a captured size, :mod:`kvfleet.engine.cuda_graphs`) decode token
 0 at position 0 into ``null_slot`` (a KV slot no sequence owns) with a sequence length of 1 and a
@@ -21,8 +26,9 @@ block table of ``null_block``: they read and write only that slot, and nobody sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,6 +36,21 @@ import torch
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.batch import FlatBatch
 from kvfleet.engine.sched.plan import ScheduledSeq
+from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
+
+
+class FedTokens(Protocol):
+    """The previous step's sampled tokens, still on the device (async scheduling)."""
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """(rows,) int64 on the device."""
+        ...
+
+    @property
+    def rows_of(self) -> Mapping[int, int]:
+        """seq id → its row in ``tokens``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +62,7 @@ class _Layout:
 
     @property
     def int32_start(self) -> int:
-        return 4 * self.max_seqs * 8
+        return 5 * self.max_seqs * 8
 
     @property
     def tables_start(self) -> int:
@@ -64,7 +85,8 @@ class _Views:
         i64 = buf[: layout.int32_start].view(torch.int64)
         i32 = buf[layout.int32_start : layout.nbytes].view(torch.int32)
         self.input_ids, self.positions = i64[:s], i64[s : 2 * s]
-        self.slot_mapping, self.sample_rows = i64[2 * s : 3 * s], i64[3 * s :]
+        self.slot_mapping, self.sample_rows = i64[2 * s : 3 * s], i64[3 * s : 4 * s]
+        self.feed_rows = i64[4 * s :]
         self.seq_lens, self.query_start_loc = i32[:s], i32[s : 2 * s + 1]
         self.block_tables = i32[2 * s + 1 :].view(s, w)
 
@@ -108,8 +130,9 @@ class StepBuffers:
     # Invariant: after fill(scheduled, rows), device row r < len(scheduled) holds exactly what
     # flatten_plan would put in row r for this decode step, and rows len(scheduled)..rows-1 are padding;
     # self._tables[r] is the block table host row r holds (None: unknown), so an unchanged one is not rewritten.
-    def fill(self, scheduled: Sequence[ScheduledSeq], rows: int) -> None:
-        """Write a decode step (every entry one new token, sampled) padded to ``rows`` rows, and copy it."""
+    def fill(self, scheduled: Sequence[ScheduledSeq], rows: int, fed: FedTokens | None = None) -> None:
+        """Write a decode step (every entry one new token, sampled) padded to ``rows`` rows, and copy it;
+        placeholder tokens are taken from ``fed``, the previous step's tokens, on the device."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy may still read the host buffer
         n, bs, a = len(scheduled), self.block_size, self._np
@@ -123,6 +146,14 @@ class StepBuffers:
                 tables[r, : len(block_ids)] = block_ids
                 known[r] = block_ids
         a["input_ids"][:n], a["positions"][:n] = ids, pos
+        feeds = PLACEHOLDER_TOKEN in ids
+        if feeds:
+            assert fed is not None, "a placeholder token without the step that samples it"
+            rows_of = fed.rows_of
+            a["feed_rows"][:n] = [
+                rows_of[s.seq.seq_id] if t < 0 else -1 for s, t in zip(scheduled, ids, strict=True)
+            ]
+            a["feed_rows"][n:rows] = -1
         p = a["positions"][:n]
         a["slot_mapping"][:n] = tables[self._rows[:n], p // bs] * bs + p % bs
         np.add(p, 1, out=a["seq_lens"][:n], casting="unsafe")
@@ -131,6 +162,15 @@ class StepBuffers:
         tables[n:rows, 0] = self.null_block
         known[n:rows] = [None] * (rows - n)
         self._copy(rows)
+        if feeds:
+            assert fed is not None
+            self._feed(fed.tokens, rows)
+
+    def _feed(self, tokens: torch.Tensor, rows: int) -> None:
+        """On the device: each row's ``feed_rows`` entry (>= 0) of ``tokens`` becomes its input id."""
+        d = self.dev
+        src, ids = d.feed_rows[:rows], d.input_ids[:rows]
+        ids.copy_(torch.where(src >= 0, tokens.index_select(0, src.clamp(min=0)), ids))
 
     def _copy(self, rows: int) -> None:
         end = self.layout.end(rows)

@@ -28,7 +28,7 @@ def test_the_flags_build_one_engine_config() -> None:
             "--no-prefix-caching", "--no-prepack-weights", "--weight-packing", "onednn", "--scheduling-policy", "priority", "--seed", "3",
             "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
             "--max-lora-rank", "8", "--max-cpu-loras", "4", "--structured-outputs-compile-timeout", "2.5", "-tp", "2", "--distributed-timeout-seconds", "12",
-            "--enforce-eager", "--cuda-graph-sizes", "1", "8", "32",
+            "--enforce-eager", "--cuda-graph-sizes", "1", "8", "32", "--async-scheduling",
         )
     )  # fmt: skip
     assert config.model_dump() == {
@@ -53,6 +53,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "weight_packing": "onednn",
         "enforce_eager": True,
         "cuda_graph_sizes": [1, 8, 32],
+        "async_scheduling": True,
         "enable_lora": False,
         "lora_modules": {"sql": "/adapters/sql", "chat": "/adapters/chat"},
         "max_loras": 2,
