@@ -8,9 +8,11 @@ processing (stop checks, detokenisation, deltas). With ``--null-forward`` the fo
 a precomputed logits tensor, so the step is all host work: what an H100 would wait on for a 135M
 model (issue #30: the GPU busy 22% of a SmolLM2 offline run). Two workloads: ``decode`` (every
 sequence decoding, the decode path) and ``mixed`` (a new request admitted each step as one finishes:
-the eager ``flatten_plan`` path). ``--profile`` prints cProfile's top functions.
+the eager ``flatten_plan`` path). ``--profile`` prints cProfile's top functions; ``--async-scheduling``
+runs the engine with it (on the CPU nothing overlaps: this shows what the mode itself costs the host).
 
-    .venv/bin/python -m bench.serving.host_step [--seqs 64 256] [--steps 100] [--null-forward] [--profile]
+    .venv/bin/python -m bench.serving.host_step [--seqs 64 256] [--steps 100] [--null-forward] [--final-only]
+        [--async-scheduling] [--profile]
 """
 
 from __future__ import annotations
@@ -54,9 +56,14 @@ class Clock:
         setattr(obj, attr, timed)
 
 
-def build(num_seqs: int, workload: str, null_forward: bool, kind: RequestOutputKind) -> Engine:
+def build(num_seqs: int, workload: str, null_forward: bool, kind: RequestOutputKind, overlap: bool) -> Engine:
     config = EngineConfig(
-        model="tiny", max_num_seqs=num_seqs, max_num_batched_tokens=8192, max_model_len=2048, seed=0
+        model="tiny",
+        max_num_seqs=num_seqs,
+        max_num_batched_tokens=8192,
+        max_model_len=2048,
+        seed=0,
+        async_scheduling=overlap,
     )
     engine = Engine(config)
     rng = random.Random(0)
@@ -98,7 +105,8 @@ def instrument(engine: Engine) -> Clock:
 
     clock.wrap(runner_module, "flatten_plan", "prepare")
     clock.wrap(runner, "_forward", "forward")
-    clock.wrap(runner, "_sample", "sample")
+    clock.wrap(runner, "_pick", "sample")
+    clock.wrap(runner.sampler, "read", "sample")
     return clock
 
 
@@ -110,8 +118,8 @@ def _new_request(engine: Engine, rng: random.Random, i: int, kind: RequestOutput
 
 
 def run(num_seqs: int, steps: int, workload: str, null_forward: bool, kind: RequestOutputKind,
-        profile: bool) -> dict[str, float]:  # fmt: skip
-    engine = build(num_seqs, workload, null_forward, kind)
+        profile: bool, overlap: bool) -> dict[str, float]:  # fmt: skip
+    engine = build(num_seqs, workload, null_forward, kind, overlap)
     clock = instrument(engine)
     rng = random.Random(1)
     prof = cProfile.Profile() if profile else None
@@ -139,17 +147,19 @@ def main() -> None:
     ap.add_argument("--null-forward", action="store_true")
     ap.add_argument("--final-only", action="store_true", help="LLM.generate's outputs (default: per step)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--async-scheduling", action="store_true", help="the engine's --async-scheduling")
     args = ap.parse_args()
     torch.set_num_threads(1)
     kind = RequestOutputKind.FINAL_ONLY if args.final_only else RequestOutputKind.PER_STEP
     forward = "null forward" if args.null_forward else "tiny forward"
+    forward += ", async scheduling" if args.async_scheduling else ""
     print(f"host ms per engine step, tiny checkpoint, {forward}, {kind.name} outputs, {args.steps} steps, "
           f"1 torch thread; load {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")  # fmt: skip
     cols = ("schedule", "prepare", "forward", "sample", "update", "output", "total")
     print(f"  {'workload':<8} {'seqs':>5} " + " ".join(f"{c:>9}" for c in cols) + "   host (total - forward)")
     for workload in args.workload:
         for n in args.seqs:
-            ms = run(n, args.steps, workload, args.null_forward, kind, args.profile)
+            ms = run(n, args.steps, workload, args.null_forward, kind, args.profile, args.async_scheduling)
             host = ms["total"] - ms["forward"]
             print(f"  {workload:<8} {n:>5} " + " ".join(f"{ms[c]:9.3f}" for c in cols) + f"   {host:9.3f}")
 
