@@ -35,10 +35,12 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
+
 from bench.common import RESULTS, SIDE_VENVS, thread_env
 from bench.peers.llamacpp_report import Cell, loadavg, ratio_lines, table, targets_summary
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
-from kvfleet.bench.load import plan_requests
+from kvfleet.bench.load import LoadResult, plan_requests
 from kvfleet.bench.stats import summarize
 from kvfleet.oslib import free_port
 from kvfleet.testing.processes import engine_process, stop, wait_http
@@ -68,7 +70,7 @@ def llama_server(args: argparse.Namespace, binary: Path, gguf: Path) -> Iterator
     port = free_port()
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.parallel),
-            "-c", str(args.ctx_size), "-cb", "--seed", str(args.seed), "--no-webui"]  # fmt: skip
+            "-c", str(args.ctx_size), "-cb", "--seed", str(args.seed), "--no-webui", *args.llama_args.split()]  # fmt: skip
     with tempfile.TemporaryDirectory() as cwd, open(Path(cwd) / "llama.log", "wb") as log:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=thread_env(str(args.threads)), stdout=log, stderr=subprocess.STDOUT
@@ -135,12 +137,25 @@ def load_spec(args: argparse.Namespace, concurrency: int) -> LoadSpec:
     )
 
 
+def load(spec: LoadSpec, timeout_s: float) -> LoadResult:
+    """``run_load`` over a session that opens a connection per request, for every server alike: llama-server's
+    HTTP library closes a kept-alive connection after 5 s idle or 5 requests, and a reused one then fails
+    (aiohttp's ClientOSError); a loopback connect costs well under a millisecond of TTFT."""
+
+    async def go() -> LoadResult:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            return await asyncio.wait_for(run_load(spec, session=session), timeout_s)
+
+    return asyncio.run(go())
+
+
 def run_cell(args: argparse.Namespace, url: str, server: str, concurrency: int) -> Cell:
     """One closed-loop cell, bounded by ``--cell-timeout``; warns when a request failed or fell short."""
     import random
 
     spec = replace(load_spec(args, concurrency), url=url)
-    result = asyncio.run(asyncio.wait_for(run_load(spec), args.cell_timeout))
+    result = load(spec, args.cell_timeout)
     s = summarize(result.records, result.duration_s)
     wanted = sum(p.max_tokens for p in plan_requests(spec, random.Random(spec.seed)))
     if s.num_failed or s.total_output_tokens != wanted:
@@ -169,7 +184,7 @@ def measure(args: argparse.Namespace) -> list[Cell]:
     for name in args.servers:
         with server(args, name) as url:
             warm = replace(load_spec(args, 2), url=url, num_requests=2, seed=args.seed + 7)
-            asyncio.run(asyncio.wait_for(run_load(warm), args.cell_timeout))
+            load(warm, args.cell_timeout)
             for c in args.concurrency:
                 cell = run_cell(args, url, name, c)
                 cells.append(cell)
@@ -195,7 +210,7 @@ def header(args: argparse.Namespace) -> list[str]:
         + (", SMOKE sizes" if args.smoke else ""),
         f"# chat, input {args.input_len} words, output {args.output_len} tokens (ignore_eos), closed loop, "
         f"requests per cell max({args.min_requests}, {args.rounds} x concurrency); {args.threads} threads each; "
-        f"llama-server -np {args.parallel} -c {args.ctx_size} -cb",
+        f"llama-server -np {args.parallel} -c {args.ctx_size} -cb {args.llama_args}".rstrip(),
     ]
     if args.llama_server is not None:
         version = subprocess.run(
@@ -216,8 +231,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--input-len", default="uniform:64:512", help="prompt words (about a token each)")
     p.add_argument("--output-len", default="uniform:32:128", help="max_tokens per request (all generated)")
-    p.add_argument("--min-requests", type=int, default=12, help="requests per cell at least")
-    p.add_argument("--rounds", type=int, default=3, help="requests per cell = rounds x concurrency, at least")
+    p.add_argument("--min-requests", type=int, default=8, help="requests per cell at least")
+    p.add_argument("--rounds", type=int, default=2, help="requests per cell = rounds x concurrency, at least")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=4, help="llama-server slots (-np)")
     p.add_argument(
@@ -226,6 +241,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--llama-server", type=Path, default=None, help="default: bench/peers/llamacpp_env.sh's build"
+    )
+    p.add_argument(
+        "--llama-args", default="", help="more llama-server flags, space-separated (e.g. '--poll 0')"
     )
     p.add_argument("--build-timeout", type=float, default=2700.0)
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds for a server to become ready")
