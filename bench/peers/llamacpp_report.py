@@ -28,6 +28,7 @@ class Cell:
     itl: tuple[float, float]
     failed: int = 0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    busy_before: float = 0.0  # the CPUs' busy fraction over 3 s just before the cell, our server idle
 
     @property
     def out_tps(self) -> float:
@@ -46,13 +47,16 @@ def row_line(c: Cell) -> str:
     """One table row, with the load average measured right after the cell."""
     return (
         f"{c.server:<18}{c.concurrency:>5}{c.out_tps:>10.1f}{ms(c.ttft):>16}{ms(c.itl):>15}"
-        f"{c.failed:>7}   {loadavg(c.load)}"
+        f"{c.failed:>7}{c.busy_before:>6.0%}   {loadavg(c.load)}"
     )
 
 
 def table(cells: Sequence[Cell]) -> list[str]:
-    head = f"{'server':<18}{'conc':>5}{'out tok/s':>10}{'TTFT p50/p99 ms':>16}{'ITL p50/p99 ms':>15}{'failed':>7}"
-    return [head + "   load average after the cell", *(row_line(c) for c in cells)]
+    head = f"{'server':<18}{'conc':>5}{'out tok/s':>10}{'TTFT p50/p99 ms':>16}{'ITL p50/p99 ms':>15}{'failed':>7}{'busy':>6}"
+    return [
+        head + "   load average after the cell (busy: CPUs' use by others just before it)",
+        *(row_line(c) for c in cells),
+    ]
 
 
 def ratio(a: float, b: float) -> float:

@@ -150,11 +150,37 @@ def load(spec: LoadSpec, timeout_s: float) -> LoadResult:
     return asyncio.run(go())
 
 
+def cpu_busy(seconds: float = 3.0) -> float:
+    """The fraction of all CPUs' time not idle over ``seconds`` (/proc/stat), here while our server waits."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # idle + iowait
+
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(args: argparse.Namespace) -> float:
+    """Before a cell: wait (at most ``--quiet-wait`` s) until others keep the CPUs below ``--quiet-busy``
+    busy; the busy fraction last seen, printed beside the cell either way."""
+    deadline = time.monotonic() + args.quiet_wait
+    while (busy := cpu_busy()) > args.quiet_busy and time.monotonic() < deadline:
+        print(
+            f"  waiting for a quieter box: CPUs {busy:.0%} busy, load average {loadavg(os.getloadavg())}",
+            flush=True,
+        )
+    return busy
+
+
 def run_cell(args: argparse.Namespace, url: str, server: str, concurrency: int) -> Cell:
     """One closed-loop cell, bounded by ``--cell-timeout``; warns when a request failed or fell short."""
     import random
 
     spec = replace(load_spec(args, concurrency), url=url)
+    busy = wait_quiet(args)
     result = load(spec, args.cell_timeout)
     s = summarize(result.records, result.duration_s)
     wanted = sum(p.max_tokens for p in plan_requests(spec, random.Random(spec.seed)))
@@ -165,7 +191,7 @@ def run_cell(args: argparse.Namespace, url: str, server: str, concurrency: int) 
     ttft = (s.ttft.p50, s.ttft.p99) if s.ttft else nan
     itl = (s.itl.p50, s.itl.p99) if s.itl else nan
     return Cell(server, concurrency, s.duration_s, s.total_output_tokens, ttft, itl, s.num_failed,
-                os.getloadavg())  # fmt: skip
+                os.getloadavg(), busy)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -248,6 +274,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--build-timeout", type=float, default=2700.0)
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds for a server to become ready")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds for one cell")
+    p.add_argument(
+        "--quiet-busy", type=float, default=0.25, help="before a cell, wait for CPUs this busy at most"
+    )
+    p.add_argument("--quiet-wait", type=float, default=240.0, help="... but no longer than this many seconds")
     p.add_argument("--smoke", action="store_true", help="a short end-to-end check (a few requests per cell)")
     p.add_argument(
         "--out", type=Path, default=None, help="default: bench/results/llamacpp_peer.txt (not in --smoke)"

@@ -124,8 +124,10 @@ def test_a_cell_without_a_llamacpp_cell_of_its_concurrency_gets_no_ratio(report:
     assert report.ratio_lines(cells)[1:] == []
 
 
-def test_a_table_row_shows_tokens_per_second_milliseconds_and_the_load_average(report: ModuleType) -> None:
+def test_a_table_row_shows_tokens_per_second_milliseconds_the_cpu_use_before_and_the_load_average(
+    report: ModuleType,
+) -> None:
     row = report.row_line(
-        report.Cell("llama.cpp", 4, 8.0, 1000, (0.1, 0.25), (0.02, 0.05), 0, (1.0, 0.5, 0.25))
+        report.Cell("llama.cpp", 4, 8.0, 1000, (0.1, 0.25), (0.02, 0.05), 0, (1.0, 0.5, 0.25), 0.1)
     )
-    assert row.split() == ["llama.cpp", "4", "125.0", "100/250", "20/50", "0", "1.00", "0.50", "0.25"]
+    assert row.split() == ["llama.cpp", "4", "125.0", "100/250", "20/50", "0", "10%", "1.00", "0.50", "0.25"]
