@@ -122,6 +122,17 @@ class NativeQuant:
         self.paths = tuple(name for bit, name in enumerate(PATHS) if mask >> bit & 1)
         self.path = choose_path(self.paths, probe_cpu_paths())
 
+    @property
+    def path(self) -> str:
+        """The path every call runs unless told otherwise (``choose_path``'s, at start)."""
+        return PATHS[self._number]
+
+    @path.setter
+    def path(self, name: str) -> None:
+        if name not in self.paths:
+            raise QuantKernelError(f"path {name} does not run here (this build and CPU run {self.paths})")
+        self._number = PATHS.index(name)
+
     def pack(self, weight: QuantWeight) -> PackedQuant:
         """``weight``'s rows repacked in groups of 16 (one new tensor; ``weight`` may then be dropped)."""
         n, k, t = weight.out_features, weight.in_features, weight.ggml_type
@@ -157,7 +168,7 @@ class NativeQuant:
         rows, k = x.shape
         out = x.new_empty(rows, weight.out_features)
         bias_ptr = None if bias is None else bias.data_ptr()
-        number = PATHS.index(path or self.path)
+        number = PATHS.index(path) if path else self._number
         rc = self._linear(
             x.data_ptr(),
             rows,
