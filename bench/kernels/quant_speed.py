@@ -4,12 +4,15 @@ and a prefill step, both engines loaded side by side and timed in alternating ro
     OMP_NUM_THREADS=2 python -m bench.kernels.quant_speed [--rows 1,4,8] [--steps 24] [--prefill 256]
 
 Decode: ``rows`` requests of a ~240-token prompt are prefilled, then ``engine.step()`` is timed
-(median). Prefill: one step running a fresh ``--prefill``-token prompt. Resident weight bytes
-(``quant_loader.resident_weight_bytes``) are printed per engine. Writes bench/results/quant_speed.txt.
+(median). Prefill: one step running a fresh ``--prefill``-token prompt (token ids differ per round,
+so no round hits the prefix cache). Resident weight bytes (``quant_loader.resident_weight_bytes``)
+are printed per engine, with the CPU's flags, the quantised kernels' path and the load average
+before and after (a shared box: figures under load are noise). Writes bench/results/quant_speed.txt.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -18,6 +21,8 @@ from pathlib import Path
 import torch
 
 from bench.common import bench_args, publish
+from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
+from kvfleet.engine.kernels.native.quant_gemm import load_quant
 from kvfleet.engine.llm import LLM
 from kvfleet.engine.model.quant_loader import resident_weight_bytes
 from kvfleet.engine.sampling_params import SamplingParams
@@ -31,6 +36,15 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor()
+
+
+def load_average() -> str:
+    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def vector_flags() -> str:
+    flags = probe_cpu_paths().flags
+    return " ".join(sorted(f for f in flags if f.startswith(("avx2", "avx512", "amx", "fma", "f16c"))))
 
 
 def decode_steps(llm: LLM, rows: int, steps: int, tag: str) -> list[float]:
@@ -49,8 +63,8 @@ def decode_steps(llm: LLM, rows: int, steps: int, tag: str) -> list[float]:
     return walls
 
 
-def prefill_step(llm: LLM, tokens: int, tag: str) -> float:
-    ids = [(7 * i + len(tag)) % 20000 + 100 for i in range(tokens)]  # fresh ids: no prefix-cache hit
+def prefill_step(llm: LLM, tokens: int, tag: str, seed: int) -> float:
+    ids = [(7 * i + 7919 * seed) % 20000 + 100 for i in range(tokens)]  # fresh per seed: no cache hit
     llm.engine.add_request(tag, ids, PARAMS)
     start = time.perf_counter()
     llm.engine.step()
@@ -66,7 +80,12 @@ def main() -> None:
         "gguf": LLM("smollm2", quantization="gguf", max_model_len=1024, num_kv_blocks=512),
     }
     med = statistics.median
-    lines = [f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; SmolLM2-135M Q4_1 GGUF"]
+    native = load_quant()
+    lines = [
+        f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; SmolLM2-135M Q4_1 GGUF",
+        f"flags: {vector_flags()}; gguf kernel path: {native.path if native else 'not built'}",
+        f"before: {load_average()}",
+    ]
     for name, llm in engines.items():
         lines.append(
             f"{name:8s} resident weights {resident_weight_bytes(llm.engine.runner.model) / 1e6:7.1f} MB"
@@ -83,11 +102,12 @@ def main() -> None:
     pre: dict[str, list[float]] = {name: [] for name in engines}
     for r in range(3):
         for name, llm in engines.items():
-            pre[name].append(prefill_step(llm, args.prefill, f"p{r}"))
+            pre[name].append(prefill_step(llm, args.prefill, f"p{r}", r + 1))
     f, q = med(pre["float32"]), med(pre["gguf"])
     lines.append(
         f"prefill {args.prefill} tokens: float32 {f * 1e3:6.1f} ms  gguf {q * 1e3:6.1f} ms  ({f / q:.2f}x)"
     )
+    lines.append(f"after: {load_average()}")
     publish(lines, "quant_speed.txt")
 
 

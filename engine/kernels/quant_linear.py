@@ -3,8 +3,9 @@
 Where it sits: ``engine/model/quant_loader.py`` resolves each linear whose weight stays in GGUF
 blocks with :func:`resolve_quant_linear` and hands the result to the model's blocks in place of
 ``resolve_linear``'s; a step only calls it. The chain: the native quantised kernel
-(``native/quant_gemm.py``) for float32 CPU inputs, where the library builds; else the weight
-dequantised once to float32 and ``F.linear`` (correct, but the memory saving is gone: the
+(``native/quant_gemm.py``) for float32 CPU inputs, where the library builds, on the blocks repacked
+once here (:func:`packed`: the file's rows are dropped, the packed copy is the only one); else the
+weight dequantised once to float32 and ``F.linear`` (correct, but the memory saving is gone: the
 loader logs it). Several linears of one input whose formats differ run as :class:`ConcatLinear`.
 """
 
@@ -19,7 +20,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kvfleet.engine.kernels.linear import Linear, TorchLinear
-from kvfleet.engine.kernels.native.quant_gemm import NativeQuant, QuantWeight, load_quant
+from kvfleet.engine.kernels.native.quant_gemm import NativeQuant, PackedQuant, QuantWeight, load_quant
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +28,14 @@ class QuantLinear:
     """``x @ dequantise(weight)^T + bias`` on the native kernel (int8 activations per 32)."""
 
     native: NativeQuant
-    weight: QuantWeight
+    weight: PackedQuant
     bias: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32:  # the flat batch as the model passes it
+            return self.native(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1]).float()
-        out = self.native(flat, self.weight.blocks, self.weight.ggml_type, self.bias)
+        out = self.native(flat, self.weight, self.bias)
         return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
 
 
@@ -46,19 +49,28 @@ class ConcatLinear:
         return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
-def dequantised(weight: QuantWeight) -> torch.Tensor:
-    """The weight as float32 (out, in): ``gguf.quants.dequantize`` of its blocks."""
+def dequantised(weight: QuantWeight | PackedQuant) -> torch.Tensor:
+    """The weight as float32 (out, in): ``gguf.quants.dequantize`` of its blocks (packed: unpacked first)."""
     kind = GGMLQuantizationType(weight.ggml_type)
-    values = dequantize(weight.blocks.numpy(), kind).astype(np.float32, copy=False)
+    blocks = weight.rows(torch.arange(weight.out_features))
+    values = dequantize(blocks.numpy(), kind).astype(np.float32, copy=False)
     return torch.from_numpy(np.ascontiguousarray(values.reshape(weight.out_features, weight.in_features)))
 
 
-def resolve_quant_linear(weight: QuantWeight, bias: torch.Tensor | None = None) -> Linear:
-    """The native kernel on ``weight``'s blocks where it builds; else float32 ``F.linear``."""
+def packed(weight: QuantWeight | PackedQuant) -> QuantWeight | PackedQuant:
+    """``weight`` repacked for the native kernel where the library builds; else as it is."""
     native = load_quant()
-    if native is None:
-        return TorchLinear(dequantised(weight), bias)
-    return QuantLinear(native, weight, bias)
+    if native is None or isinstance(weight, PackedQuant):
+        return weight
+    return native.pack(weight)
+
+
+def resolve_quant_linear(weight: QuantWeight | PackedQuant, bias: torch.Tensor | None = None) -> Linear:
+    """The native kernel on ``weight``'s packed blocks where it builds; else float32 ``F.linear``."""
+    ready = packed(weight)
+    if isinstance(ready, QuantWeight):
+        return TorchLinear(dequantised(ready), bias)
+    return QuantLinear(ready.native, ready, bias)
 
 
 def concat_rows(weights: Sequence[QuantWeight]) -> QuantWeight | None:

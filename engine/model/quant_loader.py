@@ -5,7 +5,8 @@ when ``EngineConfig.quantization == "gguf"``. The model is built on the meta dev
 (and any float tensor of the file) are materialised in float32; every linear (q/k/v, o_proj,
 gate/up, down_proj, the LM head) is read from the .gguf file as raw block rows and handed to its
 block as a resolved callable (``kernels/quant_linear.py``); the embedding looks its rows up in
-the blocks and dequantises only those. The nn.Linear parameters stay on the meta device: they
+the blocks and dequantises only those (where the LM head is tied to it, in the head's packed
+blocks: one copy of that matrix). The nn.Linear parameters stay on the meta device: they
 hold nothing. q/k/v (and gate/up) run as one matmul of their block rows stacked where they
 share a format, else as one call each. Fused decode (``fused_decode.py``) takes float32
 weights only, so a quantised model runs the per-op path: ``use_fused_decode`` is turned off.
@@ -23,8 +24,8 @@ from gguf.quants import dequantize
 from torch import nn
 
 from kvfleet.engine.kernels.linear import Linear, resolve_linear
-from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
-from kvfleet.engine.kernels.quant_linear import ConcatLinear, concat_rows, resolve_quant_linear
+from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, PackedQuant, QuantWeight
+from kvfleet.engine.kernels.quant_linear import ConcatLinear, concat_rows, packed, resolve_quant_linear
 from kvfleet.engine.model.config import ModelLoadError
 from kvfleet.engine.model.gguf_convert import PERMUTED_QK, hf_name, read_gguf, unpermute_qk
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
@@ -34,20 +35,21 @@ from kvfleet.engine.model.resident import resident_weight_bytes
 from kvfleet.engine.model.sources import SMOLLM2, gguf_source, smollm2_gguf
 
 log = logging.getLogger(__name__)
-Weight = QuantWeight | torch.Tensor  # blocks, or float32 (out, in) where the file stores floats
+# the file's blocks, blocks packed for the kernel, or float32 (out, in) where the file stores floats
+Weight = QuantWeight | PackedQuant | torch.Tensor
 
 
 class QuantEmbedding(nn.Embedding):
     """The token embedding looked up in GGUF blocks: only the rows a step reads are dequantised."""
 
-    def __init__(self, weight: QuantWeight) -> None:
+    def __init__(self, weight: QuantWeight | PackedQuant) -> None:
         n, k = weight.out_features, weight.in_features
         super().__init__(n, k, _weight=torch.empty(n, k, device="meta"))
         self.blocks = weight
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         ids = input.reshape(-1).cpu()
-        rows = self.blocks.blocks[ids]
+        rows = self.blocks.rows(ids)
         if self.blocks.ggml_type == 8:  # Q8_0, the common embedding format: f16 scale, 32 int8
             per_row = self.blocks.in_features // 32
             blocks = rows.reshape(-1, per_row, 34)
@@ -108,6 +110,7 @@ def load_quantized_model(
     _load_floats(llama, tensors)
     embed = read_weight(tensors["token_embd.weight"], None)
     if isinstance(embed, QuantWeight):
+        embed = packed(embed)  # shared by the lookup and a tied LM head
         llama.model.embed_tokens = QuantEmbedding(embed)
     head = tensors.get("output.weight")
     llama.fixed_lm_head = linear_of([embed if head is None else read_weight(head, None)], None)
@@ -133,23 +136,22 @@ def read_weight(t: ReaderTensor, permute_heads: int | None) -> Weight:
 
 def linear_of(weights: list[Weight], bias: torch.Tensor | None) -> Linear:
     """The linears ``weights`` (outputs side by side) as one resolved callable."""
-    quant = [w for w in weights if isinstance(w, QuantWeight)]
-    if len(quant) == len(weights):
-        stacked = concat_rows(quant)
+    raw = [w for w in weights if isinstance(w, QuantWeight)]
+    if len(raw) == len(weights):
+        stacked = concat_rows(raw)
         if stacked is not None:
             return resolve_quant_linear(stacked, bias)
-    if not quant:
-        return resolve_linear(
-            torch.cat([w for w in weights if isinstance(w, torch.Tensor)]).contiguous(), bias
-        )
+    floats = [w for w in weights if isinstance(w, torch.Tensor)]
+    if len(floats) == len(weights):
+        return resolve_linear(torch.cat(floats).contiguous(), bias)
     parts: list[Linear] = []
     row = 0
     for w in weights:
-        rows = w.out_features if isinstance(w, QuantWeight) else w.shape[0]
+        rows = w.shape[0] if isinstance(w, torch.Tensor) else w.out_features
         b = None if bias is None else bias[row : row + rows].contiguous()
-        parts.append(resolve_quant_linear(w, b) if isinstance(w, QuantWeight) else resolve_linear(w, b))
+        parts.append(resolve_linear(w, b) if isinstance(w, torch.Tensor) else resolve_quant_linear(w, b))
         row += rows
-    return ConcatLinear(tuple(parts))
+    return parts[0] if len(parts) == 1 else ConcatLinear(tuple(parts))
 
 
 def _floats(t: ReaderTensor) -> torch.Tensor:

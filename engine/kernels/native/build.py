@@ -2,7 +2,7 @@
 
 Where it sits: each kernel module of this package (``paged_decode``, ``paged_prefill``,
 ``fused_ops``, ``skinny_gemm``, ``packed_gemm``, ``decode_layers``,
-``quant_gemm``, ``int8_gemm``) binds its entry points from
+``quant_gemm`` (``quant_pack.c``, ``quant_gemm.c``, ``quant_vnni.c``), ``int8_gemm``) binds its entry points from
 :func:`library`; nothing else compiles. The C sources are built with the machine's C compiler
 (``$CC``, ``cc`` or ``gcc``; :data:`FLAGS`: ``-O3 -march=native -fopenmp``) into
 ``$KVFLEET_CACHE/kernels`` (default ``~/.cache/kvfleet/kernels``), named by a hash of the sources,
@@ -35,11 +35,13 @@ SOURCES = tuple(
         "packed_gemm.c",
         "paged_prefill.c",
         "decode_layers.c",
+        "quant_pack.c",
         "quant_gemm.c",
+        "quant_vnni.c",
         "int8_gemm.c",
     )
 )
-HEADERS = (CSRC / "fast_exp.h",)  # included by the sources: part of the build key
+HEADERS = (CSRC / "fast_exp.h", CSRC / "quant_layout.h")  # included by the sources: part of the build key
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 
 

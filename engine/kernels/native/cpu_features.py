@@ -8,8 +8,9 @@ BF16) and, only where AMX is listed, asks the kernel for the AMX tile state with
 process only after that call succeeds, and code that touches them before dies with SIGILL (a
 llama.cpp built with GGML_NATIVE=ON did so on a Xeon here). :func:`choose_cpu_paths` is pure:
 flags and the permission's outcome in, the chosen path out, so both kinds of CPU are tested here.
-The hand-written kernels today have an AVX2 path and a portable one (``quant_gemm.c``,
-``int8_gemm.c``); the line says so beside the best tier the CPU offers.
+The quantised GGUF kernels (``quant_gemm.c``) have an AVX-512 VNNI, an AVX2 and a portable path,
+chosen from this probe (``quant_gemm.choose_path``); ``int8_gemm.c`` has AVX2 and portable. The line
+names the GGUF kernels' path beside the best tier the CPU offers.
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ def probe_cpu_paths() -> CpuPaths:
 
 
 def cpu_paths_line() -> str:
-    """The start-up line: the kernels' path as built (avx2 or portable) and what the CPU offers."""
+    """The start-up line: the quantised kernels' chosen path (avx512_vnni, avx2 or portable) and what
+    the CPU offers."""
     from kvfleet.engine.kernels.native.quant_gemm import load_quant
 
     native = load_quant()
-    kernels = "not built" if native is None else ("avx2" if native.has_avx2 else "portable")
+    kernels = "not built" if native is None else native.path
     return probe_cpu_paths().describe(kernels)

@@ -7,6 +7,7 @@ from kvfleet.engine.kernels.native.cpu_features import (
     cpuinfo_flags,
     probe_cpu_paths,
 )
+from kvfleet.engine.kernels.native.quant_gemm import choose_path
 
 EPYC_AVX2 = frozenset(["fpu", "sse4_2", "avx", "fma", "avx2", "bmi2"])
 XEON_SPR = frozenset(
@@ -63,3 +64,11 @@ def test_this_machine_is_probed_and_named_in_one_line() -> None:
     paths = probe_cpu_paths()
     assert not paths.amx or {"amx_tile", "amx_int8"} <= paths.flags
     assert cpu_paths_line().startswith("cpu kernels: ")
+
+
+def test_the_gguf_kernels_take_vnni_on_a_vnni_cpu_and_avx2_on_an_avx2_only_epyc() -> None:
+    built = ("portable", "avx2", "avx512_vnni")
+    assert choose_path(built, choose_cpu_paths(XEON_SPR, AmxPermission(True))) == "avx512_vnni"
+    assert choose_path(built, choose_cpu_paths(EPYC_AVX2, None)) == "avx2"
+    assert choose_path(("portable", "avx2"), choose_cpu_paths(XEON_SPR, None)) == "avx2"
+    assert choose_path(built, choose_cpu_paths(frozenset(["sse2"]), None)) == "portable"

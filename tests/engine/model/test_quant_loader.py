@@ -68,7 +68,11 @@ def test_smollm2_quantized_holds_at_most_150_mb_and_skips_fused_decode(llm: LLM)
 @pytest.mark.slow
 def test_smollm2_quantized_answers_chat_prompts(llm: LLM) -> None:
     tokenizer = llm.engine.tokenizer
-    chats = ["Which city is the capital of France?", "Name three primary colors."]
+    # Not "Which city is ..." / "What is the capital of France?": float32 itself (the same weights
+    # dequantised) answers them "The capital ... Paris" by a first-token margin of 0.03 / 0.08 nats
+    # over "Le" / "L'", which any int8 activation quantisation flips (llama.cpp's Q8_1 scheme too);
+    # this prompt's margin is 1.4 nats in float32 and 1.6 quantised.
+    chats = ["Name the capital of France.", "Name three primary colors."]
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": c}]) for c in chats]
     outs = llm.generate(texts, SamplingParams(temperature=0.0, max_tokens=32))
     paris, colours = (o.outputs[0].text for o in outs)

@@ -1,236 +1,41 @@
-/* out = x @ w^T (+ bias) with w kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+/* out = x @ w^T (+ bias) with w's GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) repacked in
+ * groups of 16 output rows (quant_layout.h); the portable and the AVX2 path, and the driver.
  *
- * Where it sits: kvfleet/engine/kernels/native/quant_gemm.py calls quant_linear through ctypes
- * for every linear of a model served with --quantization gguf (engine/model/quant_loader.py);
- * w is the tensor's raw bytes as the .gguf file stores them: n rows, each k / QK blocks of the
- * ggml layout (ggml-common.h), so a row is a whole number of blocks.
+ * Where it sits: kvfleet/engine/kernels/native/quant_gemm.py calls quant_linear through ctypes for
+ * every linear of a model served with --quantization gguf, with the path it chose once from
+ * native/cpu_features.py and quant_paths(): 2 AVX-512 VNNI (quant_vnni.c), 1 AVX2, 0 portable.
  *
- * How: x's rows are quantised first to int8 in blocks of 32 (as llama.cpp's Q8_0/Q8_K for the
- * activations): per block a float scale dx = amax / 127, q = round(x / dx), and dx times the sum
- * of q over each half of 16 (s_0, s_1 below). Every weight format is then read as 32-element sub-blocks of small
- * unsigned ints (signed for Q8_0) with an affine map per half of 16: w = a_g * q + b_g. One
- * sub-block against one activation block is an integer dot (AVX2: maddubs + madd, 32 products
- * in two instructions) and a float fused multiply-add:
- *   dot = dx * (a_0 * sum_{0..15} q*qx + a_1 * sum_{16..31} q*qx) + b_0 * s_0 + b_1 * s_1.
+ * How: x's rows are quantised once per call to int8 in blocks of 32 (llama.cpp's Q8_0/Q8_1
+ * activations: dx = amax / 127, q = round(x / dx), and dx times the sum of q per 16, Q8_1's s),
+ * then every group of 16 weight rows passes over the activation rows MB at a time. Per 32-value
+ * sub-block a chunk (4 values of 8 or 16 rows) is unpacked once and dotted with the broadcast 4
+ * activation bytes of each of the MB rows: int32 lane i is row i's dot. Then per sub-block, in float:
+ *   out[r][i] += dx * a_i * dot_i + b_i * dx * sum(q)   (Q6_K: per half of 16, its own a).
  *
- * Invariant: out[r][j] = bias[j] + sum over the 32-blocks of row j of that dot with x's row r,
- * where q and (a, b) are exactly gguf.quants.dequantize's values; the portable and the AVX2 path
- * compute the same integer dots and differ only in float rounding order. Each (r, j) is written
- * by one thread; threads own contiguous tiles of w's rows (one sequential stream each).
+ * Invariant: every path computes out[r][j] = bias[j] + sum over sub-blocks of the same integer
+ * dots with gguf's (a, b); they differ only in float rounding order. Each (r, j) is written by
+ * one thread; threads own whole groups.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) || defined(__F16C__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+
+#include "quant_layout.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QG_AVX2 1
 #else
 #define QG_AVX2 0
 #endif
+#define MB 4 /* activation rows per pass over a group */
 
-/* ggml type ids (gguf GGMLQuantizationType) */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
-#define MB 4  /* rows of x per weight block unpacked: each sub-block is dotted with MB rows */
-#define JT 16 /* rows of w per tile: the tile stays in cache while all rows of x pass over it */
-
-typedef struct { /* x's rows quantised: q (m, k), d (m, k/32), ds (m, k/16): d * (sum of q per 16) */
-    int8_t *q;
-    float *d;
-    float *ds;
-    int64_t k;
-} Act;
-
-static inline float h2f(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#endif
-    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
-    uint32_t bits;
-    if (e == 0) { /* zero or subnormal: m * 2^-24 */
-        float f = (float)m * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else if (e == 31) {
-        bits = sign | 0x7f800000u | (m << 13);
-    } else {
-        bits = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline int qk_of(int t) { return t >= T_Q4_K ? 256 : 32; }
-static inline int64_t block_bytes(int t) {
-    switch (t) {
-    case T_Q4_0: return 18;
-    case T_Q4_1: return 20;
-    case T_Q8_0: return 34;
-    case T_Q4_K: return 144;
-    case T_Q5_K: return 176;
-    case T_Q6_K: return 210;
-    default: return 0;
-    }
-}
-
-/* Q4_K/Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* The affine map (a_0, a_1, b_0, b_1) of sub-block s of block blk: w = a_g * q + b_g. */
-static inline __attribute__((always_inline)) void sub_params(int t, const uint8_t *blk, int s, float *ab) {
-    if (t == T_Q8_0 || t == T_Q4_0 || t == T_Q4_1) {
-        const float d = h2f(blk);
-        const float b = t == T_Q4_1 ? h2f(blk + 2) : t == T_Q4_0 ? -8.0f * d : 0.0f;
-        ab[0] = ab[1] = d;
-        ab[2] = ab[3] = b;
-    } else if (t == T_Q4_K || t == T_Q5_K) {
-        int sc, mn;
-        scale_min_k4(s, blk + 4, &sc, &mn);
-        const float a = h2f(blk) * (float)sc, b = -h2f(blk + 2) * (float)mn;
-        ab[0] = ab[1] = a;
-        ab[2] = ab[3] = b;
-    } else { /* Q6_K: ql[128] qh[64] scales[16] d; int8 scale per 16, q - 32 */
-        const float d = h2f(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192) + 8 * (s / 4) + 2 * (s % 4);
-        ab[0] = d * (float)sc[0];
-        ab[1] = d * (float)sc[1];
-        ab[2] = -32.0f * ab[0];
-        ab[3] = -32.0f * ab[1];
-    }
-}
-
-/* Portable: the 32 ints q of sub-block s (unsigned 0..63, or Q8_0's signed bytes). */
-static inline __attribute__((always_inline)) void sub_q_c(int t, const uint8_t *blk, int s, int *q) {
-    if (t == T_Q8_0) {
-        for (int l = 0; l < 32; l++) q[l] = ((const int8_t *)(blk + 2))[l];
-    } else if (t == T_Q4_0 || t == T_Q4_1) {
-        const uint8_t *qs = blk + (t == T_Q4_0 ? 2 : 4);
-        for (int l = 0; l < 16; l++) {
-            q[l] = qs[l] & 0xF;
-            q[l + 16] = qs[l] >> 4;
-        }
-    } else if (t == T_Q4_K || t == T_Q5_K) {
-        const uint8_t *qs = blk + (t == T_Q4_K ? 16 : 48) + 32 * (s / 2), *qh = blk + 16;
-        for (int l = 0; l < 32; l++) {
-            q[l] = (s & 1) ? qs[l] >> 4 : qs[l] & 0xF;
-            if (t == T_Q5_K) q[l] |= ((qh[l] >> s) & 1) << 4;
-        }
-    } else {
-        const int h = s / 4, u = s % 4;
-        const uint8_t *ql = blk + 64 * h + 32 * (u & 1), *qh = blk + 128 + 32 * h;
-        for (int l = 0; l < 32; l++)
-            q[l] = ((u >= 2 ? ql[l] >> 4 : ql[l] & 0xF) | (((qh[l] >> (2 * u)) & 3) << 4));
-    }
-}
-
-/* Portable: rows [r0, r0 + mb) of x against w's row wrow (nb32 sub-blocks), into res. */
-__attribute__((always_inline)) static inline void dot_rows_c(int t, const uint8_t *wrow, int64_t nb32, const Act *x, int64_t r0, int mb, float *res) {
-    const int subs = qk_of(t) / 32;
-    const int64_t bb = block_bytes(t);
-    for (int r = 0; r < mb; r++) res[r] = 0.0f;
-    int q[32];
-    float ab[4];
-    for (int64_t kb = 0; kb < nb32; kb++) {
-        const uint8_t *blk = wrow + (kb / subs) * bb;
-        const int s = (int)(kb % subs);
-        sub_q_c(t, blk, s, q);
-        sub_params(t, blk, s, ab);
-        for (int r = 0; r < mb; r++) {
-            const int8_t *xq = x->q + (r0 + r) * x->k + kb * 32;
-            const float *ds = x->ds + (r0 + r) * (x->k / 16) + 2 * kb;
-            int32_t s0 = 0, s1 = 0;
-            for (int l = 0; l < 16; l++) s0 += q[l] * xq[l];
-            for (int l = 16; l < 32; l++) s1 += q[l] * xq[l];
-            const float dx = x->d[(r0 + r) * (x->k / 32) + kb];
-            res[r] += dx * (ab[0] * (float)s0 + ab[1] * (float)s1) + ab[2] * ds[0] + ab[3] * ds[1];
-        }
-    }
-}
-
-#if QG_AVX2
-/* AVX2: the 32 q of sub-block s as bytes in element order. */
-__attribute__((always_inline)) static inline __m256i sub_q_avx2(int t, const uint8_t *blk, int s) {
-    const __m256i low4 = _mm256_set1_epi8(0xF);
-    if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    if (t == T_Q4_0 || t == T_Q4_1) {
-        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + (t == T_Q4_0 ? 2 : 4)));
-        const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0xF));
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0xF));
-        return _mm256_set_m128i(hi, lo);
-    }
-    if (t == T_Q4_K || t == T_Q5_K) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (t == T_Q4_K ? 16 : 48) + 32 * (s / 2)));
-        __m256i q = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low4) : _mm256_and_si256(v, low4);
-        if (t == T_Q5_K) {
-            const __m256i bit = _mm256_set1_epi8((char)(1 << s));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-            q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-        }
-        return q;
-    }
-    const int h = s / 4, u = s % 4;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (u & 1)));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-    const __m256i lo = u >= 2 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low4) : _mm256_and_si256(v, low4);
-    const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), _mm256_set1_epi8(3));
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hi2, 4));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-__attribute__((always_inline)) static inline void dot_rows_avx2(int t, const uint8_t *wrow, int64_t nb32,
-                                                                const Act *x, int64_t r0, int mb, float *res) {
-    const int subs = qk_of(t) / 32;
-    const int64_t bb = block_bytes(t), ks = x->k / 16, kd = x->k / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[MB];
-    float off[MB];
-    for (int r = 0; r < mb; r++) {
-        acc[r] = _mm256_setzero_ps();
-        off[r] = 0.0f;
-    }
-    float ab[4];
-    for (int64_t kb = 0; kb < nb32; kb++) {
-        const uint8_t *blk = wrow + (kb / subs) * bb;
-        const int s = (int)(kb % subs);
-        __m256i q = sub_q_avx2(t, blk, s);
-        sub_params(t, blk, s, ab);
-        const __m256 ws = _mm256_setr_m128(_mm_set1_ps(ab[0]), _mm_set1_ps(ab[1]));
-        const __m256i qa = t == T_Q8_0 ? _mm256_sign_epi8(q, q) : q; /* |q| for the signed trick */
-        for (int r = 0; r < mb; r++) {
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + (r0 + r) * x->k + kb * 32));
-            if (t == T_Q8_0) xq = _mm256_sign_epi8(xq, q); /* x * sign(q): |q| * that = q * x */
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xq), ones);
-            const float dx = x->d[(r0 + r) * kd + kb];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(ws, _mm256_set1_ps(dx)), acc[r]);
-            if (t != T_Q8_0) {
-                const float *ds = x->ds + (r0 + r) * ks + 2 * kb;
-                off[r] += ab[2] * ds[0] + ab[3] * ds[1];
-            }
-        }
-    }
-    for (int r = 0; r < mb; r++) res[r] = hsum8(acc[r]) + off[r];
-}
-#endif
+int quant_vnni_built(void);
+void quant_group_vnni(int t, const Act *a, int64_t m, const uint8_t *gp, int64_t j0, int64_t n, const float *bias,
+                      float *out);
 
 /* x's rows quantised in blocks of 32: dx = amax / 127, q = round(x / dx), dx * (sum of q) per 16. */
 static void quantize_rows(const float *x, int64_t m, int64_t k, Act *a, int num_threads) {
@@ -250,94 +55,214 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, Act *a, int num_
             a->d[r * (k / 32) + b] = d;
             a->ds[r * (k / 16) + 2 * b] = d * (float)s0;
             a->ds[r * (k / 16) + 2 * b + 1] = d * (float)s1;
+            a->sq[r * (k / 32) + b] = s0 + s1;
         }
     }
 }
 
-/* Every row of x against w's rows of one tile [j0, j1): MB rows of x per unpacked weight block. */
-#define TILE(NAME, DOT, TY)                                                                              \
-    static void NAME(const Act *a, int64_t m, const uint8_t *w, int64_t row_bytes, int64_t nb32,       \
-                     int64_t j0, int64_t j1, const float *bias, float *out, int64_t n) {              \
-        float res[MB];                                                                                  \
-        for (int64_t r0 = 0; r0 < m; r0 += MB) {                                                        \
-            const int mb = m - r0 < MB ? (int)(m - r0) : MB;                                            \
-            for (int64_t j = j0; j < j1; j++) {                                                         \
-                if (mb == MB)                                                                           \
-                    DOT(TY, w + j * row_bytes, nb32, a, r0, MB, res);                                   \
-                else                                                                                    \
-                    DOT(TY, w + j * row_bytes, nb32, a, r0, mb, res);                                   \
-                for (int r = 0; r < mb; r++) out[(r0 + r) * n + j] = res[r] + (bias ? bias[j] : 0.0f);  \
-            }                                                                                           \
-        }                                                                                               \
-    }
-#define FORMATS(DOT, SUFFIX)                                                                             \
-    TILE(tile_q8_0_##SUFFIX, DOT, T_Q8_0)                                                                \
-    TILE(tile_q4_0_##SUFFIX, DOT, T_Q4_0)                                                                \
-    TILE(tile_q4_1_##SUFFIX, DOT, T_Q4_1)                                                                \
-    TILE(tile_q4_k_##SUFFIX, DOT, T_Q4_K)                                                                \
-    TILE(tile_q5_k_##SUFFIX, DOT, T_Q5_K)                                                                \
-    TILE(tile_q6_k_##SUFFIX, DOT, T_Q6_K)
-FORMATS(dot_rows_c, c)
-#if QG_AVX2
-FORMATS(dot_rows_avx2, avx2)
-#endif
-
-typedef void (*tile_fn)(const Act *, int64_t, const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
-                        float *, int64_t);
-
-static tile_fn pick_tile(int t, int portable) {
-#if QG_AVX2
-    if (!portable) {
-        switch (t) {
-        case T_Q8_0: return tile_q8_0_avx2;
-        case T_Q4_0: return tile_q4_0_avx2;
-        case T_Q4_1: return tile_q4_1_avx2;
-        case T_Q4_K: return tile_q4_k_avx2;
-        case T_Q5_K: return tile_q5_k_avx2;
-        case T_Q6_K: return tile_q6_k_avx2;
-        default: return NULL;
+/* Portable: all rows of x against the group at gp (its rows j0.. below n). */
+static void group_c(int t, const Act *a, int64_t m, const uint8_t *gp, int64_t j0, int64_t n, const float *bias,
+                    float *out) {
+    const int subs = qk_of(t) / 32, rows = n - j0 < QG ? (int)(n - j0) : QG;
+    const int64_t k = a->k, nsb = k / qk_of(t);
+    float ab[4];
+    for (int64_t r = 0; r < m; r++) {
+        for (int i = 0; i < rows; i++) {
+            float acc = 0.0f;
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                const uint8_t *base = gp + sb * sb_bytes(t);
+                for (int s = 0; s < subs; s++) {
+                    const int64_t kb = sb * subs + s;
+                    const int8_t *xq = a->q + r * k + 32 * kb;
+                    const uint8_t *D = base + hdr_bytes(t) + s * sub_bytes(t);
+                    int32_t s0 = 0, s1 = 0;
+                    for (int e = 0; e < 16; e++) s0 += packed_q(t, D, i, e) * xq[e];
+                    for (int e = 16; e < 32; e++) s1 += packed_q(t, D, i, e) * xq[e];
+                    row_params(t, base, s, i, ab);
+                    const float dx = a->d[r * (k / 32) + kb], *ds = a->ds + r * (k / 16) + 2 * kb;
+                    acc += dx * (ab[0] * (float)s0 + ab[1] * (float)s1) + ab[2] * ds[0] + ab[3] * ds[1];
+                }
+            }
+            out[r * n + j0 + i] = acc + (bias ? bias[j0 + i] : 0.0f);
         }
     }
-#endif
-    (void)portable;
+}
+
+#if QG_AVX2
+#define LD(p) _mm256_loadu_si256((const __m256i *)(p))
+/* Chunk c of 8 rows (half h of the group) as 32 bytes: row i's 4 values at 4i. */
+static inline __attribute__((always_inline)) __m256i chunk_avx2(int t, const uint8_t *D, int c, int h) {
+    if (t == T_Q8_0) return LD(D + 64 * c + 32 * h);
+    const __m256i low4 = _mm256_set1_epi8(15), v = LD(D + 64 * (c % 4) + 32 * h);
+    __m256i q = _mm256_and_si256(c < 4 ? v : _mm256_srli_epi16(v, 4), low4);
+    if (t == T_Q5_K) {
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(LD(D + 256 + 32 * h), c), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+    } else if (t == T_Q6_K) {
+        const __m256i hv = LD(D + 256 + 64 * (c / 4) + 32 * h);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * (c % 4)), _mm256_set1_epi8(3));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+    }
+    return q;
+}
+
+static inline __m256 bytes_ps(const uint8_t *p, int is_signed) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+/* (a0, a1, b0, b1) of the 8 rows of half h, sub-block s: w = a * q + b (a1, b1: Q6_K's second half). */
+static inline __attribute__((always_inline)) void params_avx2(int t, const uint8_t *base, int s, int h, __m256 *p) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(base + 16 * h)));
+    if (t == T_Q8_0 || t == T_Q4_0 || t == T_Q4_1) {
+        p[0] = p[1] = d;
+        p[2] = t == T_Q4_1   ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(base + 32 + 16 * h)))
+               : t == T_Q4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f))
+                             : _mm256_setzero_ps();
+    } else if (t == T_Q6_K) {
+        p[0] = _mm256_mul_ps(d, bytes_ps(base + 32 + 16 * (2 * s) + 8 * h, 1));
+        p[1] = _mm256_mul_ps(d, bytes_ps(base + 32 + 16 * (2 * s + 1) + 8 * h, 1));
+        p[2] = _mm256_mul_ps(p[0], _mm256_set1_ps(-32.0f));
+        p[3] = _mm256_mul_ps(p[1], _mm256_set1_ps(-32.0f));
+    } else {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(base + 32 + 16 * h)));
+        p[0] = p[1] = _mm256_mul_ps(d, bytes_ps(base + 64 + 16 * s + 8 * h, 0));
+        p[2] = _mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), dmin), bytes_ps(base + 192 + 16 * s + 8 * h, 0));
+    }
+}
+
+/* Activation rows [r0, r0 + mb) against half h of the group: res (mb x 8). */
+static inline __attribute__((always_inline)) void rows_avx2(int t, const Act *a, int64_t r0, int mb,
+                                                            const uint8_t *gp, int h, float *res) {
+    const int subs = qk_of(t) / 32;
+    const int64_t k = a->k, nsb = k / qk_of(t);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MB], p[4];
+    for (int r = 0; r < mb; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *base = gp + sb * sb_bytes(t);
+        for (int s = 0; s < subs; s++) {
+            const int64_t kb = sb * subs + s;
+            const uint8_t *D = base + hdr_bytes(t) + s * sub_bytes(t);
+            /* maddubs' int16 pairs are summed over `span` chunks before one madd: 4-bit values
+             * reach 8 * 2 * 15 * 127 = 30480, Q5_K 4 * 2 * 31 * 127, Q6_K 2 * 2 * 63 * 127 < 2^15 */
+            const int span = t == T_Q8_0 ? 1 : t == T_Q6_K ? 2 : t == T_Q5_K ? 4 : 8;
+            __m256i lo[MB], hi[MB], p16[MB];
+            for (int r = 0; r < mb; r++) lo[r] = hi[r] = p16[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                const __m256i w = chunk_avx2(t, D, c, h), wa = t == T_Q8_0 ? _mm256_sign_epi8(w, w) : w;
+                for (int r = 0; r < mb; r++) {
+                    int32_t xv;
+                    memcpy(&xv, a->q + (r0 + r) * k + 32 * kb + 4 * c, 4);
+                    __m256i x = _mm256_set1_epi32(xv);
+                    if (t == T_Q8_0) x = _mm256_sign_epi8(x, w); /* |w| * x sign(w) = w * x */
+                    p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(wa, x));
+                    if ((c + 1) % span) continue;
+                    const __m256i dot = _mm256_madd_epi16(p16[r], ones);
+                    p16[r] = _mm256_setzero_si256();
+                    if (t == T_Q6_K && c >= 4) hi[r] = _mm256_add_epi32(hi[r], dot);
+                    else lo[r] = _mm256_add_epi32(lo[r], dot);
+                }
+            }
+            params_avx2(t, base, s, h, p);
+            for (int r = 0; r < mb; r++) {
+                const __m256 dx = _mm256_set1_ps(a->d[(r0 + r) * (k / 32) + kb]);
+                const float *ds = a->ds + (r0 + r) * (k / 16) + 2 * kb;
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), _mm256_mul_ps(p[0], dx), acc[r]);
+                if (t == T_Q6_K) {
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[r]), _mm256_mul_ps(p[1], dx), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(p[2], _mm256_set1_ps(ds[0]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(p[3], _mm256_set1_ps(ds[1]), acc[r]);
+                } else if (t != T_Q8_0) {
+                    acc[r] = _mm256_fmadd_ps(p[2], _mm256_set1_ps(ds[0] + ds[1]), acc[r]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < mb; r++) _mm256_storeu_ps(res + 8 * r, acc[r]);
+}
+
+#define GROUP_AVX2(NAME, TY)                                                                                  \
+    static void NAME(const Act *a, int64_t m, const uint8_t *gp, int64_t j0, int64_t n, const float *bias,  \
+                     float *out) {                                                                          \
+        float res[MB * 8];                                                                                  \
+        for (int h = 0; h < 2 && j0 + 8 * h < n; h++) {                                                     \
+            const int64_t jb = j0 + 8 * h;                                                                  \
+            const int rows = n - jb < 8 ? (int)(n - jb) : 8;                                                \
+            for (int64_t r0 = 0; r0 < m; r0 += MB) {                                                        \
+                const int mb = m - r0 < MB ? (int)(m - r0) : MB;                                            \
+                switch (mb) {                                                                               \
+                case 1: rows_avx2(TY, a, r0, 1, gp, h, res); break;                                         \
+                case 2: rows_avx2(TY, a, r0, 2, gp, h, res); break;                                         \
+                case 3: rows_avx2(TY, a, r0, 3, gp, h, res); break;                                         \
+                default: rows_avx2(TY, a, r0, MB, gp, h, res);                                              \
+                }                                                                                           \
+                for (int r = 0; r < mb; r++)                                                                \
+                    for (int i = 0; i < rows; i++)                                                          \
+                        out[(r0 + r) * n + jb + i] = res[8 * r + i] + (bias ? bias[jb + i] : 0.0f);         \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+GROUP_AVX2(group_q8_0_avx2, T_Q8_0)
+GROUP_AVX2(group_q4_0_avx2, T_Q4_0)
+GROUP_AVX2(group_q4_1_avx2, T_Q4_1)
+GROUP_AVX2(group_q4_k_avx2, T_Q4_K)
+GROUP_AVX2(group_q5_k_avx2, T_Q5_K)
+GROUP_AVX2(group_q6_k_avx2, T_Q6_K)
+
+static void group_avx2(int t, const Act *a, int64_t m, const uint8_t *gp, int64_t j0, int64_t n, const float *bias,
+                       float *out) {
     switch (t) {
-    case T_Q8_0: return tile_q8_0_c;
-    case T_Q4_0: return tile_q4_0_c;
-    case T_Q4_1: return tile_q4_1_c;
-    case T_Q4_K: return tile_q4_k_c;
-    case T_Q5_K: return tile_q5_k_c;
-    case T_Q6_K: return tile_q6_k_c;
-    default: return NULL;
+    case T_Q8_0: group_q8_0_avx2(a, m, gp, j0, n, bias, out); break;
+    case T_Q4_0: group_q4_0_avx2(a, m, gp, j0, n, bias, out); break;
+    case T_Q4_1: group_q4_1_avx2(a, m, gp, j0, n, bias, out); break;
+    case T_Q4_K: group_q4_k_avx2(a, m, gp, j0, n, bias, out); break;
+    case T_Q5_K: group_q5_k_avx2(a, m, gp, j0, n, bias, out); break;
+    default: group_q6_k_avx2(a, m, gp, j0, n, bias, out);
     }
 }
+#endif
 
-/* 1 where this build has the AVX2 path (quant_linear's portable=0 runs it). */
-int quant_has_avx2(void) { return QG_AVX2; }
+/* Bit p set where path p runs here: 1 portable, 2 AVX2 (built and on this CPU), 4 AVX-512 VNNI. */
+int quant_paths(void) {
+    int paths = 1;
+#if QG_AVX2
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) paths |= 2;
+#endif
+    if (quant_vnni_built()) paths |= 4;
+    return paths;
+}
 
-/* x (m, k) float32 rows; w n rows of k / QK blocks of type t; bias (n,) or NULL; out (m, n).
- * Returns 0, or -1 for a type not handled, -2 for k not a whole number of blocks, -3 out of memory. */
-int quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, int t, const float *bias,
-                 float *out, int num_threads, int portable) {
-    const tile_fn tile = pick_tile(t, portable);
-    if (tile == NULL) return -1;
+typedef void (*group_fn)(int, const Act *, int64_t, const uint8_t *, int64_t, int64_t, const float *, float *);
+
+/* x (m, k) float32 rows; packed: n rows of type t repacked (quant_repack); bias (n,) or NULL; out
+ * (m, n); path 0 portable, 1 AVX2, 2 AVX-512 VNNI. Returns 0, or -1 for a type not handled, -2 for
+ * k not a whole number of blocks, -3 out of memory, -4 a path this build or CPU does not run. */
+int quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, int64_t n, int t, const float *bias,
+                 float *out, int num_threads, int path) {
+    if (!known_type(t)) return -1;
     if (k % qk_of(t) != 0) return -2;
+    if (path < 0 || path > 2 || !(quant_paths() & (1 << path))) return -4;
+    group_fn group = group_c;
+#if QG_AVX2
+    if (path == 1) group = group_avx2;
+#endif
+    if (path == 2) group = quant_group_vnni;
     if (num_threads < 1) num_threads = 1;
     Act a = {malloc((size_t)(m * k)), malloc((size_t)(m * (k / 32)) * sizeof(float)),
-             malloc((size_t)(m * (k / 16)) * sizeof(float)), k};
+             malloc((size_t)(m * (k / 16)) * sizeof(float)), malloc((size_t)(m * (k / 32)) * sizeof(int32_t)), k};
     int rc = 0;
-    if (a.q == NULL || a.d == NULL || a.ds == NULL) {
+    if (a.q == NULL || a.d == NULL || a.ds == NULL || a.sq == NULL) {
         rc = -3;
     } else {
         quantize_rows(x, m, k, &a, num_threads);
-        const int64_t row_bytes = k / qk_of(t) * block_bytes(t), tiles = (n + JT - 1) / JT;
+        const int64_t groups = (n + QG - 1) / QG, gb = group_bytes(t, k);
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1)
-        for (int64_t p = 0; p < tiles; p++) {
-            const int64_t j1 = (p + 1) * JT < n ? (p + 1) * JT : n;
-            tile(&a, m, w, row_bytes, k / 32, p * JT, j1, bias, out, n);
-        }
+        for (int64_t g = 0; g < groups; g++) group(t, &a, m, packed + g * gb, g * QG, n, bias, out);
     }
     free(a.q);
     free(a.d);
     free(a.ds);
+    free(a.sq);
     return rc;
 }
