@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvfleet.engine.interfaces import LaunchedStep, LaunchingRunner
 from kvfleet.engine.outputs import ReqDelta, SampleResult
-from kvfleet.engine.sched.scheduler import Sampled
+from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.sched.scheduler import Sampled, Scheduler
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
-
-if TYPE_CHECKING:
-    from kvfleet.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +46,27 @@ class _Placeholders(dict[int, SampleResult]):
 
     def get(self, key: int, default: object = None) -> SampleResult:  # type: ignore[override]
         return _PLACEHOLDER
+
+
+class Engine(Protocol):
+    """What this module needs of ``engine.Engine`` (a protocol: the engine imports this module)."""
+
+    @property
+    def runner(self) -> object: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def reads_host_tokens(self) -> bool: ...
+
+    def sync_step(self) -> list[ReqDelta]: ...
+
+    def idle(self) -> None: ...
+
+    def observe(self, plan: SchedulerPlan, started: float) -> None: ...
+
+    def process(self, sampled: list[Sampled]) -> list[ReqDelta]: ...
 
 
 class AsyncSteps:

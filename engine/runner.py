@@ -41,7 +41,7 @@ from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.decode_path import DecodePath, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
-from kvfleet.engine.kernels.native.cpu_features import cpu_paths_line
+from kvfleet.engine.kernels.native.quant_gemm import cpu_paths_line
 from kvfleet.engine.launched_step import PickedStep, feed_flat
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.compressed_tensors import checkpoint_quantization

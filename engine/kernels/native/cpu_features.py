@@ -1,6 +1,6 @@
 """Which CPU paths this machine offers, probed once and named in one log line at the engine's start.
 
-Where it sits: ``engine/runner.py`` logs :func:`cpu_paths_line` when the model runs on the CPU;
+Where it sits: ``engine/runner.py`` logs ``quant_gemm.cpu_paths_line`` when the model runs on the CPU;
 the native kernels (``native/build.py``, ``-march=native``) are compiled for this same CPU. The
 probe reads ``/proc/cpuinfo``'s flags (AVX2, AVX-512F, AVX-512 VNNI, AVX512-BF16, AMX-TILE/INT8/
 BF16) and, only where AMX is listed, asks the kernel for the AMX tile state with
@@ -104,13 +104,3 @@ def probe_cpu_paths() -> CpuPaths:
         flags = frozenset()
     asked = request_amx_permission() if all(f in flags for f in AMX_FLAGS) else None
     return choose_cpu_paths(flags, asked)
-
-
-def cpu_paths_line() -> str:
-    """The start-up line: the quantised kernels' chosen path (avx512_vnni, avx2 or portable) and what
-    the CPU offers."""
-    from kvfleet.engine.kernels.native.quant_gemm import load_quant
-
-    native = load_quant()
-    kernels = "not built" if native is None else native.path
-    return probe_cpu_paths().describe(kernels)

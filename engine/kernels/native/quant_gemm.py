@@ -199,3 +199,11 @@ def load_quant() -> NativeQuant | None:
     """The native kernel, built on first use (None where the library does not build)."""
     lib = library()
     return None if lib is None else NativeQuant(lib)
+
+
+def cpu_paths_line() -> str:
+    """The start-up line: the quantised kernels' chosen path (avx512_vnni, avx2 or portable) and what
+    the CPU offers."""
+    native = load_quant()
+    kernels = "not built" if native is None else native.path
+    return probe_cpu_paths().describe(kernels)

@@ -3,11 +3,10 @@
 from kvfleet.engine.kernels.native.cpu_features import (
     AmxPermission,
     choose_cpu_paths,
-    cpu_paths_line,
     cpuinfo_flags,
     probe_cpu_paths,
 )
-from kvfleet.engine.kernels.native.quant_gemm import choose_path
+from kvfleet.engine.kernels.native.quant_gemm import choose_path, cpu_paths_line
 
 EPYC_AVX2 = frozenset(["fpu", "sse4_2", "avx", "fma", "avx2", "bmi2"])
 XEON_SPR = frozenset(
