@@ -114,6 +114,7 @@ class Engine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             max_loras=config.max_loras if config.lora_enabled else None,
             target_step_s=None if config.target_step_ms is None else config.target_step_ms / 1e3,
+            decode_factor=config.stall_free_factor if config.plans_stall_free else None,
         )
         self.lora: LoraHost | None = getattr(runner, "lora", None) if config.lora_enabled else None
         self._lora_usage = LoraUsage()
@@ -320,7 +321,7 @@ class Engine:
             if out.finished:
                 del self._requests[out.request_id]
                 self._num_finished += 1
-        if self.scheduler.target_step_s is not None:
+        if self.scheduler.stall_free:
             self._observe_step(plan, time.perf_counter() - started)
         return outputs
 

@@ -2,9 +2,9 @@
 
 Where it sits: ``Engine.step()`` feeds :class:`StepCostModel` each step's shape (prefill tokens,
 decode rows, context tokens read) and the seconds it took (the wall clock, or the simulated
-clock of ``engine/sim.py``); ``Scheduler.schedule()`` (stall-free mode, ``target_step_ms``) opens a
+clock of ``engine/sim.py``); ``Scheduler.schedule()`` (stall-free mode) opens a
 :class:`StepTimeBudget` on it after planning the decodes and asks it how many prefill tokens fit
-in what is left of the target (Sarathi-Serve's stall-free batching, with the chunk sized by time
+in what is left of the step's bound (Sarathi-Serve's stall-free batching, with the chunk sized by time
 rather than by a fixed token count). Pure Python: no torch, no clock of its own.
 
 The model: ``seconds ≈ fixed + per_prefill_token × p + per_decode_row × r + per_context_token × c``,
@@ -127,17 +127,25 @@ class StepCostModel:
 
 
 class StepTimeBudget:
-    """One step's time target, spent by the plan: decodes first, then prefill chunks.
+    """One step's time bound, spent by the plan: decodes first, then prefill chunks.
 
-    Invariant: the predicted step time stays within ``target_s``, except for the minimum chunk the
-    first prefill of a step always gets (no prefill starves, even when the decodes alone fill it).
+    The bound is ``max(target_s, factor × the decodes' own predicted time)``: a fixed target alone
+    cannot suit 8 streams (45 ms decode steps here) and 32 (90-120 ms); scaled by the running batch,
+    a step with prefill is at most ``factor`` times a decode-only one (the ITL p99/p50 it allows),
+    and prefill still gets ``factor - 1`` times the decode time each step (the throughput it keeps).
+    Invariant: the predicted step time stays within the bound, except for the ``min_chunk`` prefill
+    tokens a step always gets, shared by its first prompts (no prefill starves while the cost model
+    knows no prefill cost yet, or when the decodes alone fill the bound).
     """
 
-    def __init__(self, cost: StepCostModel, target_s: float, min_chunk: int, decodes: StepShape) -> None:
+    def __init__(
+        self, cost: StepCostModel, target_s: float, min_chunk: int, decodes: StepShape, factor: float = 0.0
+    ) -> None:
         self.cost = cost
-        self.min_chunk = min_chunk
-        self.left_s = target_s - cost.predict(0, decodes.decode_rows, decodes.context_tokens)
-        self.prefilled = False  # a prefill chunk is in the plan already
+        decode_s = cost.predict(0, decodes.decode_rows, decodes.context_tokens)
+        self.bound_s = max(target_s, factor * decode_s)
+        self.left_s = self.bound_s - decode_s
+        self.min_left = min_chunk  # prefill tokens this step gets whatever the prediction
 
     def chunk(self, computed: int, wanted: int) -> int:
         """Prefill tokens of a sequence at ``computed`` tokens that fit (0: none, the step is full)."""
@@ -145,14 +153,12 @@ class StepTimeBudget:
         if self.cost.knows_prefill:
             per_token, per_context = self.cost.marginal_prefill()
             fit = max(0, int((self.left_s - per_context * computed) / (per_token + per_context)))
-        if not self.prefilled:
-            fit = max(fit, self.min_chunk)
-        return min(fit, wanted)
+        return min(max(fit, self.min_left), wanted)
 
     def spend(self, computed: int, num_new: int) -> None:
         per_token, per_context = self.cost.marginal_prefill()
         self.left_s -= per_token * num_new + per_context * (computed + num_new)
-        self.prefilled = True
+        self.min_left = max(0, self.min_left - num_new)
 
 
 def _features(prefill_tokens: int, decode_rows: int, context_tokens: int) -> tuple[float, ...]:

@@ -48,6 +48,8 @@ def test_the_flags_build_one_engine_config() -> None:
         "scheduling_policy": "priority",
         "attention_backend": "triton",
         "enable_chunked_prefill": True,
+        "stall_free": True,
+        "stall_free_factor": 2.5,
         "target_step_ms": 250.0,
         "prepack_weights": False,
         "weight_packing": "onednn",
