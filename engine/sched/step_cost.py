@@ -12,6 +12,9 @@ fitted by exponentially weighted least squares with regularised forgetting: each
 evidence decays by ``decay`` and a small ridge pulls towards the previous fit, so a direction the
 recent steps do not excite (no prefill for a while) keeps its last estimate instead of drifting.
 Steps far off the fit (a neighbour's CPU burst, a warm-up) get Huber weights, not full ones.
+A prefill token's cost for sizing chunks is the larger of the fit's and the measured excess of the
+steps with prefill over their decodes' predicted time, per prefill token: chunks of one size (the
+first steps of a burst) cannot tell the fit a token from the fixed cost, and the excess can.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from kvfleet.engine.sched.plan import ScheduledSeq
 
-_WARMUP_PREFILL_STEPS = 3  # prefill steps seen before the fitted per-token cost alone sizes chunks
+_WARMUP_PREFILL_STEPS = 3  # steps seen before the Huber weights have a residual scale
 # Features are scaled to about 1 at a typical step, so the 4x4 normal equations stay well conditioned.
 _SCALES = (1.0, 256.0, 32.0, 16384.0)  # fixed, prefill tokens, decode rows, context tokens
 _HUBER_K = 3.0  # residuals past this many mean absolute residuals are down-weighted
@@ -61,7 +64,7 @@ class StepCostModel:
         self._a = [[_RIDGE if i == j else 0.0 for j in range(n)] for i in range(n)]
         self._b = [_RIDGE * t for t in theta]
         self._theta = theta  # seconds per scaled feature
-        self._seconds_per_prefill_token = 0.0  # EW mean of whole-step seconds / batched tokens
+        self._excess = (0.0, 0.0)  # EW sums: seconds over the decodes' prediction, prefill tokens
         self._prior_knows_prefill = prior is not None and prior[1] > 0.0
         self._mean_abs_residual = 0.0  # EW mean of |seconds - prediction|, clipped: the noise's scale
         self.num_observed = 0
@@ -79,6 +82,7 @@ class StepCostModel:
         return f, p, r, c
 
     def observe(self, shape: StepShape, seconds: float) -> None:
+        decodes_s = self.predict(0, shape.decode_rows, shape.context_tokens)
         x = _features(shape.prefill_tokens, shape.decode_rows, shape.context_tokens)
         w = self._huber_weight(sum(t * xi for t, xi in zip(self._theta, x, strict=True)), seconds)
         lam, ridge = self.decay, (1.0 - self.decay) * _RIDGE
@@ -91,9 +95,9 @@ class StepCostModel:
         self.num_observed += 1
         if shape.prefill_tokens:
             self.num_prefill_observed += 1
-            ratio = seconds / (shape.prefill_tokens + shape.decode_rows)
-            old = self._seconds_per_prefill_token
-            self._seconds_per_prefill_token = ratio if old == 0.0 else lam * old + (1.0 - lam) * ratio
+            excess = max(0.0, seconds - decodes_s) * w
+            old_s, old_tokens = self._excess
+            self._excess = (lam * old_s + excess, lam * old_tokens + w * shape.prefill_tokens)
 
     def _huber_weight(self, predicted: float, seconds: float) -> float:
         """An observation's weight: 1 within HUBER_K mean absolute residuals (or a quarter of the
@@ -112,18 +116,12 @@ class StepCostModel:
         return max(0.0, sum(t * xi for t, xi in zip(self._theta, x, strict=True)))
 
     def marginal_prefill(self) -> tuple[float, float]:
-        """(s per prefill token, s per context token) for sizing a chunk, both > 0.
-
-        Until a few prefill steps are seen, and whenever the fit gives a prefill token no positive
-        cost, the whole step's seconds per batched token stands in: it overstates, so chunks err small.
-        """
+        """(s per prefill token, s per context token) for sizing a chunk, both > 0: the per-token cost
+        is the larger of the fit's and the measured excess of prefill steps over their decodes."""
         _, per_token, _, per_context = self.coefficients()
-        per_context = max(per_context, 0.0)
-        if not self._prior_knows_prefill and self.num_prefill_observed < _WARMUP_PREFILL_STEPS:
-            per_token = max(per_token, self._seconds_per_prefill_token)  # too few steps to split costs
-        if per_token + per_context <= 0.0:
-            return max(self._seconds_per_prefill_token, 1e-9), per_context
-        return max(per_token, 0.0) or 1e-9, per_context
+        excess_s, tokens = self._excess
+        measured = excess_s / tokens if tokens else 0.0
+        return max(per_token, measured, 1e-9), max(per_context, 0.0)
 
 
 class StepTimeBudget:
