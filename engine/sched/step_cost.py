@@ -111,11 +111,6 @@ class StepCostModel:
         self._mean_abs_residual = lam * self._mean_abs_residual + (1.0 - lam) * min(residual, bound)
         return 1.0 if residual <= bound else bound / residual
 
-    @property
-    def noise_s(self) -> float:
-        """The fit's typical miss: the EW mean absolute residual of the measured steps (clipped)."""
-        return self._mean_abs_residual
-
     def predict(self, prefill_tokens: int, decode_rows: int, context_tokens: int) -> float:
         x = _features(prefill_tokens, decode_rows, context_tokens)
         return max(0.0, sum(t * xi for t, xi in zip(self._theta, x, strict=True)))
@@ -147,9 +142,7 @@ class StepTimeBudget:
         self.cost = cost
         decode_s = cost.predict(0, decodes.decode_rows, decodes.context_tokens)
         self.bound_s = max(target_s, factor * decode_s)
-        # the prefill's share, less the fit's typical miss: a step the model underestimates by its usual
-        # error still ends within the bound (on this CPU, steps beside a neighbour's burst do)
-        self.left_s = self.bound_s - decode_s - cost.noise_s
+        self.left_s = self.bound_s - decode_s
         self.min_left = min_chunk  # prefill tokens this step gets whatever the prediction
 
     def chunk(self, computed: int, wanted: int) -> int:

@@ -13,7 +13,7 @@ from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.sched.scheduler import Scheduler
-from kvfleet.engine.sched.step_cost import StepCostModel, StepShape, StepTimeBudget
+from kvfleet.engine.sched.step_cost import StepCostModel, StepShape
 from kvfleet.engine.sequence import Sequence
 
 FIXED, PER_TOKEN, PER_ROW = 2.0**-6, 2.0**-10, 2.0**-9
@@ -197,8 +197,7 @@ def test_the_chunk_shrinks_when_the_measured_per_token_cost_rises() -> None:
     cheap = learnt_chunk(0.0005, cost)
     dear = learnt_chunk(0.001, cost)  # the same model, now seeing prefill tokens at twice the cost
     # 16 rows: 0.01 + 0.032 s, 0.208 s left; 0.5 ms a token → about 415, 1 ms → about 207
-    # (the dear chunk a little less: the share left for prefill is less the fit's misses since the change)
-    assert cheap == pytest.approx(415, abs=8) and dear == pytest.approx(207, abs=12)
+    assert cheap == pytest.approx(415, abs=8) and dear == pytest.approx(207, abs=5)
     _, per_token, per_row, _ = cost.coefficients()
     assert per_token == pytest.approx(0.001, rel=0.02) and per_row == pytest.approx(0.002, rel=0.05)
 
@@ -234,14 +233,3 @@ def test_a_step_slowed_tenfold_now_and_then_does_not_drag_the_fit() -> None:
     fixed, per_token, per_row, _ = cost.coefficients()
     assert per_token == pytest.approx(0.001, rel=0.15) and per_row == pytest.approx(0.002, rel=0.3)
     assert cost.predict(0, 32, 8000) == pytest.approx(0.01 + 0.064 + 0.0008, rel=0.25)
-
-
-def test_a_noisy_step_cost_leaves_its_typical_miss_out_of_the_prefill_share() -> None:
-    cost = StepCostModel(prior=PRIOR)
-    quiet = StepTimeBudget(cost, 0.25, 32, StepShape(0, 32, 0)).left_s
-    for i in range(200):  # steps missing the prior by +-10 ms, alternately
-        shape = StepShape(prefill_tokens=100, decode_rows=32, context_tokens=0)
-        exact = FIXED + PER_TOKEN * 100 + PER_ROW * 32
-        cost.observe(shape, exact + (0.01 if i % 2 else -0.01))
-    noisy = StepTimeBudget(cost, 0.25, 32, StepShape(0, 32, 0)).left_s
-    assert quiet - noisy == pytest.approx(0.01, rel=0.2)
