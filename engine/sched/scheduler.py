@@ -73,12 +73,10 @@ class Scheduler:
         if target_step_s is not None and target_step_s <= 0:
             raise ValueError(f"target_step_s must be > 0, got {target_step_s}")
         if decode_factor is not None and decode_factor <= 1.0:
-            raise ValueError(
-                f"decode_factor must be > 1 (prefill gets factor - 1 decode times), got {decode_factor}"
-            )
+            raise ValueError(f"decode_factor must be > 1, got {decode_factor}")  # prefill gets factor - 1
         self.target_step_s = target_step_s  # a step may always take this long; None: no floor
         self.decode_factor = decode_factor  # a step may take this many decode-only steps; None: no scaling
-        self.step_cost = step_cost or StepCostModel()  # fed by Engine.step() when a target is set
+        self.step_cost = step_cost or StepCostModel()  # fed by Engine.step() when stall-free
         self.min_prefill_chunk = min_prefill_chunk
         self._time: StepTimeBudget | None = None  # the step being planned's time left, stall-free mode
 
