@@ -125,12 +125,26 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="hard cap on a step's tokens")
     e.add_argument(
+        "--no-stall-free",
+        action="store_true",
+        help="plan steps by --max-num-batched-tokens alone: a burst of prompts stalls the running streams "
+        "(default: stall-free, prefill chunks sized by a time bound on each step)",
+    )
+    e.add_argument(
+        "--stall-free-factor",
+        type=float,
+        default=2.5,
+        metavar="K",
+        help="stall-free: a step with prefill takes at most K times the running decodes' own step "
+        "(predicted by a cost model fitted to the measured steps); prefill gets K - 1 of them (default 2.5)",
+    )
+    e.add_argument(
         "--target-step-ms",
         type=float,
         default=None,
         metavar="MS",
-        help="stall-free batching: while streams decode, size prefill chunks so a step's predicted time "
-        "(a cost model fitted to the measured steps) stays within MS (default: no time target)",
+        help="stall-free: a step may always take MS (the deployment's decode gap SLO), prefill filling it "
+        "when the decodes are cheap; the bound is max(MS, K x the decodes' step) (default: none)",
     )
     e.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     mem = e.add_mutually_exclusive_group()
@@ -273,6 +287,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         | {
             "device": "cpu" if args.simulate else args.device,
             "enable_prefix_caching": not args.no_prefix_caching,
+            "stall_free": not args.no_stall_free,
             "prepack_weights": not args.no_prepack_weights,
             "attention_backend": args.attention,
             "lora_modules": parse_lora_modules(args.lora_modules),

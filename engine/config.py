@@ -36,10 +36,16 @@ class EngineConfig(BaseModel):
     # auto: "cpu" (native decode kernel) on a CPU where it builds, else "torch"
     attention_backend: Literal["auto", "torch", "triton", "cpu"] = "auto"
     enable_chunked_prefill: bool = True
-    # Stall-free batching (engine/sched/step_cost.py): while streams are decoding, a step's prefill
-    # chunks are sized so the step's predicted time stays within this many ms (the decode gap bound);
-    # None: steps are bounded by max_num_batched_tokens only, as in vLLM. A time target trades TTFT
-    # for inter-token latency, so it is the deployment's SLO (the operator passes spec.slo.itlP99Ms).
+    # Stall-free batching (engine/sched/step_cost.py), on by default as vLLM's chunked prefill is: while
+    # streams are decoding, a step's prefill chunks are sized so the step's predicted time stays within
+    # max(target_step_ms, stall_free_factor x the running decodes' own predicted time), so a step with
+    # prefill is at most that factor times a decode-only one, whatever the batch (the ITL p99/p50 it
+    # allows), and prefill keeps factor - 1 decode times a step (the throughput it keeps).
+    # target_step_ms: a decode gap the deployment accepts anyway (its SLO, spec.slo.itlP99Ms through the
+    # operator): prefill may fill a step up to it. stall_free False: steps bounded by
+    # max_num_batched_tokens only (kvfleet before #33). Needs enable_chunked_prefill.
+    stall_free: bool = True
+    stall_free_factor: float = Field(default=2.5, gt=1.0)
     target_step_ms: float | None = Field(default=None, gt=0.0)
     # float32 on the CPU: keep each layer's linears packed once for a GEMM library, for steps of more
     # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
@@ -72,6 +78,12 @@ class EngineConfig(BaseModel):
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
+    def plans_stall_free(self) -> bool:
+        """Whether the scheduler plans steps stall-free: asked for, with chunked prefill to size, and
+        not static batching (a benchmark baseline that runs whole batches as they were admitted)."""
+        return self.stall_free and self.enable_chunked_prefill and self.scheduling_policy != "static"
+
+    @property
     def lora_enabled(self) -> bool:
         return self.enable_lora or bool(self.lora_modules)
 
@@ -81,8 +93,10 @@ class EngineConfig(BaseModel):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
-        if self.target_step_ms is not None and not self.enable_chunked_prefill:
-            raise ValueError("target_step_ms sizes prefill chunks: it needs enable_chunked_prefill")
+        if self.target_step_ms is not None and not (self.enable_chunked_prefill and self.stall_free):
+            raise ValueError(
+                "target_step_ms sizes prefill chunks: it needs enable_chunked_prefill and stall_free"
+            )
         if self.quantization is not None and self.lora_enabled:
             raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
         if self.quantization is not None and self.tensor_parallel_size > 1:

@@ -90,6 +90,7 @@ class Engine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             max_loras=config.max_loras if config.lora_enabled else None,
             target_step_s=None if config.target_step_ms is None else config.target_step_ms / 1e3,
+            decode_factor=config.stall_free_factor if config.plans_stall_free else None,
         )
         self.lora: LoraHost | None = getattr(runner, "lora", None) if config.lora_enabled else None
         self._lora_usage = LoraUsage()
@@ -333,10 +334,10 @@ class Engine:
         return self._host_token_requests > 0
 
     def observe(self, plan: SchedulerPlan, started: float) -> None:
-        """Feed the scheduler's step cost model, when a step time target is set: the runner's own clock
+        """Feed the scheduler's step cost model, when stall-free plans use it: the runner's own clock
         if it keeps one (the simulator's timing model), else the wall time of the whole step (what a
         stream waits). The first step is left out: it pays the runner's one-time lazy set-up."""
-        if self.scheduler.target_step_s is None:
+        if not self.scheduler.stall_free:
             return
         wall_s = time.perf_counter() - started
         self._num_steps_run += 1

@@ -127,7 +127,8 @@ class SLOSpec(CamelModel):
     ttft_ms: int | None = Field(default=None, ge=1)
     tpot_ms: int | None = Field(default=None, ge=1)
     # The bound on a stream's gaps between tokens: not judged in goodput (TPOT is); each engine gets
-    # it as --target-step-ms, its stall-free scheduler's step time target (issue #33).
+    # it as --target-step-ms: its stall-free scheduler (issue #33) lets prefill fill a step up to it,
+    # the step bound being max(it, --stall-free-factor x the running decodes' own step).
     itl_p99_ms: int | None = Field(default=None, ge=1)
 
 

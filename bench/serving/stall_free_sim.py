@@ -5,10 +5,11 @@ can make noise of); here the real ``Engine`` and scheduler run over ``engine/sim
 ``SimRunner`` with a timing model fitted to SmolLM2 fp32 on this 2-core CPU (a step: 20 ms, plus
 1.2 ms a batched token, 1 ms a sequence, 5 us a context token read), and a clock that only the steps advance.
 Closed loop at each concurrency, prompts and outputs drawn as the served run draws them (``random``:
-unrelated prompts; ``shared``: the first 80% of every prompt one prefix); per target: ITL p50/p99,
-TTFT p99, output tokens/s, all in simulated time, so each row is exactly reproducible.
+unrelated prompts; ``shared``: the first 80% of every prompt one prefix); per scheduler (today's,
+``--no-stall-free``; stall-free with each ``--factors`` K; K with each ``--targets-ms`` floor): ITL
+p50/p99, TTFT p99, output tokens/s, all in simulated time, so each row is exactly reproducible.
 
-    .venv/bin/python -m bench.serving.stall_free_sim [--targets-ms 125,300] [--requests-per-slot 4]
+    .venv/bin/python -m bench.serving.stall_free_sim [--factors 2,2.5,3] [--targets-ms 300]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import random
 import statistics
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
@@ -27,6 +29,31 @@ from kvfleet.engine.sim import SimRunner, TimingModel
 # Fitted to SmolLM2 fp32 steps measured on this CPU, quiet: 1 decode row at 300 context 19 ms, 4 rows
 # 28 ms, 1200 prompt tokens 1.44 s, 32 decode rows + a 32-token chunk at 4500 context 150 ms.
 CPU_SMOLLM2 = TimingModel(base_s=0.020, per_token_s=0.0012, per_context_token_s=5e-6, per_row_s=0.001)
+
+
+class Mode(NamedTuple):
+    """One scheduler: today's (``factor`` None: ``--no-stall-free``), or stall-free with a factor and
+    an optional target floor in ms."""
+
+    factor: float | None
+    target_ms: float | None = None
+
+    @property
+    def name(self) -> str:
+        if self.factor is None:
+            return "no stall-free (today)"
+        floor = "" if self.target_ms is None else f", >= {self.target_ms:g} ms"
+        return f"stall-free K={self.factor:g}{floor}"
+
+    def config(self) -> dict[str, object]:
+        if self.factor is None:
+            return {"stall_free": False}
+        return {"stall_free_factor": self.factor, "target_step_ms": self.target_ms}
+
+
+def modes(factors: list[float], targets_ms: list[float]) -> list[Mode]:
+    """Today's, each factor alone, the default factor with each target floor."""
+    return [Mode(None), *(Mode(k) for k in factors), *(Mode(2.5, t) for t in targets_ms)]
 
 
 @dataclass
@@ -53,15 +80,13 @@ def _prompts(workload: str, n: int, rng: random.Random) -> list[list[int]]:
     return out
 
 
-def run_cell(
-    workload: str, concurrency: int, target_ms: float | None, per_slot: int, seed: int
-) -> dict[str, float]:
+def run_cell(workload: str, concurrency: int, mode: Mode, per_slot: int, seed: int) -> dict[str, float]:
     """One closed-loop cell; figures in simulated seconds."""
     rng = random.Random(seed + concurrency + (1 if workload == "shared" else 0))
     n = per_slot * concurrency
     prompts, outputs = _prompts(workload, n, rng), [rng.randint(32, 128) for _ in range(n)]
     clock = _Clock()
-    cfg = EngineConfig(num_kv_blocks=8192, max_model_len=4096, device="cpu", target_step_ms=target_ms)
+    cfg = EngineConfig(num_kv_blocks=8192, max_model_len=4096, device="cpu", **mode.config())  # type: ignore[arg-type]
     engine = Engine(cfg, runner=SimRunner(8192, CPU_SMOLLM2, sleep=clock.sleep), tokenizer=ByteTokenizer())
     reqs: dict[str, _Req] = {}
     nxt = 0
@@ -94,32 +119,33 @@ def run_cell(
     }
 
 
-def table(targets: list[float | None], concurrency: list[int], per_slot: int, seed: int) -> list[str]:
-    lines = [f"{'scheduler':<20} {'workload':<8} {'conc':>4} {'out tok/s':>9} {'TTFT p99 ms':>11} "
+def table(schedulers: list[Mode], concurrency: list[int], per_slot: int, seed: int) -> list[str]:
+    lines = [f"{'scheduler':<30} {'workload':<8} {'conc':>4} {'out tok/s':>9} {'TTFT p99 ms':>11} "
              f"{'ITL p50/p99 ms':>14} {'p99/p50':>7}"]  # fmt: skip
     for workload in ("random", "shared"):
         for c in concurrency:
-            for t in targets:
-                r = run_cell(workload, c, t, per_slot, seed)
-                name = "no target (today)" if t is None else f"target {t:g} ms"
-                lines.append(f"{name:<20} {workload:<8} {c:>4} {r['out_tps']:>9.1f} {r['ttft_p99'] * 1e3:>11.0f} "
+            for mode in schedulers:
+                r = run_cell(workload, c, mode, per_slot, seed)
+                lines.append(f"{mode.name:<30} {workload:<8} {c:>4} {r['out_tps']:>9.1f} {r['ttft_p99'] * 1e3:>11.0f} "
                              f"{r['itl_p50'] * 1e3:>6.0f}/{r['itl_p99'] * 1e3:<7.0f} {r['itl_p99'] / r['itl_p50']:>7.1f}")  # fmt: skip
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--targets-ms", default="125,300")
+    p.add_argument("--factors", default="2,2.5,3", help="stall-free factors K (the step bound: K x decodes)")
+    p.add_argument("--targets-ms", default="300", help="target floors, each with K=2.5")
     p.add_argument("--concurrency", default="8,32")
     p.add_argument("--requests-per-slot", type=int, default=4, help="requests per cell = this x concurrency")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    targets: list[float | None] = [None, *(float(t) for t in args.targets_ms.split(",") if t)]
-    print(
-        "\n".join(
-            table(targets, [int(c) for c in args.concurrency.split(",")], args.requests_per_slot, args.seed)
-        )
-    )
+    schedulers = modes(floats(args.factors), floats(args.targets_ms))
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    print("\n".join(table(schedulers, concurrency, args.requests_per_slot, args.seed)))
+
+
+def floats(csv: str) -> list[float]:
+    return [float(x) for x in csv.split(",") if x]
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ There is no prefill or decode phase: each running sequence has ``num_computed_to
 catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut
 into chunks by the per-step token budget, so chunked prefill and decodes share a step.
 
-With a step time target (``target_step_s``, ``--target-step-ms``) the step is planned stall-free
-as in Sarathi-Serve: every running decode first, then prefill chunks sized so that the step's
-predicted time (``step_cost.StepCostModel``, fitted online from the engine's measured steps)
-stays within the target; ``max_num_batched_tokens`` stays a hard cap on top of it.
+Stall-free (``decode_factor`` and/or ``target_step_s``; the engine's default, ``--no-stall-free``
+turns it off) the step is planned as in Sarathi-Serve: every running decode first, then prefill
+chunks sized so that the step's predicted time (``step_cost.StepCostModel``, fitted online from the
+engine's measured steps) stays within ``max(target_step_s, decode_factor × the decodes' own time)``;
+``max_num_batched_tokens`` stays a hard cap on top of it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         max_loras: int | None = None,
         target_step_s: float | None = None,
+        decode_factor: float | None = None,
         step_cost: StepCostModel | None = None,
         min_prefill_chunk: int = MIN_PREFILL_CHUNK_TOKENS,
     ) -> None:
@@ -70,10 +72,18 @@ class Scheduler:
         self._running_sorted = True  # False once an admission may have broken the policy order
         if target_step_s is not None and target_step_s <= 0:
             raise ValueError(f"target_step_s must be > 0, got {target_step_s}")
-        self.target_step_s = target_step_s  # None: steps bounded by max_num_batched_tokens only
-        self.step_cost = step_cost or StepCostModel()  # fed by Engine.step() when a target is set
+        if decode_factor is not None and decode_factor <= 1.0:
+            raise ValueError(f"decode_factor must be > 1, got {decode_factor}")  # prefill gets factor - 1
+        self.target_step_s = target_step_s  # a step may always take this long; None: no floor
+        self.decode_factor = decode_factor  # a step may take this many decode-only steps; None: no scaling
+        self.step_cost = step_cost or StepCostModel()  # fed by Engine.step() when stall-free
         self.min_prefill_chunk = min_prefill_chunk
         self._time: StepTimeBudget | None = None  # the step being planned's time left, stall-free mode
+
+    @property
+    def stall_free(self) -> bool:
+        """Whether steps are planned stall-free (a time bound), rather than by the token cap alone."""
+        return self.target_step_s is not None or self.decode_factor is not None
 
     # ---- queue state
     @property
@@ -106,8 +116,8 @@ class Scheduler:
     # step's tokens never exceed the budget; a waiting sequence is admitted only when no
     # running one had to be preempted this step.
     def schedule(self) -> SchedulerPlan:
-        if self.target_step_s is not None:
-            return self._schedule_stall_free(self.target_step_s)
+        if self.stall_free:
+            return self._schedule_stall_free()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
@@ -134,11 +144,11 @@ class Scheduler:
         return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
 
     # Invariant (stall-free): every running decode is planned before any prefill chunk, each group
-    # in policy order; prefill chunks (running prompts, then admissions) fill what the time target
-    # leaves as the cost model predicts it, and the token cap; the first prefill of a step gets at
-    # least min_prefill_chunk tokens. A step with no decode has no stream to keep going: the cap
-    # alone bounds it.
-    def _schedule_stall_free(self, target_s: float) -> SchedulerPlan:
+    # in policy order; prefill chunks (running prompts, then admissions) fill what the step's time
+    # bound, max(target, decode_factor x the decodes' predicted time), leaves as the cost model
+    # predicts it, and the token cap; the first prefill of a step gets at least min_prefill_chunk
+    # tokens. A step with no decode has no stream to keep going: the cap alone bounds it.
+    def _schedule_stall_free(self) -> SchedulerPlan:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
@@ -155,9 +165,9 @@ class Scheduler:
             scheduled.append(entry)
             budget -= 1
         if scheduled:
-            self._time = StepTimeBudget(
-                self.step_cost, target_s, self.min_prefill_chunk, StepShape.of(scheduled)
-            )
+            target_s, factor = self.target_step_s or 0.0, self.decode_factor or 0.0
+            shape = StepShape.of(scheduled)
+            self._time = StepTimeBudget(self.step_cost, target_s, self.min_prefill_chunk, shape, factor)
         try:
             budget = self._prefill_running(prefilling, budget, scheduled, preempted)
             if not preempted and self.policy.may_admit(num_running_at_start):

@@ -2,9 +2,9 @@
 
 Where it sits: ``Engine.step()`` feeds :class:`StepCostModel` each step's shape (prefill tokens,
 decode rows, context tokens read) and the seconds it took (the wall clock, or the simulated
-clock of ``engine/sim.py``); ``Scheduler.schedule()`` (stall-free mode, ``target_step_ms``) opens a
+clock of ``engine/sim.py``); ``Scheduler.schedule()`` (stall-free mode) opens a
 :class:`StepTimeBudget` on it after planning the decodes and asks it how many prefill tokens fit
-in what is left of the target (Sarathi-Serve's stall-free batching, with the chunk sized by time
+in what is left of the step's bound (Sarathi-Serve's stall-free batching, with the chunk sized by time
 rather than by a fixed token count). Pure Python: no torch, no clock of its own.
 
 The model: ``seconds ≈ fixed + per_prefill_token × p + per_decode_row × r + per_context_token × c``,
@@ -12,6 +12,9 @@ fitted by exponentially weighted least squares with regularised forgetting: each
 evidence decays by ``decay`` and a small ridge pulls towards the previous fit, so a direction the
 recent steps do not excite (no prefill for a while) keeps its last estimate instead of drifting.
 Steps far off the fit (a neighbour's CPU burst, a warm-up) get Huber weights, not full ones.
+A prefill token's cost for sizing chunks is the larger of the fit's and the measured excess of the
+steps with prefill over their decodes' predicted time, per prefill token: chunks of one size (the
+first steps of a burst) cannot tell the fit a token from the fixed cost, and the excess can.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from kvfleet.engine.sched.plan import ScheduledSeq
 
-_WARMUP_PREFILL_STEPS = 3  # prefill steps seen before the fitted per-token cost alone sizes chunks
+_WARMUP_PREFILL_STEPS = 3  # steps seen before the Huber weights have a residual scale
 # Features are scaled to about 1 at a typical step, so the 4x4 normal equations stay well conditioned.
 _SCALES = (1.0, 256.0, 32.0, 16384.0)  # fixed, prefill tokens, decode rows, context tokens
 _HUBER_K = 3.0  # residuals past this many mean absolute residuals are down-weighted
@@ -61,7 +64,7 @@ class StepCostModel:
         self._a = [[_RIDGE if i == j else 0.0 for j in range(n)] for i in range(n)]
         self._b = [_RIDGE * t for t in theta]
         self._theta = theta  # seconds per scaled feature
-        self._seconds_per_prefill_token = 0.0  # EW mean of whole-step seconds / batched tokens
+        self._excess = (0.0, 0.0)  # EW sums: seconds over the decodes' prediction, prefill tokens
         self._prior_knows_prefill = prior is not None and prior[1] > 0.0
         self._mean_abs_residual = 0.0  # EW mean of |seconds - prediction|, clipped: the noise's scale
         self.num_observed = 0
@@ -79,6 +82,7 @@ class StepCostModel:
         return f, p, r, c
 
     def observe(self, shape: StepShape, seconds: float) -> None:
+        decodes_s = self.predict(0, shape.decode_rows, shape.context_tokens)
         x = _features(shape.prefill_tokens, shape.decode_rows, shape.context_tokens)
         w = self._huber_weight(sum(t * xi for t, xi in zip(self._theta, x, strict=True)), seconds)
         lam, ridge = self.decay, (1.0 - self.decay) * _RIDGE
@@ -91,9 +95,9 @@ class StepCostModel:
         self.num_observed += 1
         if shape.prefill_tokens:
             self.num_prefill_observed += 1
-            ratio = seconds / (shape.prefill_tokens + shape.decode_rows)
-            old = self._seconds_per_prefill_token
-            self._seconds_per_prefill_token = ratio if old == 0.0 else lam * old + (1.0 - lam) * ratio
+            excess = max(0.0, seconds - decodes_s) * w
+            old_s, old_tokens = self._excess
+            self._excess = (lam * old_s + excess, lam * old_tokens + w * shape.prefill_tokens)
 
     def _huber_weight(self, predicted: float, seconds: float) -> float:
         """An observation's weight: 1 within HUBER_K mean absolute residuals (or a quarter of the
@@ -112,32 +116,34 @@ class StepCostModel:
         return max(0.0, sum(t * xi for t, xi in zip(self._theta, x, strict=True)))
 
     def marginal_prefill(self) -> tuple[float, float]:
-        """(s per prefill token, s per context token) for sizing a chunk, both > 0.
-
-        Until a few prefill steps are seen, and whenever the fit gives a prefill token no positive
-        cost, the whole step's seconds per batched token stands in: it overstates, so chunks err small.
-        """
+        """(s per prefill token, s per context token) for sizing a chunk, both > 0: the per-token cost
+        is the larger of the fit's and the measured excess of prefill steps over their decodes."""
         _, per_token, _, per_context = self.coefficients()
-        per_context = max(per_context, 0.0)
-        if not self._prior_knows_prefill and self.num_prefill_observed < _WARMUP_PREFILL_STEPS:
-            per_token = max(per_token, self._seconds_per_prefill_token)  # too few steps to split costs
-        if per_token + per_context <= 0.0:
-            return max(self._seconds_per_prefill_token, 1e-9), per_context
-        return max(per_token, 0.0) or 1e-9, per_context
+        excess_s, tokens = self._excess
+        measured = excess_s / tokens if tokens else 0.0
+        return max(per_token, measured, 1e-9), max(per_context, 0.0)
 
 
 class StepTimeBudget:
-    """One step's time target, spent by the plan: decodes first, then prefill chunks.
+    """One step's time bound, spent by the plan: decodes first, then prefill chunks.
 
-    Invariant: the predicted step time stays within ``target_s``, except for the minimum chunk the
-    first prefill of a step always gets (no prefill starves, even when the decodes alone fill it).
+    The bound is ``max(target_s, factor × the decodes' own predicted time)``: a fixed target alone
+    cannot suit 8 streams (45 ms decode steps here) and 32 (90-120 ms); scaled by the running batch,
+    a step with prefill is at most ``factor`` times a decode-only one (the ITL p99/p50 it allows),
+    and prefill still gets ``factor - 1`` times the decode time each step (the throughput it keeps).
+    Invariant: the predicted step time stays within the bound, except for the ``min_chunk`` prefill
+    tokens a step always gets, shared by its first prompts (no prefill starves while the cost model
+    knows no prefill cost yet, or when the decodes alone fill the bound).
     """
 
-    def __init__(self, cost: StepCostModel, target_s: float, min_chunk: int, decodes: StepShape) -> None:
+    def __init__(
+        self, cost: StepCostModel, target_s: float, min_chunk: int, decodes: StepShape, factor: float = 0.0
+    ) -> None:
         self.cost = cost
-        self.min_chunk = min_chunk
-        self.left_s = target_s - cost.predict(0, decodes.decode_rows, decodes.context_tokens)
-        self.prefilled = False  # a prefill chunk is in the plan already
+        decode_s = cost.predict(0, decodes.decode_rows, decodes.context_tokens)
+        self.bound_s = max(target_s, factor * decode_s)
+        self.left_s = self.bound_s - decode_s
+        self.min_left = min_chunk  # prefill tokens this step gets whatever the prediction
 
     def chunk(self, computed: int, wanted: int) -> int:
         """Prefill tokens of a sequence at ``computed`` tokens that fit (0: none, the step is full)."""
@@ -145,14 +151,12 @@ class StepTimeBudget:
         if self.cost.knows_prefill:
             per_token, per_context = self.cost.marginal_prefill()
             fit = max(0, int((self.left_s - per_context * computed) / (per_token + per_context)))
-        if not self.prefilled:
-            fit = max(fit, self.min_chunk)
-        return min(fit, wanted)
+        return min(max(fit, self.min_left), wanted)
 
     def spend(self, computed: int, num_new: int) -> None:
         per_token, per_context = self.cost.marginal_prefill()
         self.left_s -= per_token * num_new + per_context * (computed + num_new)
-        self.prefilled = True
+        self.min_left = max(0, self.min_left - num_new)
 
 
 def _features(prefill_tokens: int, decode_rows: int, context_tokens: int) -> tuple[float, ...]:

@@ -3,7 +3,9 @@
 ``ByteTokenizer``: one token per byte (0..255) and the real one's special ids (``<s>`` 256, ``</s>``
 257 = EOS, ``<pad>`` 258; vocab 259), but it adds no BOS and its chat template only joins the contents.
 ``FakeRunner``: the next token is ``next_token(last token)``; it records every plan it ran
-and checks that each sequence's block table covers the KV it is asked to compute.
+and checks that each sequence's block table covers the KV it is asked to compute. Its steps take
+no time, but it keeps a clock of its own (``last_step_seconds``: 10 ms + 1 ms a batched token) for
+the stall-free scheduler's cost model, so the plans it is given do not depend on the machine.
 :func:`fold`: the engine's deltas folded into whole outputs, as ``LLM.generate`` folds them.
 """
 
@@ -74,6 +76,7 @@ class FakeRunner:
     block_size: int = 4
     next_token: Callable[[int], int] = next_byte
     steps: list[list[RanEntry]] = field(default_factory=list)
+    last_step_seconds: float = 0.0
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         ran: list[RanEntry] = []
@@ -88,6 +91,7 @@ class FakeRunner:
                 lp = TokenLogprob(tok, -0.25, ((tok, -0.25),)) if e.seq.params.logprobs is not None else None
                 out[e.seq.seq_id] = SampleResult(tok, lp)
         self.steps.append(ran)
+        self.last_step_seconds = 0.01 + 0.001 * plan.num_batched_tokens
         return out
 
 

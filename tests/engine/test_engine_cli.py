@@ -48,6 +48,8 @@ def test_the_flags_build_one_engine_config() -> None:
         "scheduling_policy": "priority",
         "attention_backend": "triton",
         "enable_chunked_prefill": True,
+        "stall_free": True,
+        "stall_free_factor": 2.5,
         "target_step_ms": 250.0,
         "prepack_weights": False,
         "weight_packing": "onednn",
@@ -67,6 +69,16 @@ def test_the_flags_build_one_engine_config() -> None:
     assert config.lora_enabled
     default = cli.engine_config(_args("--model", "tiny"))
     assert default.prepack_weights and default.weight_packing == "auto"  # on, timed at load, unless told
+
+
+def test_stall_free_is_the_default_and_no_stall_free_plans_by_the_token_cap_alone() -> None:
+    default = cli.engine_config(_args("--model", "tiny"))
+    assert (default.stall_free, default.stall_free_factor, default.target_step_ms) == (True, 2.5, None)
+    assert default.plans_stall_free
+    off = cli.engine_config(_args("--model", "tiny", "--no-stall-free"))
+    assert not off.plans_stall_free
+    with pytest.raises(ValueError, match="target_step_ms"):
+        cli.engine_config(_args("--model", "tiny", "--no-stall-free", "--target-step-ms", "200"))
 
 
 def test_byte_sizes_take_binary_and_decimal_units() -> None:

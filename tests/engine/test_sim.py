@@ -155,3 +155,34 @@ def test_a_step_time_target_holds_on_the_simulated_clock_not_the_wall_clock() ->
     assert len(seconds) < 8000 * 1e-4 / (0.020 - 0.0065) * 1.5  # chunks near the target's size
     fixed, per_token, per_row, per_context = engine.scheduler.step_cost.coefficients()
     assert per_token + per_context == pytest.approx(1e-4 + 1e-6, rel=0.1)
+
+
+def test_without_a_target_every_simulated_step_with_prefill_stays_within_the_factor_times_its_decodes() -> (
+    None
+):
+    """Issue #33's default: a burst of long prompts beside 8 streams; each step that carries prefill
+    takes at most 2.5x what its decode rows alone take on the simulated clock (the cost model, fitted
+    to that clock, learns the timing model's per-row and per-context costs)."""
+    timing = TimingModel(base_s=0.02, per_token_s=0.0012, per_context_token_s=5e-6, per_row_s=0.001)
+    cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu")
+    runner = SimRunner(2048, timing)
+    engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
+    for i in range(8):
+        engine.add_request(f"d{i}", [1 + i] * 8, SamplingParams(max_tokens=400))
+    for _ in range(20):
+        engine.step()
+    for i in range(4):
+        engine.add_request(f"p{i}", [20 + i] * 500, SamplingParams(max_tokens=2))
+    plans: list[SchedulerPlan] = []
+    execute = runner.execute
+    runner.execute = lambda plan: plans.append(plan) or execute(plan)  # type: ignore[method-assign]
+    ratios = []
+    while any(f"p{i}" in engine._requests for i in range(4)):
+        engine.step()
+        plan = plans[-1]
+        decodes = [e for e in plan.scheduled if e.num_new_tokens == 1]
+        if len(decodes) < len(plan.scheduled):
+            decode_only = SchedulerPlan(scheduled=tuple(decodes))
+            ratios.append(runner.last_step_seconds / timing.step_seconds(decode_only))
+    assert 38 < len(ratios) < 46  # 2000 prompt tokens in chunks of about 47
+    assert max(ratios) <= 2.5 * 1.05

@@ -21,12 +21,19 @@ PRIOR = (FIXED, PER_TOKEN, PER_ROW, 0.0)
 _tokens = itertools.count(1)
 
 
-def make(target_s: float = 0.25, cap: int = 2048, prior: object = PRIOR, **kw: object) -> Scheduler:
+def make(
+    target_s: float | None = 0.25, cap: int = 2048, prior: object = PRIOR, factor: float | None = None
+) -> Scheduler:
     kv = KVCacheManager(4096, block_size=16, enable_prefix_caching=True)
     cost = StepCostModel(prior=prior) if isinstance(prior, tuple) else StepCostModel()
     return Scheduler(
-        kv, max_num_seqs=64, max_num_batched_tokens=cap, target_step_s=target_s, step_cost=cost, **kw
-    )  # type: ignore[arg-type]
+        kv,
+        max_num_seqs=64,
+        max_num_batched_tokens=cap,
+        target_step_s=target_s,
+        decode_factor=factor,
+        step_cost=cost,
+    )
 
 
 def add(s: Scheduler, rid: str, prompt: list[int] | int, arrival: float = 0.0) -> Sequence:
@@ -58,6 +65,25 @@ def predicted(plan: SchedulerPlan) -> float:
     return FIXED + PER_TOKEN * shape.prefill_tokens + PER_ROW * shape.decode_rows
 
 
+def decode_only(plan: SchedulerPlan) -> float:
+    return FIXED + PER_ROW * StepShape.of(plan.scheduled).decode_rows
+
+
+def burst_until_prefilled(
+    s: Scheduler, decoding: list[Sequence], prompts: list[Sequence], bound: float
+) -> int:
+    """Steps until every prompt is computed; each gives every stream its token within the bound."""
+    steps = 0
+    while any(p.num_computed_tokens < p.num_prompt_tokens for p in prompts):
+        plan = step(s)
+        steps += 1
+        rows = {e.seq.request_id for e in plan.scheduled if e.num_new_tokens == 1}
+        assert {d.request_id for d in decoding} <= rows  # every stream gets its token, every step
+        assert predicted(plan) <= max(bound, 2.5 * decode_only(plan))
+        assert plan.num_batched_tokens > len(rows)  # the prompts progress every step
+    return steps
+
+
 def test_32_decodes_and_a_burst_of_8_long_prompts_no_step_over_target_every_stream_gets_a_token() -> None:
     s = make()
     decoding = decodes_running(s)
@@ -68,20 +94,40 @@ def test_32_decodes_and_a_burst_of_8_long_prompts_no_step_over_target_every_stre
     assert summary(step(s))[32:] == [("p0", 352, 148), ("p1", 0, 28)]
     plan = step(s)  # p0 decodes now: 33 rows, 174 tokens left
     assert summary(plan)[32:] == [("p0", 500, 1), ("p1", 28, 174)]
-    steps = 4
-    while any(p.num_computed_tokens < p.num_prompt_tokens for p in prompts):
-        plan = step(s)
-        steps += 1
-        rows = {e.seq.request_id for e in plan.scheduled if e.num_new_tokens == 1}
-        assert {d.request_id for d in decoding} <= rows  # every stream gets its token, every step
-        assert predicted(plan) <= 0.25
-        assert plan.num_batched_tokens <= 2048
-        assert plan.num_batched_tokens > len(rows)  # the prompts progress every step
-    assert steps == 24  # 4000 prompt tokens in 168-176-token chunks
+    assert 4 + burst_until_prefilled(s, decoding, prompts, 0.25) == 24  # 4000 tokens in 168-176-token chunks
+
+
+@pytest.mark.parametrize("streams, chunk, steps", [(32, 120, 31), (8, 48, 70)])
+def test_without_a_target_a_step_with_prefill_takes_at_most_the_factor_times_the_decodes_own(
+    streams: int, chunk: int, steps: int
+) -> None:
+    s = make(target_s=None, factor=2.5)
+    decoding = decodes_running(s, streams)
+    prompts = [add(s, f"p{i}", 500, arrival=100 + i) for i in range(8)]
+    # 32 rows: 1/64 + 32/512 = 0.078125 s, bound 2.5x = 0.1953125, 0.1171875 s left: 120 tokens
+    # 8 rows: 1/64 + 8/512 = 0.03125 s, bound 0.078125, 0.046875 s left: 48 tokens
+    assert summary(step(s))[streams:] == [("p0", 0, chunk)]
+    # the chunks grow as finished prompts join the decodes (each row adds 1.5 x its cost to prefill)
+    assert 1 + burst_until_prefilled(s, decoding, prompts, 0.0) == steps
+
+
+def test_a_target_above_the_factor_lets_prefill_fill_the_step_up_to_it() -> None:
+    s = make(target_s=0.25, factor=2.5)  # 8 rows: 2.5x is 0.078 s, the target 0.25 s wins
+    decodes_running(s, 8)
+    add(s, "p0", 500, arrival=100)
+    assert summary(step(s))[8:] == [("p0", 0, 224)]  # (0.25 - 0.03125) x 1024
+
+
+def test_a_target_the_decodes_alone_overrun_gives_way_to_the_factor() -> None:
+    s = make(target_s=0.05, factor=2.5)  # 32 decode rows alone are predicted at 0.078 s
+    decoding = decodes_running(s)
+    prompts = [add(s, f"p{i}", 500, arrival=100 + i) for i in range(8)]
+    assert summary(step(s))[32:] == [("p0", 0, 120)]  # not the 32-token minimum a 0.05 s bound leaves
+    burst_until_prefilled(s, decoding, prompts, 0.05)
 
 
 def test_the_same_burst_without_a_target_stalls_the_streams_in_one_huge_step() -> None:
-    s = make(target_s=None)  # type: ignore[arg-type]
+    s = make(target_s=None)
     decodes_running(s)
     for i in range(8):
         add(s, f"p{i}", 500, arrival=100 + i)
@@ -99,7 +145,7 @@ def test_the_cap_bounds_every_step_even_when_the_target_allows_more() -> None:
         assert plan.num_batched_tokens == 96
 
 
-def test_a_target_below_the_decodes_own_cost_still_gives_one_prompt_the_minimum_chunk() -> None:
+def test_a_target_below_the_decodes_own_cost_still_gives_the_prompts_the_minimum_chunk_a_step() -> None:
     s = make(target_s=0.05)  # 32 decode rows alone are predicted at 0.078 s
     decodes_running(s)
     add(s, "p0", 100, arrival=100)
@@ -107,8 +153,8 @@ def test_a_target_below_the_decodes_own_cost_still_gives_one_prompt_the_minimum_
     assert summary(step(s))[32:] == [("p0", 0, 32)]
     assert summary(step(s))[32:] == [("p0", 32, 32)]
     assert summary(step(s))[32:] == [("p0", 64, 32)]
-    assert summary(step(s))[32:] == [("p0", 96, 4)]  # the minimum goes to the first prefill only
-    assert summary(step(s))[32:] == [("p0", 100, 1), ("p1", 0, 32)]
+    assert summary(step(s))[32:] == [("p0", 96, 4), ("p1", 0, 28)]  # the minimum is the step's, shared
+    assert summary(step(s))[32:] == [("p0", 100, 1), ("p1", 28, 32)]
 
 
 def test_before_any_prefill_step_is_measured_chunks_are_the_minimum() -> None:
@@ -120,7 +166,7 @@ def test_before_any_prefill_step_is_measured_chunks_are_the_minimum() -> None:
 
 @pytest.mark.parametrize("target_s", [None, 10.0])
 def test_a_running_prompt_ahead_in_policy_order_never_takes_a_decodes_place(target_s: float | None) -> None:
-    s = make(target_s=target_s, cap=40)  # type: ignore[arg-type]
+    s = make(target_s=target_s, cap=40)
     add(s, "d", 2, arrival=1)
     assert summary(step(s)) == [("d", 0, 2)]
     add(s, "early", 300, arrival=0)  # sorts before d once running (FCFS by arrival)
