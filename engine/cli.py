@@ -194,11 +194,7 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="decode steps without CUDA graphs (engine/cuda_graphs.py)",
     )
-    e.add_argument(
-        "--async-scheduling",
-        action="store_true",
-        help="schedule and launch the next step before reading this one's tokens (engine/async_scheduling.py)",
-    )
+    e.add_argument("--async-scheduling", action="store_true", help="launch a step before reading the last")
     e.add_argument(
         "--cuda-graph-sizes",
         type=int,
