@@ -43,6 +43,14 @@ class Flag(NamedTuple):
     help: str
 
 
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (every figure names its CPU)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def bench_args(doc: str | None, **options: object) -> argparse.Namespace:
     """Every bench's command line, parsed: ``--name-with-dashes`` per keyword, typed by its default
     (a bool is a switch, off by default), the module docstring's first line as the description."""

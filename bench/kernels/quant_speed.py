@@ -13,14 +13,12 @@ before and after (a shared box: figures under load are noise). Writes bench/resu
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from bench.common import bench_args, publish
+from bench.common import bench_args, cpu_name, publish
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import load_quant
 from kvfleet.engine.llm import LLM
@@ -29,13 +27,6 @@ from kvfleet.engine.sampling_params import SamplingParams
 
 PROMPT = "Tell me a long story about a dragon and a knight. " * 20
 PARAMS = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def load_average() -> str:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import RESULTS, SIDE_VENVS, thread_env
+from bench.common import RESULTS, SIDE_VENVS, cpu_name, thread_env
 from bench.peers.llamacpp_report import Cell, loadavg, ratio_lines, table, targets_summary
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.load import LoadResult, plan_requests
@@ -216,13 +216,6 @@ def measure(args: argparse.Namespace) -> list[Cell]:
                 cells.append(cell)
                 print(table([cell])[1], flush=True)
     return cells
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def header(args: argparse.Namespace) -> list[str]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from bench.common import RESULTS, resolve_model, side_venv
+from bench.common import RESULTS, cpu_name, resolve_model, side_venv
 from bench.peers.peers import serve_cells, vllm_server
 from bench.peers.roof import Row, Shape, ms
 from bench.serving import stall_free_sim
@@ -138,13 +138,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args.shared_fraction, args.worker_timeout = 0.8, 1200.0  # what bench.peers.peers' cells read
     return args
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> None:

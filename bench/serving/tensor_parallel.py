@@ -21,15 +21,8 @@ from typing import Any
 
 import torch
 
-from bench.common import RESULTS
+from bench.common import RESULTS, cpu_name
 from kvfleet.engine import LLM, SamplingParams
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def run(tp: int, rows: int, new_tokens: int) -> dict[str, Any]:
