@@ -48,7 +48,7 @@ class Mode(NamedTuple):
     def config(self) -> dict[str, object]:
         if self.factor is None:
             return {"stall_free": False}
-        return {"stall_free_factor": self.factor, "target_step_ms": self.target_ms}
+        return {"stall_free": True, "stall_free_factor": self.factor, "target_step_ms": self.target_ms}
 
 
 def modes(factors: list[float], targets_ms: list[float]) -> list[Mode]:

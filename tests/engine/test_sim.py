@@ -136,7 +136,9 @@ def test_a_step_time_target_holds_on_the_simulated_clock_not_the_wall_clock() ->
     """Issue #33: the engine's cost model learns the simulator's seconds (here 1000x the wall clock's),
     so a burst of long prompts beside running streams keeps every simulated step near the target."""
     timing = TimingModel(base_s=0.005, per_token_s=1e-4, per_context_token_s=1e-6)
-    cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu", target_step_ms=20.0)
+    cfg = EngineConfig(
+        num_kv_blocks=2048, max_model_len=4096, device="cpu", target_step_ms=20.0, stall_free=True
+    )
     runner = SimRunner(2048, timing, speedup=1000.0)
     engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
     for i in range(8):
@@ -164,7 +166,7 @@ def test_without_a_target_every_simulated_step_with_prefill_stays_within_the_fac
     takes at most 2.5x what its decode rows alone take on the simulated clock (the cost model, fitted
     to that clock, learns the timing model's per-row and per-context costs)."""
     timing = TimingModel(base_s=0.02, per_token_s=0.0012, per_context_token_s=5e-6, per_row_s=0.001)
-    cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu")
+    cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu", stall_free=True)
     runner = SimRunner(2048, timing)
     engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
     for i in range(8):
