@@ -29,12 +29,35 @@ from kvfleet.engine.kernels.native.decode_layers import (
     StepInputs,
     load_decode_layers,
 )
+from kvfleet.engine.kernels.native.quant_gemm import PATHS
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
+from kvfleet.engine.kernels.quant_linear import QuantLinear
 
 
 def _f32(t: torch.Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+
+
+def _quant_operands(layer: Any) -> tuple[LayerOperands, str] | None:
+    """A quantised layer's operands (``model/quant_loader.py``'s ``fixed`` matmuls, each a native
+    :class:`QuantLinear`), with the kernel path they run on; None where any matmul is not one."""
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.fixed.inputs, attn.fixed.output, mlp.fixed.inputs, mlp.fixed.output)
+    if not all(isinstance(lin, QuantLinear) for lin in linears) or len({lin.native for lin in linears}) != 1:
+        return None
+    norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
+    biases = [lin.bias for lin in linears]
+    if not all(_f32(t) for t in (*biases, *norms)):
+        return None
+    qkv, o, gate_up, down = (lin.weight.data for lin in linears)
+    qkv_b, o_b, gate_up_b, down_b = biases
+    types = tuple(lin.weight.ggml_type for lin in linears)
+    assert len(types) == 4
+    operands = LayerOperands(
+        *norms, qkv, qkv_b, o, o_b, gate_up, gate_up_b, down, down_b, attn.scale, attn.sliding_window, types
+    )
+    return operands, linears[0].native.path
 
 
 def _operands(layer: Any, packed: bool) -> LayerOperands | None:
@@ -59,6 +82,22 @@ def _operands(layer: Any, packed: bool) -> LayerOperands | None:
     )
 
 
+def _all_operands(layers: Sequence[Any]) -> tuple[list[LayerOperands] | None, bool, str]:
+    """(every layer's operands or None where one does not fit, whether the float32 weights are
+    native panels, the quantised kernel's path): a quantised model's layers (``fixed`` matmuls)
+    must all run on one path; a float32 model's are read as packed now."""
+    first = layers[0]
+    if first.self_attn.fixed is not None:
+        quant = [_quant_operands(layer) for layer in layers]
+        paths = {q[1] for q in quant if q is not None}
+        if len(paths) != 1 or any(q is None for q in quant):
+            return None, True, PATHS[0]
+        return [q[0] for q in quant if q is not None], True, paths.pop()
+    packed = first.self_attn.packed_in is not None
+    ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
+    return (None if any(op is None for op in ops) else [op for op in ops if op is not None]), packed, PATHS[0]
+
+
 class FusedDecode:
     """The model's layers bound to the native call, and the per-step test of whether it applies."""
 
@@ -74,18 +113,18 @@ class FusedDecode:
         if not layers:
             return None
         first = layers[0]
-        packed = first.self_attn.packed_in is not None
-        ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
+        ops, packed, quant_path = _all_operands(layers)
         eps = {n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
-        lib = load_decode_layers() if all(op is not None for op in ops) and len(eps) == 1 else None
-        if lib is None:
+        lib = load_decode_layers() if ops is not None and len(eps) == 1 else None
+        if ops is None or lib is None:
             return None
         attn = first.self_attn
         geometry = Geometry(
             hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=packed,
+            quant_path=PATHS.index(quant_path),
         )  # fmt: skip
-        return cls(NativeDecodeLayers(lib, geometry, [op for op in ops if op is not None]))
+        return cls(NativeDecodeLayers(lib, geometry, ops))
 
     def step_inputs(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,

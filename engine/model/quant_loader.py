@@ -8,8 +8,9 @@ block as a resolved callable (``kernels/quant_linear.py``); the embedding looks 
 the blocks and dequantises only those (where the LM head is tied to it, in the head's packed
 blocks: one copy of that matrix). The nn.Linear parameters stay on the meta device: they
 hold nothing. q/k/v (and gate/up) run as one matmul of their block rows stacked where they
-share a format, else as one call each. Fused decode (``fused_decode.py``) takes float32
-weights only, so a quantised model runs the per-op path: ``use_fused_decode`` is turned off.
+share a format, else as one call each. A decode step runs every layer in one native call
+(``fused_decode.py``) where each layer's four matmuls are native :class:`QuantLinear` callables (q/k/v
+and gate/up of one format each); a file mixing formats within them runs the per-op path.
 """
 
 from __future__ import annotations
@@ -114,7 +115,6 @@ def load_quantized_model(
         llama.model.embed_tokens = QuantEmbedding(embed)
     head = tensors.get("output.weight")
     llama.fixed_lm_head = linear_of([embed if head is None else read_weight(head, None)], None)
-    llama.use_fused_decode = False  # the one-call decode takes float32 weights only
     log.info("quantized weights (gguf %s): %.1f MB resident", path.name, resident_weight_bytes(llama) / 1e6)
     return llama.eval()
 

@@ -17,16 +17,21 @@ from typing import NamedTuple
 import torch
 
 from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.quant_gemm import check_quant_status
 
 _WEIGHTS: tuple[str, ...] = ("input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up")
 _WEIGHTS += ("gate_up_bias", "down", "down_bias")
+
+
+_TYPES = ("qkv_type", "o_type", "gate_up_type", "down_type")
+QUANT_FAILED = 100  # decode_layers.c: a status above it is QUANT_FAILED - quant_linear's status
 
 
 class _Layer(ctypes.Structure):
     _fields_ = (
         [(name, ctypes.c_void_p) for name in (*_WEIGHTS, "k_cache", "v_cache")]
         + [("scale", ctypes.c_float)]
-        + [("window", ctypes.c_int32)]
+        + [(name, ctypes.c_int32) for name in ("window", *_TYPES)]
     )
 
 
@@ -40,13 +45,16 @@ class _Step(ctypes.Structure):
         [(name, ctypes.c_int64) for name in _SHAPES]
         + [(name, ctypes.c_int32) for name in ("block_size", "packed", "threads")]
         + [("eps", ctypes.c_float)]
+        + [("quant_path", ctypes.c_int32)]
         + [(name, ctypes.c_void_p) for name in _STEP_POINTERS + _SCRATCH]
     )
 
 
 class LayerOperands(NamedTuple):
     """One layer's weights as the C side reads them: the native GEMM's panels (``packed``) or
-    (out, in) row-major matrices, contiguous float32; a bias may be None."""
+    (out, in) row-major matrices, contiguous float32, or where ``types`` gives a matmul's ggml
+    type (qkv, o, gate_up, down; 0: float32), its GGUF blocks as ``quant_pack.c`` repacked them
+    (uint8); a bias may be None."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -60,6 +68,7 @@ class LayerOperands(NamedTuple):
     down_bias: torch.Tensor | None
     scale: float
     window: int | None
+    types: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 class Geometry(NamedTuple):
@@ -70,6 +79,7 @@ class Geometry(NamedTuple):
     intermediate: int
     eps: float
     packed: bool  # the weights are packed_gemm.c panels (else row-major, for the few-row kernel)
+    quant_path: int = 0  # quant_linear's path number for quantised weights (quant_gemm.PATHS)
 
 
 class StepInputs(NamedTuple):
@@ -103,6 +113,8 @@ class NativeDecodeLayers:
             for name in _WEIGHTS:
                 setattr(slot, name, _ptr(getattr(op, name)))
             slot.scale, slot.window = op.scale, op.window or 0
+            for name, kind in zip(_TYPES, op.types, strict=True):
+                setattr(slot, name, kind)
 
     def bind_caches(self, kv_caches: list[torch.Tensor]) -> None:
         """Point each layer at its (2, num_blocks, block_size, kv_heads, head_dim) cache (every
@@ -122,7 +134,7 @@ class NativeDecodeLayers:
         s = _Step(
             rows=rows, hidden=g.hidden, heads=g.heads, kv_heads=g.kv_heads, head_dim=g.head_dim,
             intermediate=g.intermediate, table_stride=step.block_tables.stride(0), block_size=block_size,
-            packed=int(g.packed), threads=torch.get_num_threads(), eps=g.eps,
+            packed=int(g.packed), threads=torch.get_num_threads(), eps=g.eps, quant_path=g.quant_path,
         )  # fmt: skip
         for name, tensor in zip(_STEP_POINTERS, step, strict=True):
             setattr(s, name, tensor.data_ptr())
@@ -131,6 +143,8 @@ class NativeDecodeLayers:
         status = self._fn(
             ctypes.byref(s), self._layers, len(self.operands), x.data_ptr(), residual.data_ptr()
         )
+        if status > QUANT_FAILED:
+            check_quant_status(QUANT_FAILED - status, "the one-call decode's quantised matmul")
         if status != 0:
             longest = int(step.seq_lens.max())
             raise MemoryError(f"the CPU decode kernel could not allocate scores for {longest} keys")

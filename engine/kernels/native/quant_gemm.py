@@ -44,7 +44,8 @@ class QuantKernelError(RuntimeError):
     """The kernel refused its operands (a type, a shape or a path it does not take)."""
 
 
-def _check(rc: int, what: str) -> None:
+def check_quant_status(rc: int, what: str) -> None:
+    """Raise :class:`QuantKernelError` naming ``what`` and the kernel's status ``rc`` (0: nothing)."""
     if rc != 0:
         raise QuantKernelError(f"{what}: {_ERRORS.get(rc, rc)}")
 
@@ -137,9 +138,11 @@ class NativeQuant:
         """``weight``'s rows repacked in groups of 16 (one new tensor; ``weight`` may then be dropped)."""
         n, k, t = weight.out_features, weight.in_features, weight.ggml_type
         size = ctypes.c_int64()
-        _check(self._size(t, n, k, ctypes.byref(size)), f"packing type {t}, k={k}")
+        check_quant_status(self._size(t, n, k, ctypes.byref(size)), f"packing type {t}, k={k}")
         data = torch.empty(size.value, dtype=torch.uint8)
-        _check(self._repack(weight.blocks.data_ptr(), n, k, t, data.data_ptr()), f"packing type {t}, k={k}")
+        check_quant_status(
+            self._repack(weight.blocks.data_ptr(), n, k, t, data.data_ptr()), f"packing type {t}, k={k}"
+        )
         return PackedQuant(data, t, n, k, self)
 
     def unpack_rows(self, packed: PackedQuant, ids: torch.Tensor) -> torch.Tensor:
@@ -157,7 +160,7 @@ class NativeQuant:
             rows.numel(),
             out.data_ptr(),
         )
-        _check(rc, f"unpacking type {packed.ggml_type}")
+        check_quant_status(rc, f"unpacking type {packed.ggml_type}")
         return out
 
     def __call__(
@@ -181,7 +184,7 @@ class NativeQuant:
             torch.get_num_threads(),
             number,
         )
-        _check(rc, f"quant_linear (type {weight.ggml_type}, k={k}, path {PATHS[number]})")
+        check_quant_status(rc, f"quant_linear (type {weight.ggml_type}, k={k}, path {PATHS[number]})")
         return out
 
 

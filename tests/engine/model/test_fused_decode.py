@@ -11,16 +11,25 @@ unpacked weights) runs the per-op path.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load_file
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.kernels.linear import TorchLinear
+from kvfleet.engine.kernels.native.quant_gemm import PATHS, load_quant
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
+from kvfleet.engine.kernels.quant_linear import dequantised
 from kvfleet.engine.model.fused_decode import FusedDecode
+from kvfleet.engine.model.sources import resolve_model
+from kvfleet.engine.model.tiny_gguf import write_gguf
 from kvfleet.engine.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
@@ -32,11 +41,28 @@ TABLE = [[0] + [0] * 9, [1, 2] + [0] * 8, list(range(3, 13))]
 
 
 def make_runner(folder: Path, packing: str) -> ModelRunner:
+    if packing.startswith("gguf-"):  # the tiny model in GGUF blocks, served --quantization gguf
+        qtype = gguf.GGMLQuantizationType[packing.removeprefix("gguf-")]
+        source = write_gguf(
+            folder.parent / f"{folder.name}-{qtype.name}.gguf", tiny_weights(folder), qtype=qtype
+        )
+        config = EngineConfig(
+            model=str(source),
+            quantization="gguf",
+            num_kv_blocks=16,
+            block_size=BLOCK,
+            attention_backend="cpu",
+        )
+        return ModelRunner(config, resolve_model(str(source)))
     packed = dict(weight_packing="native") if packing == "native" else dict(prepack_weights=False)
     config = EngineConfig(
         model=str(folder), num_kv_blocks=16, block_size=BLOCK, attention_backend="cpu", **packed
     )
     return ModelRunner(config, folder)
+
+
+def tiny_weights(folder: Path) -> dict[str, np.ndarray]:
+    return load_file(str(folder / "model.safetensors"))
 
 
 def meta_for(seqs: list[int], new: list[int]) -> AttentionMetadata:
@@ -65,6 +91,21 @@ def forward(runner: ModelRunner, seqs: list[int], new: list[int]) -> torch.Tenso
         return runner.model(ids, positions, runner.kv_caches, meta, runner.backend, last)
 
 
+def spied_forward(runner: ModelRunner, seqs: list[int]) -> tuple[torch.Tensor, list[bool]]:
+    """A decode step's logits, and for each FusedDecode.run call whether it took the step."""
+    taken: list[bool] = []
+    run = FusedDecode.run
+
+    def spy(self: FusedDecode, *args: object) -> object:
+        out = run(self, *args)  # type: ignore[arg-type]
+        taken.append(out is not None)
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FusedDecode, "run", spy)
+        return forward(runner, seqs, [1] * len(seqs)), taken
+
+
 def caches(runner: ModelRunner) -> list[torch.Tensor]:
     return [c.clone() for c in runner.kv_caches]
 
@@ -86,17 +127,7 @@ def test_a_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache
     for cache, saved in zip(runner.kv_caches, before, strict=True):
         cache.copy_(saved)
     runner.model.use_fused_decode = True
-    taken: list[bool] = []
-    run = FusedDecode.run
-
-    def spy(self: FusedDecode, *args: object) -> object:
-        out = run(self, *args)  # type: ignore[arg-type]
-        taken.append(out is not None)
-        return out
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FusedDecode, "run", spy)
-        one_call = forward(runner, seqs, [1] * len(seqs))
+    one_call, taken = spied_forward(runner, seqs)
     assert taken == [True]
     assert torch.equal(one_call, per_op)
     assert all(torch.equal(a, b) for a, b in zip(runner.kv_caches, per_op_caches, strict=True))
@@ -110,6 +141,50 @@ def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None
     x = torch.zeros(rows, runner.model.config.hidden_size)
     rope = runner.model.model.rotary_emb(positions, meta, x.dtype)
     return x, rope, meta, runner.backend, torch.arange(len(seqs))
+
+
+@pytest.mark.parametrize("packing", ["gguf-Q8_0", "gguf-Q4_1"])
+@pytest.mark.parametrize("seqs", [[2], [0, 1, 2]], ids=["1-row", "3-rows"])
+def test_a_quantised_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
+    packing: str, seqs: list[int], tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(tiny_dir, tmp_path / "tiny")
+    runner = make_runner(tmp_path / "tiny", packing)
+    fused = runner.model.fused_decode()
+    assert fused is not None
+    assert {op.types for op in fused.native.operands} == {(gguf.GGMLQuantizationType[packing[5:]].value,) * 4}
+    assert PATHS[fused.native.geometry.quant_path] == load_quant().path  # type: ignore[union-attr]
+    runner.model.use_fused_decode = False
+    forward(runner, [0, 1, 2], [p - 1 for p in PROMPTS])
+    before = caches(runner)
+    per_op = forward(runner, seqs, [1] * len(seqs))
+    per_op_caches = caches(runner)
+    for cache, saved in zip(runner.kv_caches, before, strict=True):
+        cache.copy_(saved)
+    runner.model.use_fused_decode = True
+    assert runner.model.fused_decode() is fused
+    one_call, taken = spied_forward(runner, seqs)
+    assert taken == [True]
+    assert torch.equal(one_call, per_op)
+    assert all(torch.equal(a, b) for a, b in zip(runner.kv_caches, per_op_caches, strict=True))
+
+
+def test_a_quantised_layer_with_a_matmul_off_the_native_kernel_keeps_the_per_op_path(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(tiny_dir, tmp_path / "tiny")
+    runner = make_runner(tmp_path / "tiny", "gguf-Q8_0")
+    assert runner.model.fused_decode() is not None
+    attn = runner.model.model.layers[1].self_attn
+    assert attn.fixed is not None
+    weight = dequantised(attn.fixed.output.weight)  # type: ignore[attr-defined]
+    attn.fixed = attn.fixed._replace(
+        output=TorchLinear(weight, None)
+    )  # as a file holding o_proj in F32 loads
+    runner.model._fused = None
+    assert runner.model.fused_decode() is None
 
 
 def test_a_step_it_cannot_take_exactly_runs_the_per_op_path(tiny_dir: Path) -> None:
