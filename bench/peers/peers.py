@@ -126,11 +126,13 @@ def offline(args: argparse.Namespace, folder: Path, shape: Shape, say: Any) -> l
 
 
 @contextlib.contextmanager
-def vllm_server(args: argparse.Namespace, folder: Path, threads: str) -> Iterator[str]:
+def vllm_server(
+    args: argparse.Namespace, folder: Path, threads: str, dtype: str = "float32"
+) -> Iterator[str]:
     """vLLM's OpenAI server on 127.0.0.1 (``python -m vllm.entrypoints.openai.api_server``); stopped at the end."""
     port = free_port()
     argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-            "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port), "--seed", str(args.seed),
+            "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--seed", str(args.seed),
             "--max-model-len", str(args.max_model_len)]  # fmt: skip
     with tempfile.TemporaryDirectory() as cwd, open(Path(cwd) / "vllm.log", "wb") as log:
         proc = subprocess.Popen(

@@ -131,3 +131,22 @@ def test_a_table_row_shows_tokens_per_second_milliseconds_the_cpu_use_before_and
         report.Cell("llama.cpp", 4, 8.0, 1000, (0.1, 0.25), (0.02, 0.05), 0, (1.0, 0.5, 0.25), 0.1)
     )
     assert row.split() == ["llama.cpp", "4", "125.0", "100/250", "20/50", "0", "10%", "1.00", "0.50", "0.25"]
+
+
+def test_kvfleet_is_judged_over_vllm_bf16_at_the_same_concurrency_and_vllm_is_never_judged(
+    report: ModuleType,
+) -> None:
+    cells = [
+        cell(report, "llama.cpp", 1, 1000, 0.2),
+        cell(report, "vLLM bf16", 1, 1000, 0.4),
+        cell(report, "vLLM bf16", 4, 2000, 0.4),
+        cell(report, "kvfleet gguf", 1, 1500, 0.2),  # 1.5x vLLM's: met
+        cell(report, "kvfleet gguf", 4, 2000, 0.2),  # 1.0x: not met
+    ]
+    lines = report.vllm_lines(cells)
+    assert lines[0].startswith("ratios over vLLM bf16")
+    assert "kvfleet gguf     c=1   output 1.50x (met), TTFT p99 0.50x" in lines[1]
+    assert "kvfleet gguf     c=4   output 1.00x (NOT met)" in lines[2]
+    assert len(lines) == 3
+    assert all("vLLM" not in line for line in report.ratio_lines(cells)[1:])
+    assert report.vllm_lines([c for c in cells if c.server != "vLLM bf16"]) == []
