@@ -39,6 +39,7 @@ SOURCES = tuple(
         "quant_gemm.c",
         "quant_vnni.c",
         "int8_gemm.c",
+        "int8_vnni.c",
     )
 )
 HEADERS = (CSRC / "fast_exp.h", CSRC / "quant_layout.h")  # included by the sources: part of the build key

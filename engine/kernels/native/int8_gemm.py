@@ -4,7 +4,8 @@ Where it sits: ``engine/model/int8_loader.py`` (``--quantization int8``, and com
 W8A8 checkpoints) stores each linear as an :class:`Int8Weight` — int8 (out, in) and one float32
 scale per output row — and resolves it with ``kernels/int8_linear.py``'s ``resolve_int8_linear``,
 whose callable calls :class:`NativeInt8` on every step. The kernel quantises each token's activations to int8 with
-its own scale (amax / 127), takes exact int32 dots and scales them by both scales.
+its own scale (amax / 127), takes exact int32 dots and scales them by both scales, on the AVX-512
+VNNI path where the CPU has it (``csrc/int8_vnni.c``), else AVX2, else portable C.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
+from kvfleet.engine.kernels.native.quant_gemm import PATHS, choose_path
 
 
 class Int8KernelError(RuntimeError):
@@ -63,24 +66,31 @@ def quantize_per_channel(weight: torch.Tensor) -> Int8Weight:
 
 
 class NativeInt8:
-    """``int8_linear`` behind a typed call."""
+    """``int8_linear`` behind a typed call, on the path chosen once per process (:func:`choose_path`:
+    AVX-512 VNNI where ``native/cpu_features.py`` finds it, else AVX2, else portable C)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._fn = lib.int8_linear
         self._fn.argtypes = [p, i64, i64, p, i64, p, p, p, i32, i32]
         self._fn.restype = i32
-        lib.int8_has_avx2.restype = i32
-        self.has_avx2 = bool(lib.int8_has_avx2())
+        lib.int8_paths.restype = i32
+        mask = int(lib.int8_paths())
+        self.paths = tuple(name for bit, name in enumerate(PATHS) if mask >> bit & 1)
+        self.path = choose_path(self.paths, probe_cpu_paths())
 
     def __call__(
-        self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None, portable: bool = False
+        self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None, path: str | None = None
     ) -> torch.Tensor:
-        """``x`` (m, k) float32 against ``weight``: (m, n) float32."""
+        """``x`` (m, k) float32 against ``weight``: (m, n) float32; ``path`` one of :attr:`paths`
+        (default :attr:`path`)."""
         x = x.contiguous()
         rows, k = x.shape
         if k != weight.in_features:
             raise Int8KernelError(f"x has {k} columns, the weight {weight.in_features}")
+        chosen = path or self.path
+        if chosen not in self.paths:
+            raise Int8KernelError(f"path {chosen} does not run here (this build and CPU run {self.paths})")
         out = x.new_empty(rows, weight.out_features)
         bias_ptr = None if bias is None else bias.data_ptr()
         rc = self._fn(
@@ -93,7 +103,7 @@ class NativeInt8:
             bias_ptr,
             out.data_ptr(),
             torch.get_num_threads(),
-            int(portable),
+            PATHS.index(chosen),
         )
         if rc != 0:
             raise Int8KernelError(f"int8_linear (k={k}): out of memory" if rc == -3 else f"int8_linear: {rc}")

@@ -10,15 +10,19 @@ import pytest
 import torch
 
 from kvfleet.engine.kernels.int8_linear import Int8Linear, resolve_int8_linear
+from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.int8_gemm import (
     Int8KernelError,
     Int8Weight,
     load_int8,
     quantize_per_channel,
 )
+from kvfleet.engine.kernels.native.quant_gemm import PATHS, choose_path
 
 native = load_int8()
 pytestmark = pytest.mark.skipif(native is None, reason="the native library does not build here")
+HERE = native.paths if native is not None else ()
+PATH = [pytest.param(p, marks=pytest.mark.skipif(p not in HERE, reason=f"no {p} here")) for p in PATHS]
 
 
 def emulated(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -27,26 +31,41 @@ def emulated(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     return (qx.double() @ w.qweight.double().T * dx.double() * w.scale.double()).float()
 
 
-@pytest.mark.parametrize("portable", [False, True])
-@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 48), (5, 200, 33), (9, 576, 96)])
+@pytest.mark.parametrize("path", PATH)
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 48), (5, 200, 33), (9, 576, 96), (4, 1536, 17)])
 def test_the_kernel_is_the_exact_int8_product_and_near_the_float_one(
-    portable: bool, m: int, k: int, n: int
+    path: str, m: int, k: int, n: int
 ) -> None:
     assert native is not None
     g = torch.Generator().manual_seed(m * k + n)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * 0.05
     bias = torch.randn(n, generator=g)
     q = quantize_per_channel(w)
-    out = native(x, q, bias, portable=portable)
+    out = native(x, q, bias, path=path)
     torch.testing.assert_close(out, emulated(x, q) + bias, rtol=1e-5, atol=1e-5)
     ref = x @ w.T + bias
     assert ((out - ref).norm() / (ref - bias).norm()).item() < 0.02
 
 
-def test_the_avx2_and_portable_paths_agree_exactly_on_the_integer_dots() -> None:
+def test_every_path_here_takes_the_same_integer_dots_as_the_portable_one() -> None:
     assert native is not None
-    x, w = torch.randn(7, 320), quantize_per_channel(torch.randn(40, 320))
-    torch.testing.assert_close(native(x, w), native(x, w, portable=True), rtol=1e-6, atol=1e-6)
+    x, w = torch.randn(7, 333), quantize_per_channel(torch.randn(40, 333))  # a k with a 64-byte tail
+    x[2] = 0.0  # a zero row: no offset left over on the VNNI path
+    x[3, :] = torch.where(torch.arange(333) % 2 == 0, 1.0, -1.0) * 9.0  # every int8 at +-127
+    portable = native(x, w, path="portable")
+    for path in native.paths:
+        torch.testing.assert_close(native(x, w, path=path), portable, rtol=1e-6, atol=1e-6)
+
+
+def test_the_chosen_path_is_the_fastest_this_cpu_offers_and_a_missing_one_is_refused() -> None:
+    assert native is not None
+    assert native.path == choose_path(native.paths, probe_cpu_paths())
+    if "avx512_vnni" in probe_cpu_paths().flags and probe_cpu_paths().isa == "avx512_vnni":
+        assert native.path == "avx512_vnni"
+    missing = [p for p in PATHS if p not in native.paths]
+    for path in missing:
+        with pytest.raises(Int8KernelError, match="does not run here"):
+            native(torch.randn(1, 32), quantize_per_channel(torch.randn(4, 32)), path=path)
 
 
 def test_per_channel_quantisation_keeps_each_rows_amax_and_dequantises_within_half_a_step() -> None:

@@ -12,8 +12,11 @@
  * Q8_0 row carries an f16 scale per 32 values (34 bytes per 32: 6% more than 1 byte per weight,
  * and an f16 scale underflows for tiny rows), while here a row is k bytes and one float.
  *
- * Invariant: the portable and the AVX2 path compute the same integer dots; the results differ only
- * in the order of two float multiplies. Each (r, j) is written by one thread; threads own tiles of
+ * Paths: 0 portable C, 1 AVX2 (above), 2 AVX-512 VNNI (int8_vnni.c: dpbusd on the activations
+ * offset to unsigned, the offset taken off exactly), chosen once by int8_gemm.py.
+ *
+ * Invariant: every path computes the same integer dots; the results differ only in the order of
+ * two float multiplies. Each (r, j) is written by one thread; threads own tiles of
  * JT rows of w, which stay in cache while every MB rows of x pass over them.
  */
 #include <math.h>
@@ -28,6 +31,9 @@
 
 #define MB 4
 #define JT 16
+
+void int8_dots_vnni(const int8_t *w, int nj, const uint8_t *qu, int64_t k, int mb, int32_t *d);
+int int8_vnni_built(void);
 
 static int32_t dot_c(const int8_t *a, const int8_t *b, int64_t k) {
     int32_t s = 0;
@@ -74,14 +80,26 @@ static void quantize_tokens(const float *x, int64_t m, int64_t k, int8_t *q, flo
     }
 }
 
-static void tile(const int8_t *q, const float *dx, int64_t m, int64_t k, const int8_t *w, const float *scale,
-                 const float *bias, float *out, int64_t n, int64_t j0, int64_t j1, int portable) {
-    int32_t d[MB];
+/* q: the activations' int8; qu: the same + 128 as unsigned bytes (the VNNI path's, else NULL). */
+static void tile(const int8_t *q, const uint8_t *qu, const float *dx, int64_t m, int64_t k, const int8_t *w,
+                 const float *scale, const float *bias, float *out, int64_t n, int64_t j0, int64_t j1, int path) {
+    int32_t d[MB], dv[4 * MB];
     for (int64_t r0 = 0; r0 < m; r0 += MB) {
         const int mb = m - r0 < MB ? (int)(m - r0) : MB;
+        if (path == 2) { /* 4 weight rows at a time: each chunk loaded once for 16 dots */
+            for (int64_t j = j0; j < j1; j += 4) {
+                const int nj = j1 - j < 4 ? (int)(j1 - j) : 4;
+                int8_dots_vnni(w + j * k, nj, qu + r0 * k, k, mb, dv);
+                for (int i = 0; i < nj; i++)
+                    for (int r = 0; r < mb; r++)
+                        out[(r0 + r) * n + j + i] =
+                            (float)dv[i * MB + r] * (dx[r0 + r] * scale[j + i]) + (bias ? bias[j + i] : 0.0f);
+            }
+            continue;
+        }
         for (int64_t j = j0; j < j1; j++) {
 #if I8_AVX2
-            if (!portable)
+            if (path == 1)
                 dots_avx2(w + j * k, q + r0 * k, k, mb, d);
             else
 #endif
@@ -90,32 +108,44 @@ static void tile(const int8_t *q, const float *dx, int64_t m, int64_t k, const i
                 out[(r0 + r) * n + j] = (float)d[r] * (dx[r0 + r] * scale[j]) + (bias ? bias[j] : 0.0f);
         }
     }
-    (void)portable;
 }
 
-/* 1 where this build has the AVX2 path (int8_linear's portable=0 runs it). */
-int int8_has_avx2(void) { return I8_AVX2; }
+/* Bit p set where path p runs here: 1 portable, 2 AVX2 (built and on this CPU), 4 AVX-512 VNNI. */
+int int8_paths(void) {
+    int paths = 1;
+#if I8_AVX2
+    if (__builtin_cpu_supports("avx2")) paths |= 2;
+#endif
+    if (int8_vnni_built()) paths |= 4;
+    return paths;
+}
 
-/* x (m, k) float32; w (n, k) int8; scale (n,) float32; bias (n,) or NULL; out (m, n).
- * Returns 0, or -3 out of memory. */
+/* x (m, k) float32; w (n, k) int8; scale (n,) float32; bias (n,) or NULL; out (m, n); path 0
+ * portable, 1 AVX2, 2 AVX-512 VNNI. Returns 0, -3 out of memory, or -4 a path this build or CPU
+ * does not run. */
 int int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, const float *scale,
-                const float *bias, float *out, int num_threads, int portable) {
+                const float *bias, float *out, int num_threads, int path) {
+    if (path < 0 || path > 2 || !(int8_paths() & (1 << path))) return -4;
     if (num_threads < 1) num_threads = 1;
     int8_t *q = malloc((size_t)(m * k) + 1);
+    uint8_t *qu = path == 2 ? malloc((size_t)(m * k) + 1) : NULL;
     float *dx = malloc((size_t)m * sizeof(float) + 1);
     int rc = 0;
-    if (q == NULL || dx == NULL) {
+    if (q == NULL || dx == NULL || (path == 2 && qu == NULL)) {
         rc = -3;
     } else {
         quantize_tokens(x, m, k, q, dx, num_threads);
+        if (qu != NULL)
+            for (int64_t i = 0; i < m * k; i++) qu[i] = (uint8_t)q[i] ^ 0x80u;
         const int64_t tiles = (n + JT - 1) / JT;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1)
         for (int64_t p = 0; p < tiles; p++) {
             const int64_t j1 = (p + 1) * JT < n ? (p + 1) * JT : n;
-            tile(q, dx, m, k, w, scale, bias, out, n, p * JT, j1, portable);
+            tile(q, qu, dx, m, k, w, scale, bias, out, n, p * JT, j1, path);
         }
     }
     free(q);
+    free(qu);
     free(dx);
     return rc;
 }
