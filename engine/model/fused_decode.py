@@ -22,7 +22,9 @@ import torch
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
+from kvfleet.engine.kernels.int8_linear import Int8Linear
 from kvfleet.engine.kernels.native.decode_layers import (
+    INT8_CHANNEL,
     Geometry,
     LayerOperands,
     NativeDecodeLayers,
@@ -40,23 +42,37 @@ def _f32(t: torch.Tensor | None) -> bool:
 
 
 def _quant_operands(layer: Any) -> tuple[LayerOperands, str] | None:
-    """A quantised layer's operands (``model/quant_loader.py``'s ``fixed`` matmuls, each a native
-    :class:`QuantLinear`), with the kernel path they run on; None where any matmul is not one."""
+    """A quantised layer's operands (the loaders' ``fixed`` matmuls: all four a native
+    :class:`QuantLinear` of GGUF blocks, or all a native :class:`Int8Linear`), with the kernel
+    path they run on; None where they are not."""
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.fixed.inputs, attn.fixed.output, mlp.fixed.inputs, mlp.fixed.output)
-    if not all(isinstance(lin, QuantLinear) for lin in linears) or len({lin.native for lin in linears}) != 1:
+    kinds = {type(lin) for lin in linears}
+    if (
+        len(kinds) != 1
+        or kinds.pop() not in (QuantLinear, Int8Linear)
+        or len({lin.native for lin in linears}) != 1
+    ):
         return None
     norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
     biases = [lin.bias for lin in linears]
     if not all(_f32(t) for t in (*biases, *norms)):
         return None
-    qkv, o, gate_up, down = (lin.weight.data for lin in linears)
+    if isinstance(linears[0], Int8Linear):
+        weights = [lin.weight.qweight for lin in linears]
+        scales: tuple[torch.Tensor | None, ...] = tuple(lin.weight.scale for lin in linears)
+        types = (INT8_CHANNEL,) * 4
+    else:
+        weights = [lin.weight.data for lin in linears]
+        scales, types = (None,) * 4, tuple(lin.weight.ggml_type for lin in linears)  # type: ignore[assignment]
+    if not all(_f32(t) for t in scales):
+        return None
+    qkv, o, gate_up, down = weights
     qkv_b, o_b, gate_up_b, down_b = biases
-    types = tuple(lin.weight.ggml_type for lin in linears)
-    assert len(types) == 4
     operands = LayerOperands(
-        *norms, qkv, qkv_b, o, o_b, gate_up, gate_up_b, down, down_b, attn.scale, attn.sliding_window, types
-    )
+        *norms, qkv, qkv_b, o, o_b, gate_up, gate_up_b, down, down_b, attn.scale, attn.sliding_window,
+        types, scales,
+    )  # fmt: skip
     return operands, linears[0].native.path
 
 

@@ -16,7 +16,8 @@ compute dtype; every linear becomes a resolved callable handed to its block (``f
 - ``float``: a quantised checkpoint where its kernel cannot run (FP8 on a CPU, int8 on a GPU),
   dequantised once to the compute dtype, with a warning.
 
-Fused decode takes float32 weights only: ``use_fused_decode`` is turned off.
+A decode step runs every layer in one native call (``fused_decode.py``) where every layer matmul is
+the native int8 kernel's (``int8`` on the CPU); with any other kernel it runs the per-op path.
 """
 
 from __future__ import annotations
@@ -217,7 +218,6 @@ def load_hf_quantized(
         layer.mlp.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT)
     _load_norms(llama, plan)
     _load_embedding_and_head(llama, plan, config.tie_word_embeddings)
-    llama.use_fused_decode = False  # the one-call decode takes float32 weights only
     log.info(
         "quantized weights (%s, %s): %.1f MB resident",
         flag or f"compressed-tensors {scheme}",

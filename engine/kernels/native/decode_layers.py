@@ -24,7 +24,9 @@ _WEIGHTS += ("gate_up_bias", "down", "down_bias")
 
 
 _TYPES = ("qkv_type", "o_type", "gate_up_type", "down_type")
-QUANT_FAILED = 100  # decode_layers.c: a status above it is QUANT_FAILED - quant_linear's status
+_SCALES = ("qkv_scale", "o_scale", "gate_up_scale", "down_scale")
+QUANT_FAILED = 100  # decode_layers.c: a status above it is QUANT_FAILED - the quantised kernel's status
+INT8_CHANNEL = 256  # decode_layers.c's type of int8_gemm.c's per-channel int8 weights (not a ggml type)
 
 
 class _Layer(ctypes.Structure):
@@ -32,6 +34,7 @@ class _Layer(ctypes.Structure):
         [(name, ctypes.c_void_p) for name in (*_WEIGHTS, "k_cache", "v_cache")]
         + [("scale", ctypes.c_float)]
         + [(name, ctypes.c_int32) for name in ("window", *_TYPES)]
+        + [(name, ctypes.c_void_p) for name in _SCALES]
     )
 
 
@@ -54,7 +57,8 @@ class LayerOperands(NamedTuple):
     """One layer's weights as the C side reads them: the native GEMM's panels (``packed``) or
     (out, in) row-major matrices, contiguous float32, or where ``types`` gives a matmul's ggml
     type (qkv, o, gate_up, down; 0: float32), its GGUF blocks as ``quant_pack.c`` repacked them
-    (uint8); a bias may be None."""
+    (uint8), or with :data:`INT8_CHANNEL`, (out, in) int8 rows and their ``scales`` (out,)
+    float32; a bias may be None."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -69,6 +73,7 @@ class LayerOperands(NamedTuple):
     scale: float
     window: int | None
     types: tuple[int, int, int, int] = (0, 0, 0, 0)
+    scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
 
 
 class Geometry(NamedTuple):
@@ -79,7 +84,7 @@ class Geometry(NamedTuple):
     intermediate: int
     eps: float
     packed: bool  # the weights are packed_gemm.c panels (else row-major, for the few-row kernel)
-    quant_path: int = 0  # quant_linear's path number for quantised weights (quant_gemm.PATHS)
+    quant_path: int = 0  # the quantised kernel's path number (quant_gemm.PATHS), GGUF or int8
 
 
 class StepInputs(NamedTuple):
@@ -115,6 +120,8 @@ class NativeDecodeLayers:
             slot.scale, slot.window = op.scale, op.window or 0
             for name, kind in zip(_TYPES, op.types, strict=True):
                 setattr(slot, name, kind)
+            for name, scale in zip(_SCALES, op.scales, strict=True):
+                setattr(slot, name, _ptr(scale))
 
     def bind_caches(self, kv_caches: list[torch.Tensor]) -> None:
         """Point each layer at its (2, num_blocks, block_size, kv_heads, head_dim) cache (every

@@ -24,6 +24,8 @@ from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.linear import TorchLinear
+from kvfleet.engine.kernels.native.decode_layers import INT8_CHANNEL
+from kvfleet.engine.kernels.native.int8_gemm import load_int8
 from kvfleet.engine.kernels.native.quant_gemm import PATHS, load_quant
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.quant_linear import dequantised
@@ -41,6 +43,15 @@ TABLE = [[0] + [0] * 9, [1, 2] + [0] * 8, list(range(3, 13))]
 
 
 def make_runner(folder: Path, packing: str) -> ModelRunner:
+    if packing == "int8":
+        config = EngineConfig(
+            model=str(folder),
+            quantization="int8",
+            num_kv_blocks=16,
+            block_size=BLOCK,
+            attention_backend="cpu",
+        )
+        return ModelRunner(config, folder)
     if packing.startswith("gguf-"):  # the tiny model in GGUF blocks, served --quantization gguf
         qtype = gguf.GGMLQuantizationType[packing.removeprefix("gguf-")]
         source = write_gguf(
@@ -143,7 +154,7 @@ def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None
     return x, rope, meta, runner.backend, torch.arange(len(seqs))
 
 
-@pytest.mark.parametrize("packing", ["gguf-Q8_0", "gguf-Q4_1"])
+@pytest.mark.parametrize("packing", ["gguf-Q8_0", "gguf-Q4_1", "int8"])
 @pytest.mark.parametrize("seqs", [[2], [0, 1, 2]], ids=["1-row", "3-rows"])
 def test_a_quantised_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
     packing: str, seqs: list[int], tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -153,8 +164,10 @@ def test_a_quantised_decode_step_through_one_native_call_gives_the_per_op_logits
     runner = make_runner(tmp_path / "tiny", packing)
     fused = runner.model.fused_decode()
     assert fused is not None
-    assert {op.types for op in fused.native.operands} == {(gguf.GGMLQuantizationType[packing[5:]].value,) * 4}
-    assert PATHS[fused.native.geometry.quant_path] == load_quant().path  # type: ignore[union-attr]
+    native = load_int8() if packing == "int8" else load_quant()
+    kind = INT8_CHANNEL if packing == "int8" else gguf.GGMLQuantizationType[packing[5:]].value
+    assert {op.types for op in fused.native.operands} == {(kind,) * 4}
+    assert PATHS[fused.native.geometry.quant_path] == native.path  # type: ignore[union-attr]
     runner.model.use_fused_decode = False
     forward(runner, [0, 1, 2], [p - 1 for p in PROMPTS])
     before = caches(runner)
