@@ -2,6 +2,7 @@
 and a prefill step, both engines loaded side by side and timed in alternating rounds.
 
     OMP_NUM_THREADS=2 python -m bench.kernels.quant_speed [--rows 1,4,8] [--steps 24] [--prefill 256]
+                                                          [--formats gguf,gguf-per-op,int8]
 
 Decode: ``rows`` requests of a ~240-token prompt are prefilled, then ``engine.step()`` is timed
 (median). Prefill: one step running a fresh ``--prefill``-token prompt (token ids differ per round,
@@ -20,6 +21,7 @@ import torch
 
 from bench.common import bench_args, cpu_name, publish
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
+from kvfleet.engine.kernels.native.int8_gemm import load_int8
 from kvfleet.engine.kernels.native.quant_gemm import load_quant
 from kvfleet.engine.llm import LLM
 from kvfleet.engine.model.quant_loader import resident_weight_bytes
@@ -64,40 +66,59 @@ def prefill_step(llm: LLM, tokens: int, tag: str, seed: int) -> float:
     return took
 
 
+def build_engines(formats: list[str]) -> dict[str, LLM]:
+    """float32 first (the baseline), then each format; ``gguf-per-op`` is the gguf model with its
+    one-call decode turned off (the per-op path the one call replaced)."""
+    engines = {"float32": LLM("smollm2", max_model_len=1024, num_kv_blocks=512)}
+    for name in formats:
+        quantization = name.removesuffix("-per-op")
+        engines[name] = LLM("smollm2", quantization=quantization, max_model_len=1024, num_kv_blocks=512)
+        if name.endswith("-per-op"):
+            engines[name].engine.runner.model.use_fused_decode = False
+    return engines
+
+
+def compare(label: str, times: dict[str, float]) -> str:
+    """One line: every engine's median ms, and float32's over each (the speed-up)."""
+    base = times["float32"]
+    parts = [f"float32 {base * 1e3:6.1f} ms"]
+    parts += [f"{name} {t * 1e3:6.1f} ms ({base / t:.2f}x)" for name, t in times.items() if name != "float32"]
+    return f"{label}: " + "  ".join(parts)
+
+
 def main() -> None:
-    args = bench_args(__doc__, rows="1,4,8", steps=24, rounds=2, prefill=256)
-    engines = {
-        "float32": LLM("smollm2", max_model_len=1024, num_kv_blocks=512),
-        "gguf": LLM("smollm2", quantization="gguf", max_model_len=1024, num_kv_blocks=512),
-    }
+    args = bench_args(__doc__, rows="1,4,8", steps=24, rounds=2, prefill=256, formats="gguf,gguf-per-op,int8")
+    engines = build_engines(args.formats.split(","))
     med = statistics.median
-    native = load_quant()
+    native, int8 = load_quant(), load_int8()
     lines = [
-        f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; SmolLM2-135M Q4_1 GGUF",
-        f"flags: {vector_flags()}; gguf kernel path: {native.path if native else 'not built'}",
+        f"CPU: {cpu_name()}, {torch.get_num_threads()} threads; SmolLM2-135M: Q4_1 GGUF, int8 from the float32 weights",
+        f"flags: {vector_flags()}; gguf kernel path: {native.path if native else 'not built'}; "
+        f"int8 kernel path: {int8.path if int8 else 'not built'}",
         f"before: {load_average()}",
     ]
     for name, llm in engines.items():
+        model = llm.engine.runner.model
+        one_call = "one-call decode" if model.fused_decode() is not None else "per-op decode"
         lines.append(
-            f"{name:8s} resident weights {resident_weight_bytes(llm.engine.runner.model) / 1e6:7.1f} MB"
+            f"{name:12s} resident weights {resident_weight_bytes(model) / 1e6:7.1f} MB  ({one_call})"
         )
     for rows in (int(r) for r in args.rows.split(",")):
         times: dict[str, list[float]] = {name: [] for name in engines}
         for r in range(args.rounds):
             for name, llm in engines.items():
                 times[name] += decode_steps(llm, rows, args.steps // args.rounds, f"d{rows}-{r}-")
-        f, q = med(times["float32"]), med(times["gguf"])
-        lines.append(
-            f"decode {rows} rows: float32 {f * 1e3:6.1f} ms  gguf {q * 1e3:6.1f} ms per step  ({f / q:.2f}x)"
-        )
+        lines.append(compare(f"decode {rows} rows, per step", {n: med(t) for n, t in times.items()}))
     pre: dict[str, list[float]] = {name: [] for name in engines}
     for r in range(3):
         for name, llm in engines.items():
             pre[name].append(prefill_step(llm, args.prefill, f"p{r}", r + 1))
-    f, q = med(pre["float32"]), med(pre["gguf"])
-    lines.append(
-        f"prefill {args.prefill} tokens: float32 {f * 1e3:6.1f} ms  gguf {q * 1e3:6.1f} ms  ({f / q:.2f}x)"
-    )
+    lines.append(compare(f"prefill {args.prefill} tokens", {n: med(t) for n, t in pre.items()}))
+    for name, llm in reversed(engines.items()):  # after the runs: the weights as packed by then
+        model = llm.engine.runner.model
+        one_call = "one-call decode" if model.fused_decode() is not None else "per-op decode"
+        line = f"{name:12s} resident weights {resident_weight_bytes(model) / 1e6:7.1f} MB  ({one_call})"
+        lines.insert(resident, line)
     lines.append(f"after: {load_average()}")
     publish(lines, "quant_speed.txt")
 
