@@ -97,12 +97,7 @@ def main() -> None:
         f"int8 kernel path: {int8.path if int8 else 'not built'}",
         f"before: {load_average()}",
     ]
-    for name, llm in engines.items():
-        model = llm.engine.runner.model
-        one_call = "one-call decode" if model.fused_decode() is not None else "per-op decode"
-        lines.append(
-            f"{name:12s} resident weights {resident_weight_bytes(model) / 1e6:7.1f} MB  ({one_call})"
-        )
+    resident = len(lines)
     for rows in (int(r) for r in args.rows.split(",")):
         times: dict[str, list[float]] = {name: [] for name in engines}
         for r in range(args.rounds):
