@@ -5,8 +5,11 @@ layer loop's result through ``kernels/native/decode_layers.py`` (``csrc/decode_l
 and the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
 only takes a step where that path would run exactly those kernels: float32 on the CPU, the
 ``cpu`` attention backend, every row a decode (one new token per sequence, every row sampled),
-no LoRA, and every matmul on the native GEMM (weights packed ``native``) or, unpacked, on the
-few-row kernel (at most ``SKINNY_MAX_ROWS`` rows). Anything else is the per-op path's, as before.
+no LoRA, and every matmul on the native GEMM (weights packed ``native``), unpacked on the few-row
+kernel (at most ``SKINNY_MAX_ROWS`` rows), or for a quantised model every layer matmul on the
+native quantised kernel: ``--quantization gguf``'s :class:`QuantLinear` (any number of rows), or
+``int8``'s :class:`Int8Linear` below ``ONEDNN_MIN_ROWS`` rows (from there the per-op path's
+matmuls are oneDNN's). Anything else is the per-op path's, as before.
 
 Built once per model from its weights after ``prepack`` (which drops it to be built again):
 a weight replaced afterwards in place of the tensor is not seen.
@@ -15,14 +18,14 @@ a weight replaced afterwards in place of the tensor is not seen.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
-from kvfleet.engine.kernels.int8_linear import Int8Linear
+from kvfleet.engine.kernels.int8_linear import ONEDNN_MIN_ROWS, Int8Linear
 from kvfleet.engine.kernels.native.decode_layers import (
     INT8_CHANNEL,
     Geometry,
@@ -98,20 +101,35 @@ def _operands(layer: Any, packed: bool) -> LayerOperands | None:
     )
 
 
-def _all_operands(layers: Sequence[Any]) -> tuple[list[LayerOperands] | None, bool, str]:
-    """(every layer's operands or None where one does not fit, whether the float32 weights are
-    native panels, the quantised kernel's path): a quantised model's layers (``fixed`` matmuls)
-    must all run on one path; a float32 model's are read as packed now."""
+class Operands(NamedTuple):
+    """Every layer's operands, whether float32 weights are native panels, the quantised kernel's
+    path, and the most rows a step may have for the per-op path to run these same kernels."""
+
+    layers: list[LayerOperands]
+    packed: bool
+    quant_path: str = PATHS[0]
+    max_rows: int | None = None
+
+
+def _all_operands(layers: Sequence[Any]) -> Operands | None:
+    """The layers' operands, or None where one does not fit: a quantised model's layers (``fixed``
+    matmuls) must all run on one kernel and path; a float32 model's are read as packed now."""
     first = layers[0]
     if first.self_attn.fixed is not None:
         quant = [_quant_operands(layer) for layer in layers]
         paths = {q[1] for q in quant if q is not None}
         if len(paths) != 1 or any(q is None for q in quant):
-            return None, True, PATHS[0]
-        return [q[0] for q in quant if q is not None], True, paths.pop()
+            return None
+        ops = [q[0] for q in quant if q is not None]
+        int8 = ops[0].types[0] == INT8_CHANNEL
+        return Operands(ops, True, paths.pop(), ONEDNN_MIN_ROWS - 1 if int8 else None)
     packed = first.self_attn.packed_in is not None
-    ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
-    return (None if any(op is None for op in ops) else [op for op in ops if op is not None]), packed, PATHS[0]
+    float_ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
+    if any(op is None for op in float_ops):
+        return None
+    return Operands(
+        [op for op in float_ops if op is not None], packed, max_rows=None if packed else SKINNY_MAX_ROWS
+    )
 
 
 class FusedDecode:
@@ -129,7 +147,7 @@ class FusedDecode:
         if not layers:
             return None
         first = layers[0]
-        ops, packed, quant_path = _all_operands(layers)
+        ops = _all_operands(layers)
         eps = {n.eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)}
         lib = load_decode_layers() if ops is not None and len(eps) == 1 else None
         if ops is None or lib is None:
@@ -137,10 +155,10 @@ class FusedDecode:
         attn = first.self_attn
         geometry = Geometry(
             hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
-            head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=packed,
-            quant_path=PATHS.index(quant_path),
+            head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=ops.packed,
+            quant_path=PATHS.index(ops.quant_path), max_rows=ops.max_rows,
         )  # fmt: skip
-        return cls(NativeDecodeLayers(lib, geometry, ops))
+        return cls(NativeDecodeLayers(lib, geometry, ops.layers))
 
     def step_inputs(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
@@ -155,7 +173,7 @@ class FusedDecode:
             or not _f32(x)
             or rows != meta.num_seqs
             or sample_rows.shape[0] != rows
-            or (not g.packed and rows > SKINNY_MAX_ROWS)
+            or (g.max_rows is not None and rows > g.max_rows)
         ):
             return None
         cos, sin = rope

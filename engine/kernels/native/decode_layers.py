@@ -85,6 +85,7 @@ class Geometry(NamedTuple):
     eps: float
     packed: bool  # the weights are packed_gemm.c panels (else row-major, for the few-row kernel)
     quant_path: int = 0  # the quantised kernel's path number (quant_gemm.PATHS), GGUF or int8
+    max_rows: int | None = None  # the most rows a step may have (the per-op path's kernels change above)
 
 
 class StepInputs(NamedTuple):

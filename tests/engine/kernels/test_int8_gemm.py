@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfleet.engine.kernels.int8_linear import Int8Linear, resolve_int8_linear
+from kvfleet.engine.kernels.int8_linear import (
+    ONEDNN_MIN_ROWS,
+    Int8Linear,
+    onednn_int8_linear,
+    resolve_int8_linear,
+)
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.int8_gemm import (
     Int8KernelError,
@@ -98,3 +103,19 @@ def test_the_resolved_linear_keeps_the_input_shape_and_dtype() -> None:
     assert isinstance(linear, Int8Linear)
     out = linear(torch.randn(2, 3, 64, dtype=torch.bfloat16))
     assert out.shape == (2, 3, 24) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("m", [ONEDNN_MIN_ROWS - 1, ONEDNN_MIN_ROWS, 37])
+def test_the_linear_takes_the_same_int8_product_below_and_from_the_onednn_row_count(m: int) -> None:
+    assert native is not None
+    g = torch.Generator().manual_seed(m)
+    x, w, bias = (
+        torch.randn(m, 200, generator=g),
+        torch.randn(24, 200, generator=g),
+        torch.randn(24, generator=g),
+    )
+    x[0] = 0.0
+    q = quantize_per_channel(w)
+    out = resolve_int8_linear(q, bias)(x)
+    torch.testing.assert_close(out, emulated(x, q) + bias, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(onednn_int8_linear(x, q, bias), native(x, q, bias), rtol=1e-6, atol=1e-6)

@@ -23,6 +23,7 @@ from safetensors.numpy import load_file
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.attention.torch_backend import TorchAttentionBackend
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.kernels.int8_linear import ONEDNN_MIN_ROWS
 from kvfleet.engine.kernels.linear import TorchLinear
 from kvfleet.engine.kernels.native.decode_layers import INT8_CHANNEL
 from kvfleet.engine.kernels.native.int8_gemm import load_int8
@@ -198,6 +199,17 @@ def test_a_quantised_layer_with_a_matmul_off_the_native_kernel_keeps_the_per_op_
     )  # as a file holding o_proj in F32 loads
     runner.model._fused = None
     assert runner.model.fused_decode() is None
+
+
+def test_an_int8_step_of_as_many_rows_as_the_per_op_path_sends_to_onednn_runs_the_per_op_path(
+    tiny_dir: Path,
+) -> None:
+    runner = make_runner(tiny_dir, "int8")
+    fused = runner.model.fused_decode()
+    assert fused is not None and fused.native.geometry.max_rows == ONEDNN_MIN_ROWS - 1
+    with torch.inference_mode():
+        assert fused.step_inputs(*step_args(runner, [0, 1, 2])) is not None
+        assert fused.step_inputs(*step_args(runner, [0] * ONEDNN_MIN_ROWS)) is None
 
 
 def test_a_step_it_cannot_take_exactly_runs_the_per_op_path(tiny_dir: Path) -> None:
