@@ -8,8 +8,10 @@ inputs where the library builds; else the weight dequantised to float32 once and
 
 Which kernel multiplies: at :data:`ONEDNN_MIN_ROWS` rows or more, ``torch._int_mm`` (oneDNN's
 s8 GEMM, which runs on AMX-INT8 or AVX-512 VNNI where the CPU has them and blocks far better
-than the native kernel: 2.2-10x at 4-256 rows here), on the same per-token int8 activations;
-below it the native kernel (a decode step's few rows, which the one-call decode also takes).
+than the native kernel: 2-10x at 16-256 rows in a probe here), on the same per-token int8
+activations; below it the native kernel: a decode step's rows, which the one-call decode takes
+without the ten or so torch ops a oneDNN matmul costs around it (those cost more than oneDNN
+saves at 4 rows: 27.9 ms a step per-op against about 14 ms for one row in one call, loaded box).
 Both take the same exact int32 dots; the float scaling differs only in rounding order.
 """
 
@@ -22,7 +24,7 @@ import torch
 from kvfleet.engine.kernels.linear import Linear, TorchLinear
 from kvfleet.engine.kernels.native.int8_gemm import Int8Weight, NativeInt8, load_int8
 
-ONEDNN_MIN_ROWS = 4  # from this many rows on, torch._int_mm (oneDNN) multiplies
+ONEDNN_MIN_ROWS = 16  # from this many rows on, torch._int_mm (oneDNN) multiplies
 
 
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
