@@ -9,9 +9,10 @@ subjects (``serving``, ``router``, ``kernels``, ``gpu``, ``peers``) import one a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -124,3 +125,19 @@ def publish(lines: Sequence[str], filename: str) -> None:
     text = "\n".join(lines)
     print(text)
     (RESULTS / filename).write_text(text + "\n")
+
+
+@contextlib.contextmanager
+def omp_threads(threads: str) -> Iterator[None]:
+    """``OMP_NUM_THREADS`` set to ``threads`` in this process's environment (``default``: removed)
+    while the block runs (an engine started in it inherits it), then put back as it was."""
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ.pop("OMP_NUM_THREADS", None)
+    if threads != "default":
+        os.environ["OMP_NUM_THREADS"] = threads
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if old is not None:
+            os.environ["OMP_NUM_THREADS"] = old

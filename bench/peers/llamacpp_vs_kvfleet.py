@@ -40,7 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import RESULTS, SIDE_VENVS, cpu_name, resolve_model, side_venv, thread_env
+from bench.common import RESULTS, SIDE_VENVS, cpu_name, omp_threads, resolve_model, side_venv, thread_env
 from bench.peers.llamacpp_report import Cell, loadavg, ratio_lines, table, targets_summary, vllm_lines
 from bench.peers.peers import vllm_server
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
@@ -110,20 +110,15 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> Non
 @contextlib.contextmanager
 def kvfleet_server(args: argparse.Namespace, quantization: str | None) -> Iterator[str]:
     """``kvfleet engine --model smollm2`` (GGUF blocks, or dequantised to float32) with OMP_NUM_THREADS."""
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(
-        args.threads
-    )  # the engine holds numpy's OpenBLAS to one thread itself
     flags = ["--model", "smollm2", "--device", "cpu", "--seed", str(args.seed),
              "--max-model-len", str(args.ctx_size // args.parallel)]  # fmt: skip
     flags += ["--quantization", quantization] if quantization else ["--dtype", "float32"]
-    try:
-        with engine_process(*flags, ready_timeout_s=args.start_timeout) as (url, _proc):
-            yield url
-    finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
-        if old is not None:
-            os.environ["OMP_NUM_THREADS"] = old
+    # the engine holds numpy's OpenBLAS to one thread itself
+    with (
+        omp_threads(str(args.threads)),
+        engine_process(*flags, ready_timeout_s=args.start_timeout) as (url, _),
+    ):
+        yield url
 
 
 def load_spec(args: argparse.Namespace, concurrency: int) -> LoadSpec:

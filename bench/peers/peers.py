@@ -49,7 +49,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, resolve_model, side_venv, thread_env
+from bench.common import RESULTS, omp_threads, resolve_model, side_venv, thread_env
 from bench.peers.roof import Row, Shape, matmul_roof, ms, pct, table
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.load import plan_requests
@@ -152,19 +152,11 @@ def vllm_server(
 
 @contextlib.contextmanager
 def kvfleet_server(args: argparse.Namespace, folder: Path, threads: str) -> Iterator[str]:
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ.pop("OMP_NUM_THREADS", None)
-    if threads != "default":
-        os.environ["OMP_NUM_THREADS"] = threads  # the engine holds numpy's OpenBLAS to one thread itself
-    try:
-        flags = ["--model", str(folder), "--dtype", "float32", "--device", "cpu", "--seed", str(args.seed),
-                 "--max-model-len", str(args.max_model_len)]  # fmt: skip
-        with engine_process_handle(*flags, ready_timeout_s=args.start_timeout) as (url, _proc):
-            yield url
-    finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
-        if old is not None:
-            os.environ["OMP_NUM_THREADS"] = old
+    flags = ["--model", str(folder), "--dtype", "float32", "--device", "cpu", "--seed", str(args.seed),
+             "--max-model-len", str(args.max_model_len)]  # fmt: skip
+    # the engine holds numpy's OpenBLAS to one thread itself
+    with omp_threads(threads), engine_process_handle(*flags, ready_timeout_s=args.start_timeout) as (url, _):
+        yield url
 
 
 def load_spec(args: argparse.Namespace, workload: str, concurrency: int) -> LoadSpec:
