@@ -41,6 +41,7 @@ from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.decode_path import DecodePath, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import cpu_paths_line
 from kvfleet.engine.launched_step import PickedStep, feed_flat
 from kvfleet.engine.lora.manager import LoraManager
@@ -85,7 +86,9 @@ def pick_device(config: EngineConfig) -> torch.device:
 
 
 def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
-    """``auto``: float32 on the CPU (exact against transformers), bfloat16 on a GPU."""
+    """``auto``: float32 on the CPU (exact against transformers), bfloat16 on a GPU. An explicit
+    ``bfloat16`` on a CPU runs its matmuls on the start-up line's ``bf16:`` path (oneDNN, prepacked,
+    ``kernels/packing``); on a CPU without one (``bf16: none``) it is kept, with a warning."""
     if config.dtype != "auto":
         return _DTYPES[config.dtype]
     return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -161,6 +164,9 @@ class ModelRunner:
         backend = resolve_backend(config.attention_backend, self.device)
         if self.device.type == "cpu":
             log.info("%s", cpu_paths_line())
+            bf16 = probe_cpu_paths().bf16
+            if self.dtype == torch.bfloat16 and bf16.path == "none":  # honoured, as vLLM-CPU does
+                log.warning("dtype bfloat16 kept as asked (half the weights' memory), but %s", bf16.note)
         self.shard: RankShard | None = None
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:

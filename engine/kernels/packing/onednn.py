@@ -1,4 +1,4 @@
-"""Weights packed once for oneDNN's GEMM: the other packed path of a float32 model on the CPU.
+"""Weights packed once for oneDNN's GEMM: a packed path of a float32 model on the CPU, and the bf16 one.
 
 Where it sits: :mod:`kvfleet.engine.kernels.packing` picks, once per process, whether a
 layer's linears are packed for MKL (:mod:`kvfleet.engine.kernels.packing.mkl`) or for
@@ -12,6 +12,11 @@ MKL and at 145-160 through oneDNN's JIT kernels over a weight reordered once
 vLLM's CPU backend runs its linears on oneDNN too. The result equals ``F.linear``'s up to
 float32 summation order (tested). oneDNN builds a kernel per new row count, about 1.4 ms
 once, cached (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 1024 shapes).
+
+bfloat16 (``--dtype bfloat16``): the same reorder and call take bf16 weights and rows, and oneDNN
+runs them on AMX-BF16 or AVX512-BF16 (``brg_matmul:avx512_core_bf16`` on this EPYC; its verbose
+log names the ISA). Only where ``cpu_features.choose_bf16`` finds one of them does the model prepack
+bf16 weights (``packing.packs_model_dtype``); without them oneDNN emulates bf16 and ``F.linear`` runs.
 """
 
 from __future__ import annotations
@@ -36,12 +41,28 @@ def available() -> bool:
     return bool(torch.equal(out, torch.full((2, 8), 8.0)))
 
 
+@functools.cache
+def bf16_available() -> bool:
+    """Whether this torch build's oneDNN runs the packed linear in bfloat16 on this CPU."""
+    if not available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    ones = torch.ones(8, 8, dtype=torch.bfloat16)
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(ones, None)
+        out = torch.ops.mkldnn._linear_pointwise(ones[:2], w, None, "none", [], "")
+    except (RuntimeError, AttributeError):
+        return False
+    return bool(torch.equal(out, torch.full((2, 8), 8.0, dtype=torch.bfloat16)))
+
+
 class OnednnPackedWeight(PackedWeight):
     """A linear's (out, in) weight in oneDNN's blocked layout (an opaque mkldnn tensor); oneDNN's GEMM
     walks panels, so the few-row kernel streams a decode step faster (``streams_few_rows`` False)."""
 
-    def __init__(self, packed: torch.Tensor, out_features: int, in_features: int) -> None:
-        super().__init__(out_features, in_features)
+    def __init__(
+        self, packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype = torch.float32
+    ) -> None:
+        super().__init__(out_features, in_features, dtype)
         self.packed = packed
 
     @classmethod
@@ -49,9 +70,13 @@ class OnednnPackedWeight(PackedWeight):
         return available()
 
     @classmethod
+    def packs_dtype(cls, dtype: torch.dtype) -> bool:
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_available())
+
+    @classmethod
     def from_matrix(cls, source: torch.Tensor) -> OnednnPackedWeight:
         n, k = source.shape
-        return cls(torch.ops.mkldnn._reorder_linear_weight(source, None), n, k)
+        return cls(torch.ops.mkldnn._reorder_linear_weight(source, None), n, k, source.dtype)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from kvfleet.engine.kernels import packing
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
-from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight
+from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight, bf16_available
 
 from .conftest import assert_packed_is_f_linear, linear_case
 
@@ -50,8 +50,10 @@ def test_every_packers_pack_is_a_copy_later_changes_to_the_weight_do_not_reach_i
         torch.testing.assert_close(packed(x, None), expected, **TOL)
 
 
-def test_onednn_packs_only_float32_cpu_matrices() -> None:
-    assert OnednnPackedWeight.pack(torch.ones(4, 4, dtype=torch.bfloat16)) is None
+def test_onednn_packs_only_float32_cpu_matrices_and_bf16_ones_where_it_computes_bf16() -> None:
+    assert OnednnPackedWeight.pack(torch.ones(4, 4, dtype=torch.float16)) is None
+    packed_bf16 = OnednnPackedWeight.pack(torch.ones(4, 4, dtype=torch.bfloat16))
+    assert (packed_bf16 is not None) == bf16_available()
     assert OnednnPackedWeight.pack(torch.ones(4)) is None
 
 
