@@ -9,7 +9,7 @@ process only after that call succeeds, and code that touches them before dies wi
 llama.cpp built with GGML_NATIVE=ON did so on a Xeon here). :func:`choose_cpu_paths` is pure:
 flags and the permission's outcome in, the chosen path out, so both kinds of CPU are tested here.
 The quantised GGUF kernels (``quant_gemm.c``) have an AVX-512 VNNI, an AVX2 and a portable path,
-chosen from this probe (``quant_gemm.choose_path``); ``int8_gemm.c`` has AVX2 and portable. The line
+chosen from this probe (``quant_gemm.choose_path``), as ``int8_gemm.c``'s are. The line
 names the GGUF kernels' path beside the best tier the CPU offers, then the low-precision paths:
 
 - ``bf16``: what ``--dtype bfloat16``'s matmuls run on (oneDNN through torch, ``kernels/packing/
@@ -18,8 +18,9 @@ names the GGUF kernels' path beside the best tier the CPU offers, then the low-p
   falls back), else ``none``: oneDNN then converts bf16 to float32 around float32 FMAs, slower
   than float32 itself. As vLLM-CPU does, an explicit ``--dtype bfloat16`` is still honoured there
   (half the weights' memory), with a warning naming the fix (``--dtype float32``);
-- ``int8``: the path ``--quantization int8`` runs (``native/int8_gemm.py``): ``avx2`` or
-  ``portable``; a CPU offering AVX-512 VNNI or a granted AMX-INT8 is told it has no kernel there.
+- ``int8``: the native path ``--quantization int8`` runs below 16 rows (``native/int8_gemm.py``):
+  ``avx512_vnni``, ``avx2`` or ``portable``; from 16 rows oneDNN's s8 GEMM (``kernels/int8_linear.py``),
+  which takes AMX-INT8 where it is listed and granted (named then), else VNNI or AVX2 by itself.
 """
 
 from __future__ import annotations
@@ -96,13 +97,14 @@ def choose_bf16(flags: frozenset[str], amx: AmxPermission | None) -> LowPrecisio
 
 
 def choose_int8(flags: frozenset[str], amx: AmxPermission | None) -> LowPrecisionPath:
-    """What ``--quantization int8`` runs on: ``int8_gemm.c``'s AVX2 path, or its portable one."""
-    offered = [f for f in ("avx512_vnni",) if f in flags]
-    if all(f in flags for f in AMX_FLAGS) and amx is not None and amx.granted:
-        offered.append("amx_int8")
-    path = "avx2" if "avx2" in flags else "portable"
-    note = f"cpu offers {'/'.join(offered)}; int8_gemm.c has no kernel for it" if offered else ""
-    return LowPrecisionPath(path, note)
+    """What ``--quantization int8`` runs on: ``int8_gemm.c``'s AVX-512 VNNI, AVX2 or portable path
+    below 16 rows; the note names oneDNN's from 16 rows, with AMX-INT8 where granted."""
+    if "avx512f" in flags and "avx512_vnni" in flags:
+        path = "avx512_vnni"
+    else:
+        path = "avx2" if "avx2" in flags else "portable"
+    amx_int8 = all(f in flags for f in AMX_FLAGS) and amx is not None and amx.granted
+    return LowPrecisionPath(path, "from 16 rows: onednn amx_int8" if amx_int8 else "from 16 rows: onednn")
 
 
 def choose_cpu_paths(flags: frozenset[str], amx: AmxPermission | None) -> CpuPaths:

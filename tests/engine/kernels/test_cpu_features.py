@@ -6,6 +6,7 @@ from kvfleet.engine.kernels.native.cpu_features import (
     cpuinfo_flags,
     probe_cpu_paths,
 )
+from kvfleet.engine.kernels.native.int8_gemm import load_int8
 from kvfleet.engine.kernels.native.quant_gemm import choose_path, cpu_paths_line
 
 EPYC_AVX2 = frozenset(["fpu", "sse4_2", "avx", "fma", "avx2", "bmi2"])
@@ -33,7 +34,7 @@ def test_an_avx2_only_epyc_gets_avx2_and_no_amx_because_cpuinfo_lacks_it() -> No
         paths.describe("avx2")
         == "cpu kernels: avx2 (no avx512, amx unavailable: not in cpuinfo; best tier avx2); "
         "bf16: none (no avx512_bf16/amx_bf16: bf16 matmuls emulated, slower than float32; use --dtype float32); "
-        "int8: avx2"
+        "int8: avx2 (from 16 rows: onednn)"
     )
 
 
@@ -76,18 +77,17 @@ def test_the_gguf_kernels_take_vnni_on_a_vnni_cpu_and_avx2_on_an_avx2_only_epyc(
     assert choose_path(built, choose_cpu_paths(frozenset(["sse2"]), None)) == "portable"
 
 
-def test_bf16_runs_on_amx_where_the_permission_is_granted_and_int8_says_its_kernel_lacks_amx() -> None:
+def test_bf16_and_int8_from_16_rows_run_on_amx_where_the_permission_is_granted() -> None:
     paths = choose_cpu_paths(XEON_SPR, AmxPermission(True))
     assert (paths.bf16.path, paths.bf16.note) == ("amx", "")
-    assert paths.int8.path == "avx2"
-    assert paths.int8.note == "cpu offers avx512_vnni/amx_int8; int8_gemm.c has no kernel for it"
-    assert "bf16: amx; int8: avx2 (cpu offers avx512_vnni/amx_int8" in paths.describe("avx512_vnni")
+    assert (paths.int8.path, paths.int8.note) == ("avx512_vnni", "from 16 rows: onednn amx_int8")
+    assert "bf16: amx; int8: avx512_vnni (from 16 rows: onednn amx_int8)" in paths.describe("avx512_vnni")
 
 
 def test_bf16_falls_back_to_avx512_bf16_and_says_why_when_amx_is_refused() -> None:
     paths = choose_cpu_paths(XEON_SPR, AmxPermission(False, "errno 22: Invalid argument"))
     assert str(paths.bf16) == "avx512_bf16 (amx_bf16 refused: errno 22: Invalid argument)"
-    assert paths.int8.note == "cpu offers avx512_vnni; int8_gemm.c has no kernel for it"
+    assert str(paths.int8) == "avx512_vnni (from 16 rows: onednn)"  # no amx_int8 without the permission
 
 
 def test_amx_listed_but_never_requested_leaves_bf16_on_avx512_bf16() -> None:
@@ -99,7 +99,7 @@ def test_an_epyc_with_avx512_bf16_and_no_amx_runs_bf16_there_without_a_note() ->
     paths = choose_cpu_paths(EPYC_ZEN4, None)
     assert (paths.bf16.path, paths.bf16.note, paths.amx) == ("avx512_bf16", "", False)
     assert paths.describe("avx512_vnni").endswith(
-        "bf16: avx512_bf16; int8: avx2 (cpu offers avx512_vnni; int8_gemm.c has no kernel for it)"
+        "bf16: avx512_bf16; int8: avx512_vnni (from 16 rows: onednn)"
     )
 
 
@@ -107,13 +107,13 @@ def test_an_avx2_only_cpu_gets_no_bf16_path_and_is_told_to_use_float32() -> None
     paths = choose_cpu_paths(EPYC_AVX2, None)
     assert paths.bf16.path == "none"
     assert "use --dtype float32" in paths.bf16.note
-    assert (paths.int8.path, paths.int8.note) == ("avx2", "")
+    assert str(paths.int8) == "avx2 (from 16 rows: onednn)"
 
 
 def test_a_portable_cpu_gets_no_bf16_path_and_the_portable_int8_kernel() -> None:
     paths = choose_cpu_paths(frozenset({"sse2"}), None)
     assert (paths.bf16.path, paths.int8.path) == ("none", "portable")
-    assert paths.describe("portable").endswith("int8: portable")
+    assert paths.describe("portable").endswith("int8: portable (from 16 rows: onednn)")
 
 
 def test_this_machine_names_its_bf16_and_int8_paths_in_the_start_up_line() -> None:
@@ -123,3 +123,5 @@ def test_this_machine_names_its_bf16_and_int8_paths_in_the_start_up_line() -> No
         expected = paths.bf16.path  # amx or avx512_bf16: the permission decides
     assert paths.bf16.path == expected
     assert f"; bf16: {paths.bf16}; int8: {paths.int8}" in cpu_paths_line()
+    native = load_int8()
+    assert native is None or native.path == paths.int8.path  # the line names the path the kernel runs
