@@ -304,7 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     cells = measure(args)
     lines += ["", *table(cells), "", *ratio_lines(cells), *vllm_lines(cells)]
     lines += [
-        targets_summary(cells, s) for s in args.servers if s != "llama.cpp" and "llama.cpp" in args.servers
+        targets_summary(cells, s)
+        for s in args.servers
+        if s.startswith("kvfleet") and "llama.cpp" in args.servers
     ]
     lines.append(
         f"# wall time {time.monotonic() - started:.0f} s, load average at the end {loadavg(os.getloadavg())}"
