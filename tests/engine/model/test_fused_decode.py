@@ -122,16 +122,10 @@ def caches(runner: ModelRunner) -> list[torch.Tensor]:
     return [c.clone() for c in runner.kv_caches]
 
 
-@pytest.mark.parametrize("packing", ["native", "unpacked"])
-@pytest.mark.parametrize("variant", ["tiny", "llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied"])
-@pytest.mark.parametrize("seqs", [[2], [0, 1, 2]], ids=["1-row", "3-rows"])
-def test_a_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
-    variant: str, packing: str, seqs: list[int], tiny_dir: Path, hf_checkpoints: dict[str, Path]
-) -> None:
-    runner = make_runner(tiny_dir if variant == "tiny" else hf_checkpoints[variant], packing)
-    fused = runner.model.fused_decode()
-    assert fused is not None and fused.native.geometry.packed == (packing == "native")
-    runner.model.use_fused_decode = False  # the prompts (all but their last token) by the per-op path
+def assert_one_call_is_the_per_op_step(runner: ModelRunner, seqs: list[int]) -> None:
+    """The prompts (all but their last token) by the per-op path, then a decode step of ``seqs`` by
+    the per-op path and, from the same caches, by the one call: equal logits and K/V, bit for bit."""
+    runner.model.use_fused_decode = False
     forward(runner, [0, 1, 2], [p - 1 for p in PROMPTS])
     before = caches(runner)
     per_op = forward(runner, seqs, [1] * len(seqs))
@@ -143,6 +137,18 @@ def test_a_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache
     assert taken == [True]
     assert torch.equal(one_call, per_op)
     assert all(torch.equal(a, b) for a, b in zip(runner.kv_caches, per_op_caches, strict=True))
+
+
+@pytest.mark.parametrize("packing", ["native", "unpacked"])
+@pytest.mark.parametrize("variant", ["tiny", "llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied"])
+@pytest.mark.parametrize("seqs", [[2], [0, 1, 2]], ids=["1-row", "3-rows"])
+def test_a_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
+    variant: str, packing: str, seqs: list[int], tiny_dir: Path, hf_checkpoints: dict[str, Path]
+) -> None:
+    runner = make_runner(tiny_dir if variant == "tiny" else hf_checkpoints[variant], packing)
+    fused = runner.model.fused_decode()
+    assert fused is not None and fused.native.geometry.packed == (packing == "native")
+    assert_one_call_is_the_per_op_step(runner, seqs)
 
 
 def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None) -> tuple[object, ...]:
@@ -169,19 +175,8 @@ def test_a_quantised_decode_step_through_one_native_call_gives_the_per_op_logits
     kind = INT8_CHANNEL if packing == "int8" else gguf.GGMLQuantizationType[packing[5:]].value
     assert {op.types for op in fused.native.operands} == {(kind,) * 4}
     assert PATHS[fused.native.geometry.quant_path] == native.path  # type: ignore[union-attr]
-    runner.model.use_fused_decode = False
-    forward(runner, [0, 1, 2], [p - 1 for p in PROMPTS])
-    before = caches(runner)
-    per_op = forward(runner, seqs, [1] * len(seqs))
-    per_op_caches = caches(runner)
-    for cache, saved in zip(runner.kv_caches, before, strict=True):
-        cache.copy_(saved)
-    runner.model.use_fused_decode = True
+    assert_one_call_is_the_per_op_step(runner, seqs)
     assert runner.model.fused_decode() is fused
-    one_call, taken = spied_forward(runner, seqs)
-    assert taken == [True]
-    assert torch.equal(one_call, per_op)
-    assert all(torch.equal(a, b) for a, b in zip(runner.kv_caches, per_op_caches, strict=True))
 
 
 def test_a_quantised_layer_with_a_matmul_off_the_native_kernel_keeps_the_per_op_path(
