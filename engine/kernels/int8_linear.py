@@ -10,8 +10,9 @@ Which kernel multiplies: at :data:`ONEDNN_MIN_ROWS` rows or more, ``torch._int_m
 s8 GEMM, which runs on AMX-INT8 or AVX-512 VNNI where the CPU has them and blocks far better
 than the native kernel: 2-10x at 16-256 rows in a probe here), on the same per-token int8
 activations; below it the native kernel: a decode step's rows, which the one-call decode takes
-without the ten or so torch ops a oneDNN matmul costs around it (those cost more than oneDNN
-saves at 4 rows: 27.9 ms a step per-op against about 14 ms for one row in one call, loaded box).
+without the ten or so torch ops a oneDNN matmul costs around it. The threshold is a judgement from
+loaded probes (at 4 rows the per-op oneDNN step measured 27.9 ms, slower than float32's 22.9 ms), not
+tuned on a quiet box; quiet, the one-call int8 step took 13.6 / 16.8 / 25.1 ms at 1 / 4 / 8 rows.
 Both take the same exact int32 dots; the float scaling differs only in rounding order.
 """
 

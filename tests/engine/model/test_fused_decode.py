@@ -44,27 +44,14 @@ TABLE = [[0] + [0] * 9, [1, 2] + [0] * 8, list(range(3, 13))]
 
 
 def make_runner(folder: Path, packing: str) -> ModelRunner:
+    common = dict(num_kv_blocks=16, block_size=BLOCK, attention_backend="cpu")
     if packing == "int8":
-        config = EngineConfig(
-            model=str(folder),
-            quantization="int8",
-            num_kv_blocks=16,
-            block_size=BLOCK,
-            attention_backend="cpu",
-        )
-        return ModelRunner(config, folder)
+        return ModelRunner(EngineConfig(model=str(folder), quantization="int8", **common), folder)
     if packing.startswith("gguf-"):  # the tiny model in GGUF blocks, served --quantization gguf
         qtype = gguf.GGMLQuantizationType[packing.removeprefix("gguf-")]
-        source = write_gguf(
-            folder.parent / f"{folder.name}-{qtype.name}.gguf", tiny_weights(folder), qtype=qtype
-        )
-        config = EngineConfig(
-            model=str(source),
-            quantization="gguf",
-            num_kv_blocks=16,
-            block_size=BLOCK,
-            attention_backend="cpu",
-        )
+        name = folder.parent / f"{folder.name}-{qtype.name}.gguf"
+        source = write_gguf(name, tiny_weights(folder), qtype=qtype)
+        config = EngineConfig(model=str(source), quantization="gguf", **common)
         return ModelRunner(config, resolve_model(str(source)))
     packed = dict(weight_packing="native") if packing == "native" else dict(prepack_weights=False)
     config = EngineConfig(
