@@ -82,6 +82,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
             native_prefill(q, paged, prefills, out, scale, sliding_window)
         return out
 
+    def prefills_natively(self, heads: int, kv_heads: int, head_dim: int) -> bool:
+        """Whether prompt chunks of this geometry run on the native prefill kernel (else on SDPA)."""
+        return self._native_prefill is not None and prefill_ok(heads, kv_heads, head_dim)
+
     def split(self, meta: AttentionMetadata) -> RowSplit:
         """The step's decoding sequences and its prefill chunks, computed once for all its layers."""
         if self._split is None or self._split[0] is not meta:

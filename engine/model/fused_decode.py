@@ -1,11 +1,12 @@
-"""Which decode steps run all their decoder layers in one native call, and with which operands.
+"""Which steps run all their decoder layers in one native call, and with which operands.
 
 Where it sits: ``LlamaForCausalLM.forward`` asks :meth:`FusedDecode.run` first; it returns the
 layer loop's result through ``kernels/native/decode_layers.py`` (``csrc/decode_layers.c``), or None,
 and the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
 only takes a step where that path would run exactly those kernels: float32 on the CPU, the
-``cpu`` attention backend, every row a decode (one new token per sequence, every row sampled),
-no LoRA, and every matmul on the native GEMM (weights packed ``native``), unpacked on the few-row
+``cpu`` attention backend, decode rows and prompt chunks (the chunks only where the backend runs
+them on the native prefill kernel, not SDPA; the last layer past its attention at the sampling rows
+only, as the per-op path prunes it), no LoRA, and every matmul on the native GEMM (weights packed ``native``), unpacked on the few-row
 kernel (at most ``SKINNY_MAX_ROWS`` rows), or for a quantised model every layer matmul on the
 native quantised kernel: ``--quantization gguf``'s :class:`QuantLinear` (any number of rows), or
 ``int8``'s :class:`Int8Linear` below ``ONEDNN_MIN_ROWS`` rows (from there the per-op path's
@@ -18,7 +19,7 @@ a weight replaced afterwards in place of the tensor is not seen.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -132,6 +133,18 @@ def _all_operands(layers: Sequence[Any]) -> Operands | None:
     )
 
 
+def _kept_rows(sample_rows: torch.Tensor, rows: int) -> torch.Tensor | None | Literal[False]:
+    """The rows the last layer keeps, as the per-op path prunes them: None for all (as many rows
+    sample as the step has: the caller picks them from every row), the sampling rows where fewer
+    (int64, ascending), False where the C side cannot keep them in place (not ascending)."""
+    if sample_rows.shape[0] == rows:
+        return None
+    keep = sample_rows.to(torch.int64).contiguous()
+    if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
+        return False
+    return keep
+
+
 class FusedDecode:
     """The model's layers bound to the native call, and the per-step test of whether it applies."""
 
@@ -171,8 +184,6 @@ class FusedDecode:
             or meta.lora is not None
             or torch.is_grad_enabled()
             or not _f32(x)
-            or rows != meta.num_seqs
-            or sample_rows.shape[0] != rows
             or (g.max_rows is not None and rows > g.max_rows)
         ):
             return None
@@ -187,9 +198,14 @@ class FusedDecode:
         if meta.block_tables.dtype != torch.int32 or meta.block_tables.stride(1) != 1:
             return None
         decodes, prefills = backend.split(meta)
-        if prefills is not None or decodes is None or decodes.numel() != rows:
+        if prefills is not None and not backend.prefills_natively(g.heads, g.kv_heads, g.head_dim):
+            return None  # the per-op path runs these chunks on SDPA
+        keep = _kept_rows(sample_rows, rows)
+        if keep is False:
             return None
-        return StepInputs(cos, sin, slots, decodes, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+        return StepInputs(
+            cos, sin, slots, decodes, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills, keep
+        )
 
     def run(
         self,

@@ -1,8 +1,8 @@
-"""Every decoder layer of a decode step in one native call (``csrc/decode_layers.c``).
+"""Every decoder layer of a step in one native call (``csrc/decode_layers.c``).
 
 Where it sits: ``engine/model/fused_decode.py`` gathers a Llama model's per-layer operands into
 :class:`LayerOperands` once and calls :meth:`NativeDecodeLayers.run` from the model's forward for a
-step whose rows all decode; the C side runs the per-op path's own kernels (this library's norm,
+step of decode rows and prompt chunks; the C side runs the per-op path's own kernels (this library's norm,
 matmul, RoPE, attention and SiLU*up) back to back, so its result is that path's, bit for bit,
 without Python and torch's dispatch between the ops. This module is the typed boundary: the
 structs C reads and the pointers it is given, nothing about which model or when.
@@ -50,6 +50,8 @@ class _Step(ctypes.Structure):
         + [("eps", ctypes.c_float)]
         + [("quant_path", ctypes.c_int32)]
         + [(name, ctypes.c_void_p) for name in _STEP_POINTERS + _SCRATCH]
+        + [(name, ctypes.c_int64) for name in ("num_decode_seqs", "num_prefill_seqs", "num_keep")]
+        + [(name, ctypes.c_void_p) for name in ("prefill_seqs", "keep")]
     )
 
 
@@ -89,15 +91,17 @@ class Geometry(NamedTuple):
 
 
 class StepInputs(NamedTuple):
-    """The step's per-row inputs, in the dtypes and layouts the attention kernel takes."""
+    """The step's per-row inputs, in the dtypes and layouts the attention kernels take."""
 
     cos: torch.Tensor  # (rows, head_dim) float32
     sin: torch.Tensor
     slots: torch.Tensor  # (rows,) int64: each row's cache slot
-    seqs: torch.Tensor  # (rows,) int64: the sequences, 0..rows-1
-    block_tables: torch.Tensor  # (rows, max_blocks) int32, rows contiguous
-    seq_lens: torch.Tensor  # (rows,) int32
-    query_start: torch.Tensor  # (rows + 1,) int32
+    seqs: torch.Tensor | None  # int64: the decoding sequences (one row each), None: none
+    block_tables: torch.Tensor  # (num_seqs, max_blocks) int32, rows contiguous
+    seq_lens: torch.Tensor  # (num_seqs,) int32
+    query_start: torch.Tensor  # (num_seqs + 1,) int32
+    prefills: torch.Tensor | None = None  # int64: the sequences with a prompt chunk, None: none
+    keep: torch.Tensor | None = None  # int64, ascending: the rows the last layer keeps; None: all
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -132,7 +136,8 @@ class NativeDecodeLayers:
 
     def run(self, x: torch.Tensor, step: StepInputs, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's MLP output, the residual stream before it) for the embeddings ``x``
-        (rows, hidden): what the per-op path's layer loop returns. ``x`` is overwritten."""
+        (rows, hidden), at the rows ``step.keep`` (all rows if None): what the per-op path's layer
+        loop returns. ``x`` is overwritten."""
         g, rows = self.geometry, x.shape[0]
         residual = torch.empty_like(x)
         widths = {"h": g.hidden, "o": g.hidden, "qkv": (g.heads + 2 * g.kv_heads) * g.head_dim}
@@ -144,10 +149,14 @@ class NativeDecodeLayers:
             intermediate=g.intermediate, table_stride=step.block_tables.stride(0), block_size=block_size,
             packed=int(g.packed), threads=torch.get_num_threads(), eps=g.eps, quant_path=g.quant_path,
         )  # fmt: skip
-        for name, tensor in zip(_STEP_POINTERS, step, strict=True):
-            setattr(s, name, tensor.data_ptr())
+        for name, tensor in zip(_STEP_POINTERS, step, strict=False):
+            setattr(s, name, _ptr(tensor))
         for name, tensor in scratch.items():
             setattr(s, name, tensor.data_ptr())
+        s.num_decode_seqs = 0 if step.seqs is None else step.seqs.numel()
+        s.num_prefill_seqs = 0 if step.prefills is None else step.prefills.numel()
+        s.prefill_seqs, s.keep = _ptr(step.prefills), _ptr(step.keep)
+        s.num_keep = rows if step.keep is None else step.keep.numel()
         status = self._fn(
             ctypes.byref(s), self._layers, len(self.operands), x.data_ptr(), residual.data_ptr()
         )
@@ -155,8 +164,8 @@ class NativeDecodeLayers:
             check_quant_status(QUANT_FAILED - status, "the one-call decode's quantised matmul")
         if status != 0:
             longest = int(step.seq_lens.max())
-            raise MemoryError(f"the CPU decode kernel could not allocate scores for {longest} keys")
-        return x, residual
+            raise MemoryError(f"the CPU attention kernels could not allocate scratch for {longest} keys")
+        return (x, residual) if step.keep is None else (x[: s.num_keep], residual[: s.num_keep])
 
 
 @functools.cache

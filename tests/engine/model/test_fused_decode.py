@@ -28,6 +28,7 @@ from kvfleet.engine.kernels.linear import TorchLinear
 from kvfleet.engine.kernels.native.decode_layers import INT8_CHANNEL
 from kvfleet.engine.kernels.native.int8_gemm import load_int8
 from kvfleet.engine.kernels.native.quant_gemm import PATHS, load_quant
+from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.quant_linear import dequantised
 from kvfleet.engine.model.fused_decode import FusedDecode
@@ -81,17 +82,22 @@ def meta_for(seqs: list[int], new: list[int]) -> AttentionMetadata:
     )
 
 
-def forward(runner: ModelRunner, seqs: list[int], new: list[int]) -> torch.Tensor:
+def forward(
+    runner: ModelRunner, seqs: list[int], new: list[int], sample: list[int] | None = None
+) -> torch.Tensor:
+    """The step's logits at rows ``sample`` (default: each sequence's last row)."""
     meta = meta_for(seqs, new)
     positions = torch.cat([torch.arange(PROMPTS[s] - n, PROMPTS[s]) for s, n in zip(seqs, new, strict=True)])
     ids = (positions * 7 + 3) % 250 + 3
-    last = torch.tensor(meta.query_start_loc[1:].tolist()) - 1
+    last = torch.tensor(meta.query_start_loc[1:].tolist()) - 1 if sample is None else torch.tensor(sample)
     with torch.inference_mode():
         return runner.model(ids, positions, runner.kv_caches, meta, runner.backend, last)
 
 
-def spied_forward(runner: ModelRunner, seqs: list[int]) -> tuple[torch.Tensor, list[bool]]:
-    """A decode step's logits, and for each FusedDecode.run call whether it took the step."""
+def spied_forward(
+    runner: ModelRunner, seqs: list[int], new: list[int], sample: list[int] | None = None
+) -> tuple[torch.Tensor, list[bool]]:
+    """A step's logits, and for each FusedDecode.run call whether it took the step."""
     taken: list[bool] = []
     run = FusedDecode.run
 
@@ -102,26 +108,35 @@ def spied_forward(runner: ModelRunner, seqs: list[int]) -> tuple[torch.Tensor, l
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(FusedDecode, "run", spy)
-        return forward(runner, seqs, [1] * len(seqs)), taken
+        return forward(runner, seqs, new, sample), taken
 
 
 def caches(runner: ModelRunner) -> list[torch.Tensor]:
     return [c.clone() for c in runner.kv_caches]
 
 
-def assert_one_call_is_the_per_op_step(runner: ModelRunner, seqs: list[int]) -> None:
-    """The prompts (all but their last token) by the per-op path, then a decode step of ``seqs`` by
-    the per-op path and, from the same caches, by the one call: equal logits and K/V, bit for bit."""
+def assert_one_call_is_the_per_op_step(
+    runner: ModelRunner,
+    seqs: list[int],
+    new: list[int] | None = None,
+    sample: list[int] | None = None,
+    taken: bool = True,
+) -> None:
+    """The prompts (all but their last token) by the per-op path, then a step of ``seqs`` adding
+    ``new`` tokens each (default: a decode step), sampling at rows ``sample`` (default: each
+    sequence's last), by the per-op path and, from the same caches, by the one call (or, ``taken``
+    False, the per-op path again, the one call refusing it): equal logits and K/V, bit for bit."""
+    new = new or [1] * len(seqs)
     runner.model.use_fused_decode = False
     forward(runner, [0, 1, 2], [p - 1 for p in PROMPTS])
     before = caches(runner)
-    per_op = forward(runner, seqs, [1] * len(seqs))
+    per_op = forward(runner, seqs, new, sample)
     per_op_caches = caches(runner)
     for cache, saved in zip(runner.kv_caches, before, strict=True):
         cache.copy_(saved)
     runner.model.use_fused_decode = True
-    one_call, taken = spied_forward(runner, seqs)
-    assert taken == [True]
+    one_call, calls = spied_forward(runner, seqs, new, sample)
+    assert calls == [taken]
     assert torch.equal(one_call, per_op)
     assert all(torch.equal(a, b) for a, b in zip(runner.kv_caches, per_op_caches, strict=True))
 
@@ -138,6 +153,27 @@ def test_a_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache
     assert_one_call_is_the_per_op_step(runner, seqs)
 
 
+# (sequences, new tokens each, sampling rows or None for each sequence's last): a stall-free step's
+# decodes beside a chunk, chunks alone (one past mistral's window), a chunk that does not sample yet
+MIXED = {
+    "decodes-and-a-chunk": ([0, 1, 2], [1, 4, 1], None),
+    "chunks-only": ([1, 2], [8, 20], None),
+    "a-chunk-not-sampled": ([0, 1, 2], [1, 4, 1], [0, 5]),
+}
+
+
+@pytest.mark.parametrize("packing", ["native", "unpacked"])
+@pytest.mark.parametrize("variant", ["tiny", "llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied"])
+@pytest.mark.parametrize("case", list(MIXED))
+def test_a_step_with_prompt_chunks_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
+    variant: str, packing: str, case: str, tiny_dir: Path, hf_checkpoints: dict[str, Path]
+) -> None:
+    runner = make_runner(tiny_dir if variant == "tiny" else hf_checkpoints[variant], packing)
+    seqs, new, sample = MIXED[case]
+    few_rows = sum(new) <= SKINNY_MAX_ROWS  # unpacked weights: the few-row kernel's rows only
+    assert_one_call_is_the_per_op_step(runner, seqs, new, sample, taken=packing == "native" or few_rows)
+
+
 def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None) -> tuple[object, ...]:
     new = new or [1] * len(seqs)
     meta = meta_for(seqs, new)
@@ -149,10 +185,17 @@ def step_args(runner: ModelRunner, seqs: list[int], new: list[int] | None = None
 
 
 @pytest.mark.parametrize("packing", ["gguf-Q8_0", "gguf-Q4_1", "int8"])
-@pytest.mark.parametrize("seqs", [[2], [0, 1, 2]], ids=["1-row", "3-rows"])
-def test_a_quantised_decode_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
-    packing: str, seqs: list[int], tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "step", [([2], None), ([0, 1, 2], None), ([0, 1, 2], [1, 4, 1])], ids=["1-row", "3-rows", "with-a-chunk"]
+)
+def test_a_quantised_step_through_one_native_call_gives_the_per_op_logits_and_cache_bit_for_bit(
+    packing: str,
+    step: tuple[list[int], list[int] | None],
+    tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    seqs, new = step
     monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))
     shutil.copytree(tiny_dir, tmp_path / "tiny")
     runner = make_runner(tmp_path / "tiny", packing)
@@ -162,7 +205,7 @@ def test_a_quantised_decode_step_through_one_native_call_gives_the_per_op_logits
     kind = INT8_CHANNEL if packing == "int8" else gguf.GGMLQuantizationType[packing[5:]].value
     assert {op.types for op in fused.native.operands} == {(kind,) * 4}
     assert PATHS[fused.native.geometry.quant_path] == native.path  # type: ignore[union-attr]
-    assert_one_call_is_the_per_op_step(runner, seqs)
+    assert_one_call_is_the_per_op_step(runner, seqs, new)
     assert runner.model.fused_decode() is fused
 
 
@@ -200,12 +243,18 @@ def test_a_step_it_cannot_take_exactly_runs_the_per_op_path(tiny_dir: Path) -> N
     assert fused is not None and fused_unpacked is not None
     with torch.inference_mode():
         assert fused.step_inputs(*step_args(native, [0, 1])) is not None
-        assert fused.step_inputs(*step_args(native, [0, 1], new=[1, 4])) is None  # a prefill chunk
+        assert fused.step_inputs(*step_args(native, [0, 1], new=[1, 4])) is not None  # a prefill chunk
         x, rope, meta, backend, rows = step_args(native, [0, 1])
         lora = dataclasses.replace(meta, lora=object())  # type: ignore[arg-type]
         assert fused.step_inputs(x, rope, lora, backend, rows) is None
         assert fused.step_inputs(x, rope, meta, TorchAttentionBackend(), rows) is None
-        assert fused.step_inputs(x, rope, meta, backend, rows[:1]) is None  # a row that does not sample
+        kept = fused.step_inputs(x, rope, meta, backend, rows[:1])  # a row that does not sample
+        assert kept is not None and kept.keep is not None and kept.keep.tolist() == [0]
+        x3, rope3, meta3, _, _ = step_args(native, [0, 1, 2])
+        assert fused.step_inputs(x3, rope3, meta3, backend, torch.tensor([2, 0])) is None  # out of order
+        backend._native_prefill = None  # type: ignore[attr-defined]  # chunks on SDPA (no AVX2/AVX-512 build)
+        assert fused.step_inputs(*step_args(native, [0, 1], new=[1, 4])) is None
+        assert fused.step_inputs(*step_args(native, [0, 1])) is not None
     assert fused.step_inputs(*step_args(native, [0, 1])) is None  # grad mode on
     many = [0] * 17
     with torch.inference_mode():
