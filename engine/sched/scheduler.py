@@ -13,8 +13,8 @@ into chunks by the per-step token budget, so chunked prefill and decodes share a
 Stall-free (``decode_factor`` and/or ``target_step_s``; the engine's default, ``--no-stall-free``
 turns it off) the step is planned as in Sarathi-Serve: every running decode first, then prefill
 chunks sized so that the step's predicted time (``step_cost.StepCostModel``, fitted online from the
-engine's measured steps) stays within ``max(target_step_s, decode_factor × the decodes' own time)``;
-``max_num_batched_tokens`` stays a hard cap on top of it.
+engine's measured steps) stays within ``max(target_step_s, decode_factor × the decode step midway
+to the batch the prompts make)`` (``step_cost.StepTimeBudget``); ``max_num_batched_tokens`` caps it.
 """
 
 from __future__ import annotations
@@ -143,11 +143,10 @@ class Scheduler:
             budget = self._admit(budget, scheduled)
         return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
 
-    # Invariant (stall-free): every running decode is planned before any prefill chunk, each group
-    # in policy order; prefill chunks (running prompts, then admissions) fill what the step's time
-    # bound, max(target, decode_factor x the decodes' predicted time), leaves as the cost model
-    # predicts it, and the token cap; the first prefill of a step gets at least min_prefill_chunk
-    # tokens. A step with no decode has no stream to keep going: the cap alone bounds it.
+    # Invariant (stall-free): running decodes are planned before any prefill chunk, each group in policy
+    # order; prefill (running prompts, then admissions) fills what the cap and the time bound leave, the
+    # bound max(target, decode_factor x the decode step midway to the batch the decodes make with the
+    # prompts running or waiting); a step's first prefill gets >= min_prefill_chunk; no decode: the cap.
     def _schedule_stall_free(self) -> SchedulerPlan:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
@@ -167,7 +166,8 @@ class Scheduler:
         if scheduled:
             target_s, factor = self.target_step_s or 0.0, self.decode_factor or 0.0
             shape = StepShape.of(scheduled)
-            self._time = StepTimeBudget(self.step_cost, target_s, self.min_prefill_chunk, shape, factor)
+            full = shape.joined_by(self.max_num_seqs, prefilling, self.waiting)  # the decode step filled
+            self._time = StepTimeBudget(self.step_cost, target_s, self.min_prefill_chunk, shape, factor, full)
         try:
             budget = self._prefill_running(prefilling, budget, scheduled, preempted)
             if not preempted and self.policy.may_admit(num_running_at_start):

@@ -12,22 +12,28 @@ fitted by exponentially weighted least squares with regularised forgetting: each
 evidence decays by ``decay`` and a small ridge pulls towards the previous fit, so a direction the
 recent steps do not excite (no prefill for a while) keeps its last estimate instead of drifting.
 Steps far off the fit (a neighbour's CPU burst, a warm-up) get Huber weights, not full ones.
-A prefill token's cost for sizing chunks is the larger of the fit's and the measured excess of the
-steps with prefill over their decodes' predicted time, per prefill token: chunks of one size (the
-first steps of a burst) cannot tell the fit a token from the fixed cost, and the excess can.
+A prefill token's cost for sizing chunks is the fit's; over the first EXCESS_STEPS steps with prefill
+it is at least their measured excess over their decodes' predicted time, per prefill token: chunks of
+one size (the first steps of a burst) cannot tell the fit a token from the fixed cost, and the excess
+can. Only then: the excess charges every slowdown of a mixed step, its decodes' share included, to its
+few prefill tokens, so kept for good (as it was) it ran several times the fit's on a 2-core CPU shared
+with the API process and the clients, and starved prefill (bench/results/stall_free.txt).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvfleet.engine.sched.plan import ScheduledSeq
+from kvfleet.engine.sequence import Sequence
 
 _WARMUP_PREFILL_STEPS = 3  # steps seen before the Huber weights have a residual scale
 # Features are scaled to about 1 at a typical step, so the 4x4 normal equations stay well conditioned.
 _SCALES = (1.0, 256.0, 32.0, 16384.0)  # fixed, prefill tokens, decode rows, context tokens
 _HUBER_K = 3.0  # residuals past this many mean absolute residuals are down-weighted
+_EXCESS_STEPS = 8  # prefill steps over which a chunk's cost is at least the measured excess
 _RIDGE = 1e-2  # pull towards the previous fit, against the decayed evidence (sum of weights ~ 1/(1-decay))
 
 
@@ -50,6 +56,14 @@ class StepShape:
             context += e.num_computed_before + e.num_new_tokens
         return cls(prefill, rows, context)
 
+    def joined_by(self, max_rows: int, *prompts: Iterable[Sequence]) -> StepShape:
+        """This decode step once ``prompts`` decode too: a row each, its tokens as context, up to
+        ``max_rows`` rows (the batch a stall-free step's bound is scaled by)."""
+        rows, context = self.decode_rows, self.context_tokens
+        for seq in itertools.islice(itertools.chain(*prompts), max(0, max_rows - rows)):
+            rows, context = rows + 1, context + seq.num_tokens
+        return StepShape(self.prefill_tokens, rows, context)
+
 
 class StepCostModel:
     """``prior``: (fixed s, s per prefill token, s per decode row, s per context token) to start from
@@ -64,7 +78,7 @@ class StepCostModel:
         self._a = [[_RIDGE if i == j else 0.0 for j in range(n)] for i in range(n)]
         self._b = [_RIDGE * t for t in theta]
         self._theta = theta  # seconds per scaled feature
-        self._excess = (0.0, 0.0)  # EW sums: seconds over the decodes' prediction, prefill tokens
+        self._excess = (0.0, 0.0)  # seconds over the decodes' prediction, prefill tokens: first steps only
         self._prior_knows_prefill = prior is not None and prior[1] > 0.0
         self._mean_abs_residual = 0.0  # EW mean of |seconds - prediction|, clipped: the noise's scale
         self.num_observed = 0
@@ -95,9 +109,9 @@ class StepCostModel:
         self.num_observed += 1
         if shape.prefill_tokens:
             self.num_prefill_observed += 1
-            excess = max(0.0, seconds - decodes_s) * w
             old_s, old_tokens = self._excess
-            self._excess = (lam * old_s + excess, lam * old_tokens + w * shape.prefill_tokens)
+            excess = max(0.0, seconds - decodes_s) * w
+            self._excess = (old_s + excess, old_tokens + w * shape.prefill_tokens)
 
     def _huber_weight(self, predicted: float, seconds: float) -> float:
         """An observation's weight: 1 within HUBER_K mean absolute residuals (or a quarter of the
@@ -115,33 +129,61 @@ class StepCostModel:
         x = _features(prefill_tokens, decode_rows, context_tokens)
         return max(0.0, sum(t * xi for t, xi in zip(self._theta, x, strict=True)))
 
+    def predict_batch(self, decode_rows: float, context_tokens: float) -> float:
+        """A decode step of ``decode_rows`` rows, at least the fixed cost and a prefill token a row: a row
+        runs a token's matmuls, and more rows than the recent steps ran leave the fit's per-row cost
+        unlearnt (a burst reaching a few streams would otherwise be bounded by a batch predicted too cheap)."""
+        fixed, _, per_row, per_context = self.coefficients()
+        fitted = fixed + per_row * decode_rows + per_context * context_tokens
+        per_token = self.marginal_prefill()[0] if self.knows_prefill else 0.0
+        return max(0.0, fitted, fixed + per_token * decode_rows)
+
     def marginal_prefill(self) -> tuple[float, float]:
-        """(s per prefill token, s per context token) for sizing a chunk, both > 0: the per-token cost
-        is the larger of the fit's and the measured excess of prefill steps over their decodes."""
+        """(s per prefill token, s per context token) for sizing a chunk, both > 0: the fit's, but over
+        the first EXCESS_STEPS prefill steps at least their excess over their decodes, per token."""
         _, per_token, _, per_context = self.coefficients()
         excess_s, tokens = self._excess
-        measured = excess_s / tokens if tokens else 0.0
-        return max(per_token, measured, 1e-9), max(per_context, 0.0)
+        if tokens and self.num_prefill_observed <= _EXCESS_STEPS:
+            per_token = max(per_token, excess_s / tokens)
+        return max(per_token, 1e-9), max(per_context, 0.0)
 
 
 class StepTimeBudget:
     """One step's time bound, spent by the plan: decodes first, then prefill chunks.
 
-    The bound is ``max(target_s, factor × the decodes' own predicted time)``: a fixed target alone
-    cannot suit 8 streams (45 ms decode steps here) and 32 (90-120 ms); scaled by the running batch,
-    a step with prefill is at most ``factor`` times a decode-only one (the ITL p99/p50 it allows),
-    and prefill still gets ``factor - 1`` times the decode time each step (the throughput it keeps).
+    The bound is ``max(target_s, factor × the decodes' predicted time, factor × the decode step
+    midway)``. A fixed target alone cannot suit 8 streams (45 ms decode steps here) and 32 (90-120 ms);
+    scaled by a decode step, a step with prefill is at most ``factor`` times one (the ITL p99/p50 it
+    allows) and prefill gets ``factor - 1`` times it (the throughput it keeps). ``batch`` is the decode
+    step once the prompts running or waiting have joined (up to max_num_seqs; default: the decodes
+    alone); while they are prefilled the batch grows from today's decodes towards it, so the step midway
+    (half the joining rows and their context) is the decode step the burst's streams wait on, on
+    average. Scaled by today's decodes alone, a burst reaching few streams (32 prompts at once, 1-6
+    decoding) got 30-40-token chunks: each step paid a decode step's fixed cost for few tokens, the
+    batch stayed small, served output fell to 0.77-0.80x the unbounded scheduler's (and under CPU
+    contention to 0.17x: prefill slowed, fewer streams decoded, the bound shrank); scaled by the whole
+    joined batch, steps grew past 3x the median gap (bench/results/stall_free.txt).
     Invariant: the predicted step time stays within the bound, except for the ``min_chunk`` prefill
     tokens a step always gets, shared by its first prompts (no prefill starves while the cost model
     knows no prefill cost yet, or when the decodes alone fill the bound).
     """
 
     def __init__(
-        self, cost: StepCostModel, target_s: float, min_chunk: int, decodes: StepShape, factor: float = 0.0
+        self,
+        cost: StepCostModel,
+        target_s: float,
+        min_chunk: int,
+        decodes: StepShape,
+        factor: float = 0.0,
+        batch: StepShape | None = None,
     ) -> None:
         self.cost = cost
         decode_s = cost.predict(0, decodes.decode_rows, decodes.context_tokens)
-        self.bound_s = max(target_s, factor * decode_s)
+        full = decodes if batch is None else batch
+        midway_s = cost.predict_batch(
+            (decodes.decode_rows + full.decode_rows) / 2, (decodes.context_tokens + full.context_tokens) / 2
+        )
+        self.bound_s = max(target_s, factor * decode_s, factor * midway_s)
         self.left_s = self.bound_s - decode_s
         self.min_left = min_chunk  # prefill tokens this step gets whatever the prediction
 
