@@ -135,8 +135,9 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=2.5,
         metavar="K",
-        help="stall-free: a step with prefill takes at most K times the running decodes' own step "
-        "(predicted by a cost model fitted to the measured steps); prefill gets K - 1 of them (default 2.5)",
+        help="stall-free: a step with prefill takes at most K times a decode step: the running decodes', or "
+        "the one midway to the batch they make with the prompts waiting, whichever is more (predicted by a "
+        "cost model fitted to the measured steps); prefill gets the rest (default 2.5)",
     )
     e.add_argument(
         "--target-step-ms",

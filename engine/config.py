@@ -40,9 +40,10 @@ class EngineConfig(BaseModel):
     # passes stall_free=True unless --no-stall-free; streams need it), off for offline LLM.generate, where
     # it cost throughput (SmolLM2, 48 prompts, quiet 2-core EPYC: 106 vs 150 out tok/s) and no one streams: while
     # streams are decoding, a step's prefill chunks are sized so the step's predicted time stays within
-    # max(target_step_ms, stall_free_factor x the running decodes' own predicted time), so a step with
-    # prefill is at most that factor times a decode-only one, whatever the batch (the ITL p99/p50 it
-    # allows), and prefill keeps factor - 1 decode times a step (the throughput it keeps).
+    # max(target_step_ms, stall_free_factor x the decode step midway from the running decodes to the batch
+    # they make with the prompts running or waiting, or x the decodes' own if more), so a step with
+    # prefill is at most that factor times a decode step, whatever the batch (the ITL p99/p50 it
+    # allows), and prefill keeps the rest (the throughput it keeps).
     # target_step_ms: a decode gap the deployment accepts anyway (its SLO, spec.slo.itlP99Ms through the
     # operator): prefill may fill a step up to it. stall_free False: steps bounded by
     # max_num_batched_tokens only (kvfleet before #33). Needs enable_chunked_prefill.

@@ -128,7 +128,8 @@ class SLOSpec(CamelModel):
     tpot_ms: int | None = Field(default=None, ge=1)
     # The bound on a stream's gaps between tokens: not judged in goodput (TPOT is); each engine gets
     # it as --target-step-ms: its stall-free scheduler (issue #33) lets prefill fill a step up to it,
-    # the step bound being max(it, --stall-free-factor x the running decodes' own step).
+    # the step bound being max(it, --stall-free-factor x a decode step: the running decodes', or the one
+    # midway to the batch they make with the prompts waiting).
     itl_p99_ms: int | None = Field(default=None, ge=1)
 
 
