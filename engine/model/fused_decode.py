@@ -6,9 +6,10 @@ and the per-op loop runs. The call runs the per-op path's own kernels in its ord
 only takes a step where that path would run exactly those kernels: float32 on the CPU, the
 ``cpu`` attention backend, decode rows and prompt chunks (the chunks only where the backend runs
 them on the native prefill kernel, not SDPA; the last layer past its attention at the sampling rows
-only, as the per-op path prunes it), no LoRA, and every matmul on the native GEMM (weights packed ``native``), unpacked on the few-row
-kernel (at most ``SKINNY_MAX_ROWS`` rows), or for a quantised model every layer matmul on the
-native quantised kernel: ``--quantization gguf``'s :class:`QuantLinear` (any number of rows), or
+only, as the per-op path prunes it), no LoRA, and every matmul on the native GEMM (weights packed
+``native``), unpacked on the few-row kernel (at most ``SKINNY_MAX_ROWS`` rows), or for a quantised
+model every layer matmul on the native quantised kernel: ``--quantization gguf``'s
+:class:`QuantLinear` (any number of rows), or
 ``int8``'s :class:`Int8Linear` below ``ONEDNN_MIN_ROWS`` rows (from there the per-op path's
 matmuls are oneDNN's). Anything else is the per-op path's, as before.
 
@@ -19,7 +20,7 @@ a weight replaced afterwards in place of the tensor is not seen.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -133,16 +134,8 @@ def _all_operands(layers: Sequence[Any]) -> Operands | None:
     )
 
 
-def _kept_rows(sample_rows: torch.Tensor, rows: int) -> torch.Tensor | None | Literal[False]:
-    """The rows the last layer keeps, as the per-op path prunes them: None for all (as many rows
-    sample as the step has: the caller picks them from every row), the sampling rows where fewer
-    (int64, ascending), False where the C side cannot keep them in place (not ascending)."""
-    if sample_rows.shape[0] == rows:
-        return None
-    keep = sample_rows.to(torch.int64).contiguous()
-    if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
-        return False
-    return keep
+def _ascending(rows: torch.Tensor) -> bool:
+    return rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all())
 
 
 class FusedDecode:
@@ -200,8 +193,10 @@ class FusedDecode:
         decodes, prefills = backend.split(meta)
         if prefills is not None and not backend.prefills_natively(g.heads, g.kv_heads, g.head_dim):
             return None  # the per-op path runs these chunks on SDPA
-        keep = _kept_rows(sample_rows, rows)
-        if keep is False:
+        # the last layer's rows past its attention: all (the caller picks the sampling rows from every
+        # row), or fewer, kept in place by the C side (ascending)
+        keep = None if sample_rows.shape[0] == rows else sample_rows.to(torch.int64).contiguous()
+        if keep is not None and not _ascending(keep):
             return None
         return StepInputs(
             cos, sin, slots, decodes, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills, keep

@@ -2,10 +2,10 @@
 
 Where it sits: ``engine/model/fused_decode.py`` gathers a Llama model's per-layer operands into
 :class:`LayerOperands` once and calls :meth:`NativeDecodeLayers.run` from the model's forward for a
-step of decode rows and prompt chunks; the C side runs the per-op path's own kernels (this library's norm,
-matmul, RoPE, attention and SiLU*up) back to back, so its result is that path's, bit for bit,
-without Python and torch's dispatch between the ops. This module is the typed boundary: the
-structs C reads and the pointers it is given, nothing about which model or when.
+step of decode rows and prompt chunks; the C side runs the per-op path's own kernels (this
+library's norm, matmul, RoPE, attention and SiLU*up) back to back, so its result is that path's,
+bit for bit, without Python and torch's dispatch between the ops. This module is the typed
+boundary: the structs C reads and the pointers it is given, nothing about which model or when.
 """
 
 from __future__ import annotations
