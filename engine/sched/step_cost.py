@@ -161,8 +161,9 @@ class StepTimeBudget:
     average. Scaled by today's decodes alone, a burst reaching few streams (32 prompts at once, 1-6
     decoding) got 30-40-token chunks: each step paid a decode step's fixed cost for few tokens, the
     batch stayed small, served output fell to 0.77-0.80x the unbounded scheduler's (and under CPU
-    contention to 0.17x: prefill slowed, fewer streams decoded, the bound shrank); scaled by the whole
-    joined batch, steps grew past 3x the median gap (bench/results/stall_free.txt).
+    contention to 0.17x in helper branch s33b's run: prefill slowed, fewer streams decoded, the bound
+    shrank); scaled by the whole joined batch, steps grew past 3x the median gap
+    (bench/results/stall_free.txt).
     Invariant: the predicted step time stays within the bound, except for the ``min_chunk`` prefill
     tokens a step always gets, shared by its first prompts (no prefill starves while the cost model
     knows no prefill cost yet, or when the decodes alone fill the bound).

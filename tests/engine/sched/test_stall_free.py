@@ -130,18 +130,18 @@ def test_few_streams_and_many_prompts_waiting_scale_the_bound_by_the_batch_midwa
 
 
 def test_a_decode_batch_larger_than_any_seen_is_predicted_at_least_a_prefill_token_a_row() -> None:
-    """After a quiet spell of one- and two-row decodes the fit's per-row cost is unlearnt; the batch a
-    burst will make is predicted at no less than the fixed cost and a prefill token (1 ms) a row."""
+    """After a quiet spell of one-row decodes the fit cannot tell a row from the fixed cost: alone it
+    predicts 32 rows (truly 0.02 + 32 x 1 ms) at about one row's cost; the batch a burst will make is
+    predicted at no less than the fixed cost and a prefill token (1 ms) a row."""
     cost = StepCostModel()
     for i in range(60):
-        cost.observe(StepShape(0, 1 + i % 2, 300), 0.02 + 0.0015 * (1 + i % 2))
+        cost.observe(StepShape(0, 1, 300 + i), 0.0215)
         if i % 6 == 0:
-            cost.observe(StepShape(256 + i, 1, 600), 0.02 + 0.0015 + 0.001 * (256 + i))
-    fixed, per_token, _, _ = cost.coefficients()
-    assert per_token == pytest.approx(0.001, rel=0.1)
-    assert cost.predict_batch(32, 9600) >= fixed + 32 * per_token
-    assert cost.predict_batch(32, 9600) >= cost.predict(0, 32, 9600)
-    assert cost.predict_batch(1, 300) == pytest.approx(cost.predict(0, 1, 300))  # seen: the fit's own
+            cost.observe(StepShape(256 + i, 1, 600), 0.0215 + 0.001 * (256 + i))
+    assert cost.coefficients()[1] == pytest.approx(0.001, rel=0.05)
+    true_s = 0.02 + 32 * 0.001
+    assert cost.predict(0, 32, 9600) < 0.6 * true_s  # the fit alone: the burst's batch looks cheap
+    assert cost.predict_batch(32, 9600) == pytest.approx(true_s, rel=0.05)
 
 
 def test_a_target_above_the_factor_lets_prefill_fill_the_step_up_to_it() -> None:
