@@ -140,6 +140,11 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "cost model fitted to the measured steps); prefill gets the rest (default 2.5)",
     )
     e.add_argument(
+        "--no-profile-step-cost",
+        action="store_true",
+        help="stall-free: do not time synthetic steps at start (the cost model then learns from the first steps)",
+    )
+    e.add_argument(
         "--target-step-ms",
         type=float,
         default=None,
@@ -246,11 +251,7 @@ def _sim_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--sim-gpu", default="h100", help="GPU whose datasheet times the steps (h100, a100, l4, ...)"
     )
-    s.add_argument(
-        "--sim-model",
-        default=None,
-        help="model whose shape times the steps (default: --model, or llama-3-8b)",
-    )
+    s.add_argument("--sim-model", help="model whose shape times the steps (default: --model, or llama-3-8b)")
     s.add_argument(
         "--sim-speedup", type=float, default=1.0, help="run the simulated clock this many times faster"
     )
@@ -267,10 +268,7 @@ def _sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated time to load a non-resident adapter onto the device",
     )
     s.add_argument(
-        "--sim-per-context-token-us",
-        type=float,
-        default=None,
-        help="cost per token of context read (default: KV bytes)",
+        "--sim-per-context-token-us", type=float, help="cost per token of context read (default: KV bytes)"
     )
 
 
@@ -285,6 +283,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             "device": "cpu" if args.simulate else args.device,
             "enable_prefix_caching": not args.no_prefix_caching,
             "stall_free": not args.no_stall_free,
+            "profile_step_cost": not args.no_profile_step_cost,
             "prepack_weights": not args.no_prepack_weights,
             "attention_backend": args.attention,
             "lora_modules": parse_lora_modules(args.lora_modules),

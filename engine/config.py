@@ -50,6 +50,9 @@ class EngineConfig(BaseModel):
     stall_free: bool = False
     stall_free_factor: float = Field(default=2.5, gt=1.0)
     target_step_ms: float | None = Field(default=None, gt=0.0)
+    # stall-free with a model: run the real step on synthetic batches at start (2-3 s for SmolLM2 on a
+    # CPU, engine/step_profile.py), so the cost model knows prefill and decode costs before the first burst
+    profile_step_cost: bool = True
     # float32 on the CPU: keep each layer's linears packed once for a GEMM library, for steps of more
     # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
     prepack_weights: bool = True

@@ -35,6 +35,7 @@ from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.sched.scheduler import Sampled, Scheduler
 from kvfleet.engine.sched.step_cost import StepShape
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN, Sequence
+from kvfleet.engine.step_profile import profile_at_start
 
 if TYPE_CHECKING:  # the real module imports xgrammar and torch: only an engine with a model builds it
     from kvfleet.engine.structured import StructuredOutputs
@@ -104,6 +105,8 @@ class Engine:
         self._num_steps_run = 0  # steps that ran a plan, while a step time target is set
         self._host_token_requests = 0  # unfinished requests whose sampling reads earlier tokens on the host
         self._async = AsyncSteps.for_engine(self) if config.async_scheduling else None
+        if vocab_size is not None and config.plans_stall_free and config.profile_step_cost:
+            profile_at_start(self, vocab_size)  # the step cost fitted before the first burst
 
     def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
         """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
@@ -337,15 +340,11 @@ class Engine:
         """Feed the scheduler's step cost model, when stall-free plans use it: the runner's own clock
         if it keeps one (the simulator's timing model), else the wall time of the whole step (what a
         stream waits). The first step is left out: it pays the runner's one-time lazy set-up."""
-        if not self.scheduler.stall_free:
-            return
-        wall_s = time.perf_counter() - started
-        self._num_steps_run += 1
-        if self._num_steps_run == 1:
-            return
-        clock = getattr(self.runner, "last_step_seconds", None)
-        seconds = wall_s if clock is None else float(clock)
-        self.scheduler.step_cost.observe(StepShape.of(plan.scheduled), seconds)
+        wall_s, clock = time.perf_counter() - started, getattr(self.runner, "last_step_seconds", None)
+        self._num_steps_run += self.scheduler.stall_free
+        if self._num_steps_run > 1:
+            seconds = wall_s if clock is None else float(clock)
+            self.scheduler.step_cost.observe(StepShape.of(plan.scheduled), seconds)
 
     # ---- LoRA adapters (engine/lora)
     def load_lora(self, name: str, path: str) -> None:

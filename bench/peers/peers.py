@@ -188,7 +188,8 @@ def serve_cells(args: argparse.Namespace, url: str, name: str, shape: Shape, say
             wanted = sum(p.max_tokens for p in plan_requests(spec, random.Random(spec.seed)))
             ok = [r for r in result.records if r.ok]
             row = Row("serving", name, s.duration_s, s.total_prompt_tokens, s.total_output_tokens,
-                      flops(shape, ok), workload, c, pct(s.ttft), pct(s.itl), s.num_failed)  # fmt: skip
+                      flops(shape, ok), workload, c, pct(s.ttft), pct(s.itl), s.num_failed,
+                      extra={"records": result.records})  # fmt: skip
             if s.num_failed or s.total_output_tokens != wanted:
                 say(f"  WARNING {name} {workload} c={c}: {s.num_failed} failed {s.errors}, "
                     f"{s.total_output_tokens} output tokens of {wanted}")  # fmt: skip

@@ -83,6 +83,30 @@ class StepCostModel:
         self._mean_abs_residual = 0.0  # EW mean of |seconds - prediction|, clipped: the noise's scale
         self.num_observed = 0
         self.num_prefill_observed = 0
+        self._floor: tuple[tuple[int, float], ...] = ()  # (decode rows, s): measured at start, kept
+
+    def set_decode_floor(self, points: Iterable[tuple[int, float]]) -> None:
+        """Decode steps measured at start (``engine/step_profile.py``): (rows, seconds), which
+        :meth:`predict_batch` never goes under. The fit forgets; a batch the recent steps did not run
+        (a burst reaching more streams) is then predicted from this, not from a per-row cost unlearnt."""
+        floor = sorted(dict(points).items())
+        if any(rows < 1 or seconds < 0 for rows, seconds in floor):
+            raise ValueError(f"a decode floor needs rows >= 1 and seconds >= 0, got {floor}")
+        self._floor = tuple(floor)
+
+    def decode_floor(self, rows: float) -> float:
+        """The measured decode step of ``rows`` rows, piecewise linear between the points measured and
+        extended by the last segment's slope past them, flat below the first (0.0: no floor set)."""
+        pts = self._floor
+        if not pts:
+            return 0.0
+        if len(pts) == 1 or rows <= pts[0][0]:
+            return pts[0][1]
+        for (r0, s0), (r1, s1) in itertools.pairwise(pts):
+            if rows <= r1:
+                return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
+        (r0, s0), (r1, s1) = pts[-2], pts[-1]
+        return s1 + max(0.0, (s1 - s0) / (r1 - r0)) * (rows - r1)
 
     @property
     def knows_prefill(self) -> bool:
@@ -132,11 +156,12 @@ class StepCostModel:
     def predict_batch(self, decode_rows: float, context_tokens: float) -> float:
         """A decode step of ``decode_rows`` rows, at least the fixed cost and a prefill token a row: a row
         runs a token's matmuls, and more rows than the recent steps ran leave the fit's per-row cost
-        unlearnt (a burst reaching a few streams would otherwise be bounded by a batch predicted too cheap)."""
+        unlearnt (a burst reaching a few streams would otherwise be bounded by a batch predicted too cheap),
+        and at least the decode step of that many rows measured at start (:meth:`decode_floor`)."""
         fixed, _, per_row, per_context = self.coefficients()
         fitted = fixed + per_row * decode_rows + per_context * context_tokens
         per_token = self.marginal_prefill()[0] if self.knows_prefill else 0.0
-        return max(0.0, fitted, fixed + per_token * decode_rows)
+        return max(0.0, fitted, fixed + per_token * decode_rows, self.decode_floor(decode_rows))
 
     def marginal_prefill(self) -> tuple[float, float]:
         """(s per prefill token, s per context token) for sizing a chunk, both > 0: the fit's, but over

@@ -28,7 +28,7 @@ def test_the_flags_build_one_engine_config() -> None:
             "--no-prefix-caching", "--no-prepack-weights", "--weight-packing", "onednn", "--scheduling-policy", "priority", "--seed", "3",
             "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat", "--max-loras", "2",
             "--max-lora-rank", "8", "--max-cpu-loras", "4", "--structured-outputs-compile-timeout", "2.5", "-tp", "2", "--distributed-timeout-seconds", "12",
-            "--enforce-eager", "--cuda-graph-sizes", "1", "8", "32", "--async-scheduling",
+            "--enforce-eager", "--cuda-graph-sizes", "1", "8", "32", "--async-scheduling", "--no-profile-step-cost",
         )
     )  # fmt: skip
     assert config.model_dump() == {
@@ -51,6 +51,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "stall_free": True,
         "stall_free_factor": 2.5,
         "target_step_ms": 250.0,
+        "profile_step_cost": False,
         "prepack_weights": False,
         "weight_packing": "onednn",
         "enforce_eager": True,
@@ -74,7 +75,7 @@ def test_the_flags_build_one_engine_config() -> None:
 def test_stall_free_is_the_default_and_no_stall_free_plans_by_the_token_cap_alone() -> None:
     default = cli.engine_config(_args("--model", "tiny"))
     assert (default.stall_free, default.stall_free_factor, default.target_step_ms) == (True, 2.5, None)
-    assert default.plans_stall_free
+    assert default.plans_stall_free and default.profile_step_cost  # timed at start, unless told
     off = cli.engine_config(_args("--model", "tiny", "--no-stall-free"))
     assert not off.plans_stall_free
     with pytest.raises(ValueError, match="target_step_ms"):
