@@ -35,6 +35,13 @@ _SCALES = (1.0, 256.0, 32.0, 16384.0)  # fixed, prefill tokens, decode rows, con
 _HUBER_K = 3.0  # residuals past this many mean absolute residuals are down-weighted
 _EXCESS_STEPS = 8  # prefill steps over which a chunk's cost is at least the measured excess
 _RIDGE = 1e-2  # pull towards the previous fit, against the decayed evidence (sum of weights ~ 1/(1-decay))
+# Steps with prefill overrun their prediction (a neighbour's burst of CPU, the API process on the same
+# cores): chunks are sized to bound / the OVERRUN_Q quantile of actual / predicted over such steps, so
+# that quantile of them, not half, stays within the bound (the bound is on measured steps: ITL p99).
+OVERRUN_Q = 0.9
+_OVERRUN_RATE = 0.02  # the quantile's step per observation (stochastic approximation)
+_OVERRUN_MAX = 1.5  # never shrink a chunk's share of the bound by more than this
+_OVERRUN_SLACK = 1.02  # a step within 2% of bound / overrun counts as within (a fit's rounding is no overrun)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class StepCostModel:
         self.num_observed = 0
         self.num_prefill_observed = 0
         self._floor: tuple[tuple[int, float], ...] = ()  # (decode rows, s): measured at start, kept
+        self.overrun = 1.0  # the OVERRUN_Q quantile of seconds / predicted over steps with prefill
 
     def set_decode_floor(self, points: Iterable[tuple[int, float]]) -> None:
         """Decode steps measured at start (``engine/step_profile.py``): (rows, seconds), which
@@ -121,6 +129,10 @@ class StepCostModel:
 
     def observe(self, shape: StepShape, seconds: float) -> None:
         decodes_s = self.predict(0, shape.decode_rows, shape.context_tokens)
+        if shape.prefill_tokens and shape.decode_rows and self.num_prefill_observed >= _EXCESS_STEPS:
+            self._track_overrun(
+                seconds, self.predict(shape.prefill_tokens, shape.decode_rows, shape.context_tokens)
+            )
         x = _features(shape.prefill_tokens, shape.decode_rows, shape.context_tokens)
         w = self._huber_weight(sum(t * xi for t, xi in zip(self._theta, x, strict=True)), seconds)
         lam, ridge = self.decay, (1.0 - self.decay) * _RIDGE
@@ -136,6 +148,16 @@ class StepCostModel:
             old_s, old_tokens = self._excess
             excess = max(0.0, seconds - decodes_s) * w
             self._excess = (old_s + excess, old_tokens + w * shape.prefill_tokens)
+
+    def _track_overrun(self, seconds: float, predicted: float) -> None:
+        """One step of the quantile's stochastic approximation: up by RATE x q when the step overran the
+        current quantile, down by RATE x (1 - q) when not; it settles where a q share of steps are within
+        it. Only steps whose decodes wait on the prefill (mixed steps) count, once the fit knows prefill."""
+        if predicted <= 0.0:
+            return
+        above = seconds > predicted * self.overrun * _OVERRUN_SLACK
+        step = _OVERRUN_RATE * (OVERRUN_Q if above else OVERRUN_Q - 1.0)
+        self.overrun = min(_OVERRUN_MAX, max(1.0, self.overrun + step))
 
     def _huber_weight(self, predicted: float, seconds: float) -> float:
         """An observation's weight: 1 within HUBER_K mean absolute residuals (or a quarter of the
@@ -189,7 +211,9 @@ class StepTimeBudget:
     contention to 0.17x in helper branch s33b's run: prefill slowed, fewer streams decoded, the bound
     shrank); scaled by the whole joined batch, steps grew past 3x the median gap
     (bench/results/stall_free.txt).
-    Invariant: the predicted step time stays within the bound, except for the ``min_chunk`` prefill
+    The chunks fill ``bound / overrun``: the cost model's OVERRUN_Q quantile of measured over predicted
+    mixed steps, so that share of measured steps stays within the bound.
+    Invariant: the predicted step time stays within bound / overrun, except for the ``min_chunk`` prefill
     tokens a step always gets, shared by its first prompts (no prefill starves while the cost model
     knows no prefill cost yet, or when the decodes alone fill the bound).
     """
@@ -210,7 +234,7 @@ class StepTimeBudget:
             (decodes.decode_rows + full.decode_rows) / 2, (decodes.context_tokens + full.context_tokens) / 2
         )
         self.bound_s = max(target_s, factor * decode_s, factor * midway_s)
-        self.left_s = self.bound_s - decode_s
+        self.left_s = self.bound_s / cost.overrun - decode_s
         self.min_left = min_chunk  # prefill tokens this step gets whatever the prediction
 
     def chunk(self, computed: int, wanted: int) -> int:
