@@ -133,11 +133,12 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--stall-free-factor",
         type=float,
-        default=2.5,
+        default=2.0,
         metavar="K",
         help="stall-free: a step with prefill takes at most K times a decode step: the running decodes', or "
         "the one midway to the batch they make with the prompts waiting, whichever is more (predicted by a "
-        "cost model fitted to the measured steps); prefill gets the rest (default 2.5)",
+        "cost model fitted to the measured steps); prefill gets the rest, less the 0.9 quantile of the model's "
+        "overrun (default 2)",
     )
     e.add_argument(
         "--no-profile-step-cost",

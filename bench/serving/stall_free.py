@@ -13,8 +13,8 @@ pooled (every request of every run: percentiles over all gaps, tokens over the s
 the checks that close the issue are read: one run on a shared 2-core box moves ITL p99 by 0.5x p50.
 
 Contenders: ``kvfleet --no-stall-free`` (today's scheduler before #33: ``--max-num-batched-tokens``
-2048 only), ``kvfleet`` stall-free with each ``--factors`` K (``--stall-free-factor``; 2.5 is the
-default, no flag) and with K=2.5 over each ``--targets-ms`` floor (``--target-step-ms``), and vLLM
+2048 only), ``kvfleet`` stall-free with each ``--factors`` K (``--stall-free-factor``; 2 is the
+default, no flag) and with K=2 over each ``--targets-ms`` floor (``--target-step-ms``), and vLLM
 (its default chunked prefill, also a 2048-token budget). Per cell: ITL p50/p99, TTFT p99, output tokens/s,
 and the issue's checks: ITL p99 <= 3x ITL p50, output tokens/s within 10% of today's. The
 results open with the same cells on the simulated clock (``stall_free_sim.py``, noise-free).
@@ -64,7 +64,7 @@ def kvfleet_server(args: argparse.Namespace, folder: Path, mode: stall_free_sim.
 def mode_flags(mode: stall_free_sim.Mode) -> list[str]:
     if mode.factor is None:
         return ["--no-stall-free"]
-    flags = [] if mode.factor == 2.5 else ["--stall-free-factor", f"{mode.factor:g}"]
+    flags = [] if mode.factor == 2.0 else ["--stall-free-factor", f"{mode.factor:g}"]
     return flags + ([] if mode.target_ms is None else ["--target-step-ms", f"{mode.target_ms:g}"])
 
 
@@ -124,9 +124,9 @@ def pooled(runs: list[list[Row]]) -> list[Row]:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--factors", default="2.5", help="comma-separated --stall-free-factor values")
+    p.add_argument("--factors", default="2", help="comma-separated --stall-free-factor values")
     p.add_argument(
-        "--targets-ms", default="", help="comma-separated --target-step-ms floors (each with K=2.5)"
+        "--targets-ms", default="", help="comma-separated --target-step-ms floors (each with K=2)"
     )
     p.add_argument("--concurrency", default="8,32")
     p.add_argument("--workloads", default="random,shared")

@@ -53,7 +53,7 @@ class Mode(NamedTuple):
 
 def modes(factors: list[float], targets_ms: list[float]) -> list[Mode]:
     """Today's, each factor alone, the default factor with each target floor."""
-    return [Mode(None), *(Mode(k) for k in factors), *(Mode(2.5, t) for t in targets_ms)]
+    return [Mode(None), *(Mode(k) for k in factors), *(Mode(2.0, t) for t in targets_ms)]
 
 
 @dataclass
@@ -134,7 +134,7 @@ def table(schedulers: list[Mode], concurrency: list[int], per_slot: int, seed: i
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--factors", default="2,2.5,3", help="stall-free factors K (the step bound: K x decodes)")
-    p.add_argument("--targets-ms", default="300", help="target floors, each with K=2.5")
+    p.add_argument("--targets-ms", default="300", help="target floors, each with K=2 (the default)")
     p.add_argument("--concurrency", default="8,32")
     p.add_argument("--requests-per-slot", type=int, default=4, help="requests per cell = this x concurrency")
     p.add_argument("--seed", type=int, default=0)

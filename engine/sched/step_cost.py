@@ -18,6 +18,9 @@ one size (the first steps of a burst) cannot tell the fit a token from the fixed
 can. Only then: the excess charges every slowdown of a mixed step, its decodes' share included, to its
 few prefill tokens, so kept for good (as it was) it ran several times the fit's on a 2-core CPU shared
 with the API process and the clients, and starved prefill (bench/results/stall_free.txt).
+Two more things outlive the fit's forgetting: a decode floor (decode steps timed at start by
+``engine/step_profile.py``) under the predicted batch, and ``overrun``, the 0.9 quantile of measured
+over predicted mixed steps, which the chunks' share of a bound is divided by.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_the_flags_build_one_engine_config() -> None:
         "attention_backend": "triton",
         "enable_chunked_prefill": True,
         "stall_free": True,
-        "stall_free_factor": 2.5,
+        "stall_free_factor": 2.0,
         "target_step_ms": 250.0,
         "profile_step_cost": False,
         "prepack_weights": False,
@@ -74,7 +74,7 @@ def test_the_flags_build_one_engine_config() -> None:
 
 def test_stall_free_is_the_default_and_no_stall_free_plans_by_the_token_cap_alone() -> None:
     default = cli.engine_config(_args("--model", "tiny"))
-    assert (default.stall_free, default.stall_free_factor, default.target_step_ms) == (True, 2.5, None)
+    assert (default.stall_free, default.stall_free_factor, default.target_step_ms) == (True, 2.0, None)
     assert default.plans_stall_free and default.profile_step_cost  # timed at start, unless told
     off = cli.engine_config(_args("--model", "tiny", "--no-stall-free"))
     assert not off.plans_stall_free
