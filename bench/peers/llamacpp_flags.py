@@ -12,6 +12,7 @@ probe as kvfleet's own kernels: ``kvfleet.engine.kernels.native.cpu_features``).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -67,10 +68,19 @@ class Choice(NamedTuple):
         return f"-D{self.option}={'ON' if self.on else 'OFF'}"
 
 
-def isa_flags(flags: frozenset[str], amx: AmxPermission | None) -> list[Choice]:
+# llama-server 11434.0.0 built with GGML_AMX_* died with SIGILL on an AMX Xeon here (2026-12-06) with the
+# tile state granted, the permission asked by an LD_PRELOAD constructor too: gdb put it at `tilezero` in
+# tinygemm_kernel_amx<block_q8_1, block_q4_1> (Q4_1, this GGUF's type) on an OpenMP thread. Off unless asked.
+AMX_SIGILL = (
+    "llama-server's AMX Q4_1 kernel dies with SIGILL at tilezero here (KVFLEET_LLAMACPP_AMX=1 to try)"
+)
+
+
+def isa_flags(flags: frozenset[str], amx: AmxPermission | None, *, llama_amx: bool = False) -> list[Choice]:
     """ggml's instruction-set options for a CPU listing ``flags``; ``amx`` is the outcome of the AMX
     permission request (None where it was not made). Each option is ON only if the CPU has every
-    feature it compiles for; AMX also needs the permission (else SIGILL at the first tile op)."""
+    feature it compiles for; AMX also needs the permission (else SIGILL at the first tile op) and
+    ``llama_amx`` (:data:`AMX_SIGILL`: llama.cpp's own AMX kernels fail here where ours run)."""
     out = []
     for option, needs in GGML_ISA.items():
         missing = [f for f in needs if f not in flags]
@@ -85,6 +95,8 @@ def isa_flags(flags: frozenset[str], amx: AmxPermission | None) -> list[Choice]:
         elif amx is None or not amx.granted:
             why = "not requested" if amx is None else amx.reason
             out.append(Choice(option, False, f"arch_prctl(ARCH_REQ_XCOMP_PERM) refused: {why}"))
+        elif not llama_amx:
+            out.append(Choice(option, False, AMX_SIGILL))
         else:
             out.append(Choice(option, True, "cpuinfo lists it and arch_prctl granted the tile state"))
     return out
@@ -99,7 +111,7 @@ def probe() -> list[Choice]:
     """This machine's choices: /proc/cpuinfo, and the AMX permission asked only where AMX is listed."""
     flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text())
     asked = request_amx_permission() if all(f in flags for f in AMX_FLAGS) else None
-    return isa_flags(flags, asked)
+    return isa_flags(flags, asked, llama_amx=os.environ.get("KVFLEET_LLAMACPP_AMX") == "1")
 
 
 def main() -> None:

@@ -85,10 +85,20 @@ def test_amx_listed_but_refused_by_arch_prctl_stays_off_and_says_why(flags: Modu
     assert all("refused" in c.why and "errno 22" in c.why for c in amx)
 
 
-def test_amx_is_on_only_when_listed_and_granted(flags: ModuleType) -> None:
-    assert {"GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"} <= on(
-        flags, SAPPHIRE_RAPIDS, AmxPermission(True)
-    )
+def test_amx_is_on_only_when_listed_granted_and_asked_for(flags: ModuleType) -> None:
+    amx = {"GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"}
+    assert amx <= {
+        c.option for c in flags.isa_flags(SAPPHIRE_RAPIDS, AmxPermission(True), llama_amx=True) if c.on
+    }
+    assert not amx & {c.option for c in flags.isa_flags(ZEN4, AmxPermission(True), llama_amx=True) if c.on}
+
+
+def test_amx_granted_stays_off_by_default_and_says_llama_cpp_dies_with_sigill(flags: ModuleType) -> None:
+    choices = [
+        c for c in flags.isa_flags(SAPPHIRE_RAPIDS, AmxPermission(True)) if c.option.startswith("GGML_AMX")
+    ]
+    assert choices and not any(c.on for c in choices)
+    assert all("SIGILL" in c.why for c in choices)
 
 
 def test_the_cmake_line_never_asks_for_a_native_build_and_names_every_isa_option(flags: ModuleType) -> None:

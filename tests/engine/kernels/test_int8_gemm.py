@@ -60,6 +60,8 @@ def test_every_path_here_takes_the_same_integer_dots_as_the_portable_one() -> No
     portable = native(x, w, path="portable")
     for path in native.paths:
         torch.testing.assert_close(native(x, w, path=path), portable, rtol=1e-6, atol=1e-6)
+        for row in (2, 3):  # one row alone: VNNI's 16-weight-row pass (40 = 16 + 16 + 8 rows)
+            torch.testing.assert_close(native(x[row : row + 1], w, path=path), portable[row : row + 1])
 
 
 def test_the_chosen_path_is_the_fastest_this_cpu_offers_and_a_missing_one_is_refused() -> None:

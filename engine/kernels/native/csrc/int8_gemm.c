@@ -12,8 +12,9 @@
  * Q8_0 row carries an f16 scale per 32 values (34 bytes per 32: 6% more than 1 byte per weight,
  * and an f16 scale underflows for tiny rows), while here a row is k bytes and one float.
  *
- * Paths: 0 portable C, 1 AVX2 (above), 2 AVX-512 VNNI (int8_vnni.c: dpbusd on the activations
- * offset to unsigned, the offset taken off exactly), chosen once by int8_gemm.py.
+ * Paths: 0 portable C, 1 AVX2 (above), 2 AVX-512 VNNI (int8_vnni.c: dpbusd on the weights made
+ * unsigned in register, 128 x each activation row's byte sum taken off exactly; one activation row
+ * runs 16 weight rows a pass), chosen once by int8_gemm.py.
  *
  * Invariant: every path computes the same integer dots; the results differ only in the order of
  * two float multiplies. Each (r, j) is written by one thread; threads own tiles of
@@ -32,7 +33,9 @@
 #define MB 4
 #define JT 16
 
-void int8_dots_vnni(const int8_t *w, int nj, const uint8_t *qu, int64_t k, int mb, int32_t *d);
+void int8_dots_vnni(const int8_t *w, int nj, const int8_t *q, const int32_t *qsum, int64_t k, int mb,
+                    int32_t *d);
+void int8_row16_vnni(const int8_t *w, int nj, const int8_t *q, int32_t qsum, int64_t k, int32_t *d);
 int int8_vnni_built(void);
 
 static int32_t dot_c(const int8_t *a, const int8_t *b, int64_t k) {
@@ -80,16 +83,25 @@ static void quantize_tokens(const float *x, int64_t m, int64_t k, int8_t *q, flo
     }
 }
 
-/* q: the activations' int8; qu: the same + 128 as unsigned bytes (the VNNI path's, else NULL). */
-static void tile(const int8_t *q, const uint8_t *qu, const float *dx, int64_t m, int64_t k, const int8_t *w,
+/* q: the activations' int8; qsum: each row's byte sum (the VNNI path's, else NULL). */
+static void tile(const int8_t *q, const int32_t *qsum, const float *dx, int64_t m, int64_t k, const int8_t *w,
                  const float *scale, const float *bias, float *out, int64_t n, int64_t j0, int64_t j1, int path) {
-    int32_t d[MB], dv[4 * MB];
+    int32_t d[MB], dv[4 * MB], d16[16];
     for (int64_t r0 = 0; r0 < m; r0 += MB) {
         const int mb = m - r0 < MB ? (int)(m - r0) : MB;
+        if (path == 2 && mb == 1) { /* one activation row: 16 weight rows per pass, summed across at once */
+            for (int64_t j = j0; j < j1; j += 16) {
+                const int nj = j1 - j < 16 ? (int)(j1 - j) : 16;
+                int8_row16_vnni(w + j * k, nj, q + r0 * k, qsum[r0], k, d16);
+                for (int i = 0; i < nj; i++)
+                    out[r0 * n + j + i] = (float)d16[i] * (dx[r0] * scale[j + i]) + (bias ? bias[j + i] : 0.0f);
+            }
+            continue;
+        }
         if (path == 2) { /* 4 weight rows at a time: each chunk loaded once for 16 dots */
             for (int64_t j = j0; j < j1; j += 4) {
                 const int nj = j1 - j < 4 ? (int)(j1 - j) : 4;
-                int8_dots_vnni(w + j * k, nj, qu + r0 * k, k, mb, dv);
+                int8_dots_vnni(w + j * k, nj, q + r0 * k, qsum + r0, k, mb, dv);
                 for (int i = 0; i < nj; i++)
                     for (int r = 0; r < mb; r++)
                         out[(r0 + r) * n + j + i] =
@@ -128,24 +140,28 @@ int int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n
     if (path < 0 || path > 2 || !(int8_paths() & (1 << path))) return -4;
     if (num_threads < 1) num_threads = 1;
     int8_t *q = malloc((size_t)(m * k) + 1);
-    uint8_t *qu = path == 2 ? malloc((size_t)(m * k) + 1) : NULL;
+    int32_t *qsum = path == 2 ? malloc((size_t)m * sizeof(int32_t) + 1) : NULL;
     float *dx = malloc((size_t)m * sizeof(float) + 1);
     int rc = 0;
-    if (q == NULL || dx == NULL || (path == 2 && qu == NULL)) {
+    if (q == NULL || dx == NULL || (path == 2 && qsum == NULL)) {
         rc = -3;
     } else {
         quantize_tokens(x, m, k, q, dx, num_threads);
-        if (qu != NULL)
-            for (int64_t i = 0; i < m * k; i++) qu[i] = (uint8_t)q[i] ^ 0x80u;
+        if (qsum != NULL)
+            for (int64_t r = 0; r < m; r++) {
+                int32_t sum = 0;
+                for (int64_t l = 0; l < k; l++) sum += q[r * k + l];
+                qsum[r] = sum;
+            }
         const int64_t tiles = (n + JT - 1) / JT;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1)
         for (int64_t p = 0; p < tiles; p++) {
             const int64_t j1 = (p + 1) * JT < n ? (p + 1) * JT : n;
-            tile(q, qu, dx, m, k, w, scale, bias, out, n, p * JT, j1, path);
+            tile(q, qsum, dx, m, k, w, scale, bias, out, n, p * JT, j1, path);
         }
     }
     free(q);
-    free(qu);
+    free(qsum);
     free(dx);
     return rc;
 }
