@@ -12,7 +12,8 @@ than the native kernel: 2-10x at 16-256 rows in a probe here), on the same per-t
 activations; below it the native kernel: a decode step's rows, which the one-call decode takes
 without the ten or so torch ops a oneDNN matmul costs around it. The threshold is a judgement from
 loaded probes (at 4 rows the per-op oneDNN step measured 27.9 ms, slower than float32's 22.9 ms), not
-tuned on a quiet box; quiet, the one-call int8 step took 13.6 / 16.8 / 25.1 ms at 1 / 4 / 8 rows.
+tuned on a quiet box; quiet, the one-call int8 step took 13.6 / 16.8 / 25.1 ms at 1 / 4 / 8 rows on an
+AMD EPYC, and 8.7 / 15.2 / 22.8 ms on an Intel Xeon with the reworked VNNI kernel (bench/results/quant_speed.txt).
 Both take the same exact int32 dots; the float scaling differs only in rounding order.
 """
 
