@@ -125,9 +125,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--factors", default="2", help="comma-separated --stall-free-factor values")
-    p.add_argument(
-        "--targets-ms", default="", help="comma-separated --target-step-ms floors (each with K=2)"
-    )
+    p.add_argument("--targets-ms", default="", help="comma-separated --target-step-ms floors (each with K=2)")
     p.add_argument("--concurrency", default="8,32")
     p.add_argument("--workloads", default="random,shared")
     p.add_argument("--rounds", type=int, default=1, help="requests per cell = rounds x concurrency ...")
