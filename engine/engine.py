@@ -106,7 +106,7 @@ class Engine:
         self._host_token_requests = 0  # unfinished requests whose sampling reads earlier tokens on the host
         self._async = AsyncSteps.for_engine(self) if config.async_scheduling else None
         if vocab_size is not None and config.plans_stall_free and config.profile_step_cost:
-            profile_at_start(self, vocab_size)  # the step cost fitted before the first burst
+            profile_at_start(self.runner, self.kv, self.scheduler, self.max_model_len, vocab_size)
 
     def _structured_outputs(self, vocab_size: int) -> StructuredOutputs:
         """The grammar machinery, handed to the runner too (it masks the logits of constrained rows)."""
@@ -337,11 +337,12 @@ class Engine:
         return self._host_token_requests > 0
 
     def observe(self, plan: SchedulerPlan, started: float) -> None:
-        """Feed the scheduler's step cost model, when stall-free plans use it: the runner's own clock
-        if it keeps one (the simulator's timing model), else the wall time of the whole step (what a
-        stream waits). The first step is left out: it pays the runner's one-time lazy set-up."""
+        """Feed the stall-free cost model the step's seconds: the runner's clock if it keeps one (the simulator's),
+        else the whole step's wall time (what a stream waits); not the first step (the runner's lazy set-up)."""
+        if not self.scheduler.stall_free:
+            return
         wall_s, clock = time.perf_counter() - started, getattr(self.runner, "last_step_seconds", None)
-        self._num_steps_run += self.scheduler.stall_free
+        self._num_steps_run += 1
         if self._num_steps_run > 1:
             seconds = wall_s if clock is None else float(clock)
             self.scheduler.step_cost.observe(StepShape.of(plan.scheduled), seconds)

@@ -22,12 +22,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from kvfleet.engine.interfaces import Runner
 from kvfleet.engine.kv.block_pool import BlockPool
+from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
+from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sched.step_cost import StepCostModel, StepShape
 from kvfleet.engine.sequence import Sequence
 
@@ -42,44 +44,23 @@ WARMUP_STEPS = 3  # 1-row steps first, unmeasured (lazy set-up, caches)
 TIME_BUDGET_S = 3.0  # no new shape starts past this
 
 
-class _Engine(Protocol):  # what profile_at_start reads of an Engine (no import circle)
-    runner: Runner
-    max_model_len: int
-
-    @property
-    def kv(self) -> _KV: ...
-
-    @property
-    def scheduler(self) -> _Sched: ...
-
-
-class _KV(Protocol):
-    pool: BlockPool
-    block_size: int
-
-
-class _Sched(Protocol):
-    step_cost: StepCostModel
-    max_num_seqs: int
-    max_num_batched_tokens: int
-
-
 class Profile(NamedTuple):
     steps: int  # steps run and fed to the fit, warm-up left out
     seconds: float
     decode_floor: tuple[tuple[int, float], ...]  # (rows, median s)
 
 
-def profile_at_start(engine: _Engine, vocab_size: int) -> Profile | None:
-    """Profile the engine's runner into its scheduler's cost model; logs and returns what it ran."""
-    sched = engine.scheduler
+def profile_at_start(
+    runner: Runner, kv: KVCacheManager, scheduler: Scheduler, max_model_len: int, vocab_size: int
+) -> Profile | None:
+    """Profile ``runner`` into ``scheduler``'s cost model; logs and returns what it ran."""
     profile = profile_step_cost(
-        engine.runner,
-        engine.kv.pool,
-        engine.kv.block_size,
-        sched.step_cost,
-        max_rows=sched.max_num_seqs,
-        max_tokens=min(sched.max_num_batched_tokens, engine.max_model_len),
+        runner,
+        kv.pool,
+        kv.block_size,
+        scheduler.step_cost,
+        max_rows=scheduler.max_num_seqs,
+        max_tokens=min(scheduler.max_num_batched_tokens, max_model_len),
         vocab_size=vocab_size,
     )
     if profile is None:
