@@ -77,6 +77,17 @@ def test_helm_lints_the_chart_without_warnings() -> None:
     assert [m for m in result["messages"] if m["severity"] > 1] == []
 
 
+# The PrometheusRule renders by default only where the cluster serves its CRD (`auto`): Helm's SDK
+# renders without a cluster, so the tests of the rule turn it on.
+RULE_ON = {"monitoring": {"prometheusRule": {"enabled": True}}}
+
+
+def test_the_prometheusrule_renders_only_where_the_cluster_serves_it_unless_forced() -> None:
+    assert by_kind(render(), "PrometheusRule") == []
+    assert len(by_kind(render(RULE_ON), "PrometheusRule")) == 1
+    assert by_kind(render({"monitoring": {"prometheusRule": {"enabled": False}}}), "PrometheusRule") == []
+
+
 def test_the_charts_crds_are_byte_identical_to_crds() -> None:
     ours = {p.name: p.read_bytes() for p in sorted(CRD_DIR.glob("*.yaml"))}
     charts = {p.name: p.read_bytes() for p in sorted((CHART / "crds").glob("*.yaml"))}
@@ -85,7 +96,7 @@ def test_the_charts_crds_are_byte_identical_to_crds() -> None:
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["all-namespaces", "two-namespaces"])
 def test_every_rendered_object_is_valid_kubernetes(values: dict[str, Any]) -> None:
-    docs = render(values)
+    docs = render(values | RULE_ON)
     crds = load_crds()
     for doc in docs:
         if doc["kind"] in CUSTOM_KINDS - {"PrometheusRule"}:
@@ -207,7 +218,7 @@ def test_each_dashboard_is_shipped_as_a_grafana_configmap() -> None:
 
 
 def test_promtool_accepts_the_rules_as_shipped_and_as_rendered(tmp_path: Path) -> None:
-    (rule,) = by_kind(render(), "PrometheusRule")
+    (rule,) = by_kind(render(RULE_ON), "PrometheusRule")
     rendered = tmp_path / "rendered.yaml"
     rendered.write_text(json.dumps(rule["spec"]))
     out = subprocess.run(
