@@ -29,6 +29,7 @@ class Service:
     autoscaling: AutoscalingSpec | None = None
     shared_prefix_cache: bool | None = None  # spec.routing.sharedPrefixCache; None: the router's flag
     engine_kind: str | None = None  # spec.engine.kind; None: kvfleet
+    replicas: int | None = None  # spec.replicas: engines are expected (a rollout's gap is waited out)
 
     @property
     def key(self) -> str:

@@ -157,6 +157,7 @@ def service_of(obj: dict[str, Any]) -> Service | None:
         autoscaling=auto,
         shared_prefix_cache=shared if isinstance(shared, bool) else None,
         engine_kind=kind,
+        replicas=spec["replicas"] if isinstance(spec.get("replicas"), int) else None,
     )
 
 

@@ -130,7 +130,9 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, namespace)
     kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
-    can_appear = service is not None and service.autoscaling is not None
+    # engines can appear when the autoscaler may add them, or when the InferenceService wants some:
+    # between a rollout's old pod leaving and its new one being seen ready, a request waits
+    can_appear = service is not None and (service.autoscaling is not None or (service.replicas or 0) > 0)
     cold = not fleet.ready_engines(model)
     if cold:
         if not can_appear:

@@ -208,3 +208,46 @@ async def test_scale_from_zero_holds_the_request_until_an_engine_is_ready(kmock,
             assert response.status_code == 200
             scale_writes = [r for r in list(kmock) if r.subresource == "scale" and r.method == "PATCH"]
             assert [r.data for r in scale_writes] == [{"spec": {"replicas": 1}}]
+
+
+async def test_a_rollouts_gap_holds_the_request_until_the_new_engine_is_ready(kmock, kubeconfig) -> None:
+    """No autoscaling, replicas 1, and for a moment no ready pod (the old one deleting, the new one
+    not yet seen ready): the request waits for the new engine instead of a 503."""
+    engine = FakeEngine()
+    async with served(engine.app(), free_port()) as engine_url:
+        port = int(engine_url.rsplit(":", 1)[1])
+        async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/")) as api:
+            (await api.post(ISVC, json=isvc("chat", 1))).raise_for_status()
+            (await api.post(SECRETS, json=secret("alice-key", "sk-alice-0123456789"))).raise_for_status()
+            (await api.post(TQ, json=quota("alice", "alice-key"))).raise_for_status()
+        async with kube_router(kmock) as (url, state, api):
+            await until(lambda: state.fleet.service_for("tiny") is not None, "the service seen")
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                held = asyncio.create_task(
+                    http.post(
+                        "/v1/completions",
+                        json={"model": "tiny", "prompt": "x"},
+                        headers={"Authorization": "Bearer sk-alice-0123456789"},
+                    )
+                )
+                await until(lambda: state.waiting("tiny") == 1, "the request queued")
+                assert not held.done()
+                (await api.post(PODS, json=pod("chat-1", "chat", port))).raise_for_status()
+                response = await held
+            assert response.status_code == 200
+
+
+async def test_a_model_whose_service_wants_no_replica_is_refused_at_once(kmock, kubeconfig) -> None:
+    async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/")) as api:
+        (await api.post(ISVC, json=isvc("chat", 0))).raise_for_status()
+        (await api.post(SECRETS, json=secret("alice-key", "sk-alice-0123456789"))).raise_for_status()
+        (await api.post(TQ, json=quota("alice", "alice-key"))).raise_for_status()
+    async with kube_router(kmock) as (url, state, _):
+        await until(lambda: state.fleet.service_for("tiny") is not None, "the service seen")
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            refused = await http.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": "x"},
+                headers={"Authorization": "Bearer sk-alice-0123456789"},
+            )
+    assert refused.status_code in (404, 503), refused.text
