@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint import-tree typecheck contracts pytest system-deps venv clean
+.PHONY: run test lint import-tree typecheck contracts pytest system-deps venv clean cluster-up cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,12 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 venv: $(STAMP)
 
 # Debian packages the tests drive for real: redis-server (router state), prometheus (promtool for the rules),
-# gcc (the engine's native CPU decode kernel is compiled on first use).
+# gcc (the engine's native CPU decode kernel is compiled on first use; the process node's bind shim),
+# openssl (the local cluster's CA and certificates).
 system-deps:
-	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null || ! command -v cc >/dev/null; then \
+	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null || ! command -v cc >/dev/null || ! command -v openssl >/dev/null; then \
 	  if command -v apt-get >/dev/null; then \
-	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus gcc libc6-dev >/dev/null; \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server prometheus gcc libc6-dev openssl >/dev/null; \
 	  else echo "install redis-server, promtool (prometheus) and gcc yourself"; fi; \
 	fi
 
@@ -53,6 +54,16 @@ pytest: $(STAMP) system-deps
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test: lint typecheck contracts pytest
+
+# A local Kubernetes cluster with kvfleet installed (docs/cluster.md): etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, kwok and helm built once from their Go modules
+# (cached by version in ~/.cache/kvfleet/k8s), a process node whose pods are local processes,
+# `kubectl apply --server-side -f crds/` and `helm install`. The last line printed is KUBECONFIG=PATH.
+cluster-up: $(STAMP) system-deps
+	$(BIN)/python -m kvfleet.cluster up
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m kvfleet.cluster down
 
 clean:
 	rm -rf $(VENV) build *.egg-info

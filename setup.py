@@ -24,6 +24,9 @@ for name, path in PARTS.items():
     packages.extend(f"{name}.{sub}" for sub in find_packages(path, exclude=EXCLUDED.get(name, ())))
 
 # The native CPU decode kernel ships as C source and is compiled on the user's machine at first use.
-PACKAGE_DATA = {"kvfleet.engine.kernels.native": ["csrc/*.c", "csrc/*.h"]}
+PACKAGE_DATA = {
+    "kvfleet.engine.kernels.native": ["csrc/*.c", "csrc/*.h"],
+    "kvfleet.cluster": ["build.sh", "kwok-stages.yaml", "*.c"],
+}
 
 setup(packages=packages, package_dir=dict(PARTS), package_data=PACKAGE_DATA, include_package_data=True)

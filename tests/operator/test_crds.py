@@ -12,20 +12,21 @@ import pytest
 import yaml
 
 from kvfleet.operator.spec import SpecError, parse_inferenceservice, parse_tenantquota
-from kvfleet.operator.testing.cluster import manifest
+from kvfleet.operator.testing.crd_cases import (
+    ADMITTED_ADAPTER_URIS,
+    ADMITTED_MODEL_URIS,
+    REFUSED_ISVC_CEL,
+    REFUSED_ISVC_SCHEMA,
+    REFUSED_MODEL_URIS,
+    REFUSED_TQ,
+    isvc,
+    tq,
+)
 from kvfleet.operator.testing.crdschema import CRD_DIR, ROOT, admit, apply_defaults, load_crds, schema_of
 
 CRDS = load_crds()
 K8S = "1.35"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-
-
-def isvc(**spec: Any) -> dict[str, Any]:
-    return manifest("InferenceService", "m", {"model": {"name": "m", "uri": "file:///w"}} | spec)
-
-
-def tq(**spec: Any) -> dict[str, Any]:
-    return manifest("TenantQuota", "t", {"tenant": "t", "apiKeySecretRef": {"name": "s"}} | spec)
 
 
 @pytest.mark.parametrize("path", sorted(CRD_DIR.glob("*.yaml")), ids=lambda p: p.name)
@@ -66,36 +67,7 @@ def test_every_example_manifest_is_admitted(path: Path) -> None:
     assert docs
 
 
-REFUSED_ISVC = [
-    (
-        isvc(model={"name": "m", "uri": "s3://bucket/w"}),
-        "uri must be pvc://CLAIM[/PATH], hf://ORG/NAME[/FILE.gguf][@REVISION] or file:///ABSOLUTE/PATH",
-    ),
-    (isvc(autoscaling={"minReplicas": 5, "maxReplicas": 2}), "minReplicas must be <= maxReplicas"),
-    (isvc(autoscaling={"minReplicas": 0, "maxReplicas": 2}), "minReplicas 0 needs scaleToZero: true"),
-    (isvc(engine={"gpuMemoryUtilization": 1.5}), "gpuMemoryUtilization must be in (0, 1]"),
-    (
-        isvc(engine={"maxNumSeqs": 512, "maxNumBatchedTokens": 256}),
-        "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence needs a token each step)",
-    ),
-    (isvc(resources={"gpus": 0, "gpuType": "h100"}), "gpuType needs gpus > 0"),
-    (
-        isvc(adapters=[{"name": "a", "uri": "s3://bucket/a"}]),
-        "adapter uri must be pvc://CLAIM[/PATH], hf://ORG/NAME[/SUBFOLDER][@REVISION] or file:///ABSOLUTE/PATH",
-    ),
-    (
-        isvc(adapters=[{"name": "a", "uri": "file:///a"}, {"name": "a", "uri": "file:///b"}]),
-        "adapter names must be unique",
-    ),
-    (
-        isvc(adapters=[{"name": "m", "uri": "file:///a"}]),
-        "an adapter may not take the model's name (clients tell them apart by it)",
-    ),
-    (
-        isvc(engine={"kind": "vllm", "quantization": "int8"}),
-        "quantization: int8 is kvfleet's CPU format; kind vllm takes fp8 or gguf",
-    ),
-]
+REFUSED_ISVC = [(case.obj, case.message) for case in REFUSED_ISVC_CEL]
 
 
 @pytest.mark.parametrize(("obj", "message"), REFUSED_ISVC, ids=[m for _, m in REFUSED_ISVC])
@@ -104,27 +76,17 @@ def test_the_cel_rules_refuse_impossible_inferenceservices(obj: dict[str, Any], 
     assert len(errors) == 1 and errors[0].endswith(message)
 
 
-@pytest.mark.parametrize(
-    "uri",
-    [
-        "hf://org/repo/model.Q4_1.gguf",
-        "hf://org/repo/q/model.gguf@main",
-        "pvc://claim/dir/model.gguf",
-        "hf://org/repo",
-    ],
-)
+@pytest.mark.parametrize("uri", ADMITTED_MODEL_URIS)
 def test_the_model_uri_rule_admits_folders_and_gguf_files(uri: str) -> None:
     assert admit(CRDS["inferenceservices"], isvc(model={"name": "m", "uri": uri}))[1] == []
 
 
-@pytest.mark.parametrize(
-    "uri", ["pvc://loras/sql", "hf://org/repo", "hf://org/repo/sub/dir@main", "file:///a"]
-)
+@pytest.mark.parametrize("uri", ADMITTED_ADAPTER_URIS)
 def test_the_adapter_uri_rule_admits_claims_repos_subfolders_and_paths(uri: str) -> None:
     assert admit(CRDS["inferenceservices"], isvc(adapters=[{"name": "a", "uri": uri}]))[1] == []
 
 
-@pytest.mark.parametrize("uri", ["hf://org/repo/model.bin", "hf://org/repo/dir/"])
+@pytest.mark.parametrize("uri", REFUSED_MODEL_URIS)
 def test_the_model_uri_rule_refuses_an_hf_file_that_is_not_gguf(uri: str) -> None:
     assert admit(CRDS["inferenceservices"], isvc(model={"name": "m", "uri": uri}))[1] != []
 
@@ -136,43 +98,13 @@ def test_the_operator_refuses_the_same_inferenceservices_naming_the_field(obj: d
     assert err.value.field.startswith("spec.")
 
 
-@pytest.mark.parametrize(
-    ("obj", "message"),
-    [
-        (isvc(engine={"blockSize": 12}), ".spec.engine.blockSize: 12 is not one of [8, 16, 32, 64, 128]"),
-        (isvc(replicas=-1), ".spec.replicas: -1 is less than the minimum of 0"),
-        (isvc(engine={"maxLoras": 0}), ".spec.engine.maxLoras: 0 is less than the minimum of 1"),
-        (
-            isvc(adapters=[{"name": "a b", "uri": "file:///a"}]),
-            "does not match '^[A-Za-z0-9][-A-Za-z0-9_.]*$'",
-        ),
-        (isvc(modle={"name": "x"}), "unknown field '.spec.modle'"),
-        (
-            {**isvc(), "metadata": {"name": "Llama_3"}},
-            "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("obj", "message"), [(c.obj, c.message) for c in REFUSED_ISVC_SCHEMA])
 def test_the_schema_refuses_out_of_range_and_unknown_fields(obj: dict[str, Any], message: str) -> None:
     _, errors = admit(CRDS["inferenceservices"], obj)
     assert errors == [message] or errors[0].endswith(message)
 
 
-@pytest.mark.parametrize(
-    ("obj", "message"),
-    [
-        (
-            tq(limits={"tokensPerMinute": 1000, "maxTokensPerRequest": 4000}),
-            "maxTokensPerRequest must be <= tokensPerMinute (such a request could never be admitted)",
-        ),
-        (
-            tq(limits={"requestsPerMinute": 0}),
-            ".spec.limits.requestsPerMinute: 0 is less than the minimum of 1",
-        ),
-        (tq(weight=0), ".spec.weight: 0 is less than the minimum of 1"),
-        ({**tq(), "spec": {"tenant": "t"}}, "<root>: 'apiKeySecretRef' is a required property"),
-    ],
-)
+@pytest.mark.parametrize(("obj", "message"), [(c.obj, c.message) for c in REFUSED_TQ])
 def test_tenantquotas_with_bad_limits_are_refused(obj: dict[str, Any], message: str) -> None:
     _, errors = admit(CRDS["tenantquotas"], obj)
     assert errors and errors[0].endswith(message.replace("<root>", ".spec"))
