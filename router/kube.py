@@ -234,7 +234,8 @@ class KubernetesScaler:
 
     async def current_replicas(self, service: Service) -> int:
         scale = (await self.http.get(self._scale(service))).raise_for_status().json()
-        return int((scale.get("spec") or {}).get("replicas", 1))
+        # autoscaling/v1 Scale omits spec.replicas when it is 0 (omitempty): a real API server sends {}
+        return int((scale.get("spec") or {}).get("replicas", 0))
 
     async def set_replicas(self, service: Service, replicas: int) -> None:
         body = json.dumps({"spec": {"replicas": replicas}})

@@ -15,6 +15,8 @@ import yaml
 
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig
+from kvfleet.router.discovery import Service
+from kvfleet.router.kube import KubernetesScaler
 from kvfleet.testing.processes import free_port
 
 from .fakes import FakeEngine, served
@@ -251,3 +253,16 @@ async def test_a_model_whose_service_wants_no_replica_is_refused_at_once(kmock, 
                 headers={"Authorization": "Bearer sk-alice-0123456789"},
             )
     assert refused.status_code in (404, 503), refused.text
+
+
+@pytest.mark.parametrize(("spec", "replicas"), [({}, 0), ({"replicas": 0}, 0), ({"replicas": 3}, 3)])
+async def test_the_scale_subresource_without_replicas_means_zero(spec: dict[str, Any], replicas: int) -> None:
+    """A real API server omits spec.replicas of an autoscaling/v1 Scale at 0 (omitempty): read as 1,
+    the autoscaler never scaled a service back from zero (found on the real control plane)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path.endswith("/inferenceservices/chat/scale")
+        return httpx.Response(200, json={"kind": "Scale", "apiVersion": "autoscaling/v1", "spec": spec})
+
+    async with httpx.AsyncClient(base_url="http://api", transport=httpx.MockTransport(answer)) as http:
+        assert await KubernetesScaler(http).current_replicas(Service(name="chat", model="tiny")) == replicas
