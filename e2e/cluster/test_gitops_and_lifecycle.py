@@ -1,7 +1,7 @@
 """GitOps and lifecycle on the real control plane, judged by the API server's audit log and the real
 controllers: re-applying unchanged manifests makes the operator write nothing; one field changed
 rolls the engines under load without losing a request; ``kubectl scale`` and the autoscaler move
-replicas through ``/scale``; delete leaves no child (the
+replicas through ``/scale``; scale to zero and back holds the request; delete leaves no child (the
 real garbage collector follows ownerReferences) and no stuck finalizer; the operator killed
 mid-reconcile converges after its restart, and of its two replicas one is active."""
 
@@ -131,6 +131,36 @@ def test_kubectl_scale_moves_replicas_through_the_scale_subresource(tiny: local.
     assert scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
     tiny.kubectl("scale", "kis", "tiny", "-n", "default", "--replicas=1")
     eventually(lambda: converged(tiny, "tiny", 1), 240, "back to one engine")
+
+
+def test_scale_to_zero_and_back_holds_the_request(tiny: local.Cluster, audit: auditlog.AuditLog) -> None:
+    installed = tiny  # its tenant's key
+    manifest = local.load_yaml(TINY)
+    manifest["metadata"]["name"] = "zero"
+    manifest["spec"]["model"]["name"] = "zero"
+    manifest["spec"]["autoscaling"] = {
+        "minReplicas": 0, "maxReplicas": 1, "scaleToZero": True, "scaleDownStabilizationSeconds": 5,
+    }  # fmt: skip
+    installed.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    try:
+        eventually(
+            lambda: (isvc(installed, "zero") or {}).get("spec", {}).get("replicas") == 0, 180, "scaled to 0"
+        )
+        eventually(
+            lambda: not items(installed, "pods", "-n", "default", "-l", "kvfleet.dev/inferenceservice=zero"),
+            120,
+            "no engine pod",
+        )
+        start = audit.offset()
+        client = openai.OpenAI(
+            base_url=router_url(installed) + "/v1", api_key=KEY, max_retries=0, timeout=240
+        )
+        done = client.completions.create(model="zero", prompt="wake up", max_tokens=4, temperature=0)
+        assert done.usage and done.usage.completion_tokens > 0
+        scaled = [e for e in audit.events(start) if e.resource == "inferenceservices/scale" and e.is_write]
+        assert scaled and scaled[0].user == auditlog.service_account(local.NAMESPACE, "kvfleet-router")
+    finally:
+        installed.kubectl("delete", "kis", "zero", "-n", "default", "--wait=false")
 
 
 def test_delete_leaves_no_child_and_no_finalizer_behind(installed: local.Cluster) -> None:
