@@ -17,6 +17,7 @@ from .conftest import (
     KEY,
     OPERATOR_SA,
     ROUTER_SA,
+    TINY,
     condition,
     eventually,
     get,
@@ -117,3 +118,14 @@ def test_the_charts_rbac_grants_every_call_kvfleet_makes(
 def test_engine_pods_have_their_own_addresses_and_answer_on_them(tiny: local.Cluster) -> None:
     ips = ready_pod_ips(tiny, "default", "kvfleet.dev/inferenceservice=tiny")
     assert len(ips) == 1 and ips[0].startswith("127.") and ips[0] != "127.0.0.1"
+
+
+def test_the_readmes_quick_start_is_what_this_cluster_was_installed_with() -> None:
+    readme = (local.REPO / "README.md").read_text()
+    block = readme.split("### Kubernetes quick start", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].split() for line in block.strip().splitlines()]
+    assert commands[:3] == [
+        list(local.INSTALL_CRDS),
+        list(local.INSTALL_CHART),
+        ["kubectl", "apply", "-f", str(TINY.relative_to(local.REPO))],
+    ]

@@ -77,6 +77,7 @@ class Cluster:
             capture_output=True,
             text=True,
             env=self.env(),
+            cwd=REPO,  # the README's commands name crds/, charts/ and examples/ from the repository root
             timeout=timeout,
             check=False,
         )
@@ -165,14 +166,25 @@ def gpu_node(name: str, gpus: int = 8) -> dict[str, object]:
     }
 
 
+# The README's "Kubernetes quick start", word for word (e2e/cluster checks the README against it).
+INSTALL_CRDS = ("kubectl", "apply", "--server-side", "-f", "crds/")
+INSTALL_CHART = (
+    "helm",
+    "install",
+    RELEASE,
+    "charts/kvfleet",
+    "-n",
+    NAMESPACE,
+    "--create-namespace",
+    "--wait",
+)
+
+
 def install_kvfleet(cluster: Cluster, extra: Sequence[str] = ()) -> None:
     """What the README's Kubernetes quick start runs: the CRDs server-side, then the chart."""
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    cluster.kubectl(*INSTALL_CRDS[1:])
     cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-    cluster.helm(
-        "install", RELEASE, str(REPO / "charts" / "kvfleet"), "--namespace", NAMESPACE, "--create-namespace",
-        "--wait", "--timeout", "5m", *extra,
-    )  # fmt: skip
+    cluster.helm(*INSTALL_CHART[1:], "--timeout", "5m", *extra)
 
 
 def up(state: Path, *, models: Sequence[str] = DEFAULT_MODELS, install: bool = True) -> Cluster:

@@ -7,7 +7,6 @@ binaries, kwok and the process node through :meth:`Proc.start`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import processes
 
 
 @dataclass
@@ -33,11 +34,7 @@ class Proc:
     def start(cls, name: str, argv: list[str], logs: Path, env: Mapping[str, str] | None = None) -> Proc:
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=dict(env) if env is not None else None,
-            )  # fmt: skip
+        popen = processes.start(argv, dict(os.environ if env is None else env), os.getcwd(), str(log))
         return cls(name, popen, log)
 
     def alive(self) -> bool:
@@ -53,21 +50,16 @@ class Proc:
         """TERM the process group, KILL it after ``grace`` seconds."""
         if not self.alive():
             return
-        _signal_group(self.pid, signal.SIGTERM)
+        processes.signal_group(self.popen, signal.SIGTERM)
         try:
             self.popen.wait(grace)
         except subprocess.TimeoutExpired:
-            _signal_group(self.pid, signal.SIGKILL)
+            processes.signal_group(self.popen, signal.SIGKILL)
             self.popen.wait(10)
 
     def detach(self) -> None:
         """Leave the process running after this one exits (``up``): it is in a session of its own."""
         self.popen.returncode = 0  # Popen's finaliser then never reaps or warns about it
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def stop_all(procs: Iterable[Proc], grace: float = 10.0) -> None:
