@@ -79,9 +79,10 @@ class EngineConfig(BaseModel):
     # vLLM's flag (engine/async_scheduling.py): schedule and launch step N+1 while step N's tokens are
     # still on the device (fed to N+1 there), and read them afterwards; False: one step at a time
     async_scheduling: bool = False
-    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py);
-    # int8 (CPU) and fp8 (GPU, cc >= 8.9) quantise a Hugging Face checkpoint's linears at load
-    # (model/hf_quant_loader.py); a compressed-tensors checkpoint is served quantised without the flag
+    # vLLM's flag, over what the checkpoint says (layers/linear/config.py, resolved once by the runner):
+    # None infers it (a quantised GGUF --model in its blocks on the CPU, a compressed-tensors or fp8
+    # checkpoint in its scheme, else float); gguf serves smollm2's or a .gguf's blocks; int8 (CPU) and
+    # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (model/hf_quant_loader.py)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
