@@ -182,7 +182,7 @@ class ModelRunner:
         self.model = load_for(
             self.quantization, config.model, self.model_path, self.dtype, self.device, self.shard
         )
-        prepack = config.prepack_weights and self.quantization.linear_method(self.dtype).prepacks
+        prepack = config.prepack_weights and self.quantization.prepacks
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)

@@ -65,6 +65,12 @@ class QuantizationConfig:
             return "gguf"
         return "quantized" if self.quantized else "float"
 
+    @property
+    def prepacks(self) -> bool:
+        """Whether the loaded weights may be packed for a GEMM library after loading: a float
+        checkpoint served by a method that packs (a quantised loader resolves every matmul itself)."""
+        return not self.quantized and get_method(self.method).prepacks
+
     def linear_method(self, dtype: torch.dtype) -> LinearMethod:
         return get_method(self.method, dtype)
 

@@ -60,7 +60,7 @@ def resolve(
 def test_a_plain_checkpoint_is_float_and_loads_as_before() -> None:
     quant = resolve(None, ensure_tiny_model())
     assert quant == FLOAT and not quant.quantized and quant.loader == "float"
-    assert quant.linear_method(F32).prepacks
+    assert quant.prepacks and quant.linear_method(F32).prepacks
     assert gguf_model("smollm2", None) is None  # the alias serves its float conversion unless asked
 
 
@@ -85,6 +85,7 @@ def test_a_compressed_tensors_config_is_served_in_its_scheme(kind: str, tmp_path
     scheme = "int8" if kind == "int" else "fp8"
     assert (quant.stored, quant.loader) == (scheme, "quantized") and not quant.quantizes_floats
     assert quant.method == ("int8" if kind == "int" else "float")  # fp8 on the CPU: dequantised at load
+    assert not quant.prepacks  # the quantised loader resolves every matmul itself
     assert quant.source == f"compressed-tensors {scheme} checkpoint"
 
 
