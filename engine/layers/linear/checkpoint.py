@@ -31,6 +31,18 @@ def checkpoint_quantization(folder: Path) -> Scheme | None:
     return scheme_of(config.get("quantization_config"), folder)
 
 
+def checkpoint_source(folder: Path, scheme: Scheme) -> str:
+    """The checkpoint's quantisation in words, for logs and refusals: ``compressed-tensors int8
+    checkpoint``, or ``fp8 checkpoint (quant_method fp8)``."""
+    qc = json.loads((folder / "config.json").read_text()).get("quantization_config") or {}
+    method = qc.get("quant_method")
+    return (
+        f"compressed-tensors {scheme} checkpoint"
+        if method == "compressed-tensors"
+        else f"{scheme} checkpoint (quant_method {method})"
+    )
+
+
 def scheme_of(qc: Any, where: Path | str) -> Scheme | None:
     """The scheme of a ``quantization_config`` mapping (None: no quantisation)."""
     if not isinstance(qc, dict):

@@ -25,7 +25,7 @@ from kvfleet.engine.errors import ModelLoadError
 from kvfleet.engine.kernels.fp8_linear import fp8_supported
 from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS
 from kvfleet.engine.layers.linear.base import LinearMethod, get_method
-from kvfleet.engine.layers.linear.checkpoint import Scheme, checkpoint_quantization
+from kvfleet.engine.layers.linear.checkpoint import Scheme, checkpoint_quantization, checkpoint_source
 
 log = logging.getLogger(__name__)
 Flag = Literal["gguf", "int8", "fp8"]
@@ -123,7 +123,7 @@ def resolve_quantization(
     if flag is None and scheme is None:
         return FLOAT
     method = serving_target(flag, scheme, device)
-    source = f"--quantization {flag}" if scheme is None else f"compressed-tensors {scheme} checkpoint"
+    source = f"--quantization {flag}" if scheme is None else checkpoint_source(folder, scheme)
     return QuantizationConfig(method, scheme or "float", source)
 
 

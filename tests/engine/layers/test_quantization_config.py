@@ -92,6 +92,7 @@ def test_a_compressed_tensors_config_is_served_in_its_scheme(kind: str, tmp_path
 def test_an_fp8_config_is_detected_and_block_scales_refused(tmp_path: Path) -> None:
     quant = resolve(None, folder_with(tmp_path, {"quant_method": "fp8", "activation_scheme": "dynamic"}))
     assert (quant.stored, quant.method, quant.loader) == ("fp8", "float", "quantized")
+    assert quant.source == "fp8 checkpoint (quant_method fp8)"
     blocks = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     with pytest.raises(ModelLoadError, match=r"weight_block_size \[128, 128\].*not served"):
         resolve(None, folder_with(tmp_path / "b", blocks))
