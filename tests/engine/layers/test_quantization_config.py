@@ -15,9 +15,11 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.layers.linear import QuantizationConfig, resolve_quantization
 from kvfleet.engine.layers.linear.config import FLOAT
+from kvfleet.engine.layers.linear.gguf_blocks import QuantEmbedding
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.quant_loader import gguf_model
 from kvfleet.engine.model.tiny import ensure_tiny_model
@@ -145,3 +147,16 @@ def test_the_runner_refuses_a_compressed_tensors_checkpoint_at_tp_2_before_start
     with pytest.raises(ModelLoadError, match="compressed-tensors int8 checkpoint.*tensor_parallel_size"):
         ModelRunner(config, folder)
     assert started == []
+
+
+def test_a_gguf_model_without_the_flag_runs_in_its_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))  # the conversion's cache
+    path = tiny_gguf(tmp_path, gguf.GGMLQuantizationType.Q8_0)
+    llm = LLM(model=str(path), num_kv_blocks=16)
+    runner = llm.engine.runner
+    assert (runner.quantization.method, runner.quantization.gguf_file) == ("gguf", path)
+    assert isinstance(runner.model.model.embed_tokens, QuantEmbedding) and runner.weight_packing is None
+    (out,) = llm.generate([[256, 72, 101]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 3
