@@ -74,18 +74,14 @@ class QuantizationConfig:
     def linear_method(self, dtype: torch.dtype) -> LinearMethod:
         return get_method(self.method, dtype)
 
-    def check_serves(self, *, tensor_parallel_size: int, lora: bool) -> None:
-        """Refuse what a quantized model cannot do yet (one rank, no LoRA), naming this config's source."""
-        if not self.quantized:
-            return
-        if tensor_parallel_size > 1:
+    def check_serves(self, tensor_parallel_size: int) -> None:
+        """Refuse what a quantized model cannot do yet, naming this config's source: more than one
+        rank (only the float loader shards). LoRA wraps every method: its delta is added to the
+        matmul's output, whatever kernel made it (``lora/context.py``)."""
+        if self.quantized and tensor_parallel_size > 1:
             raise ModelLoadError(
                 f"quantization {self.method!r} ({self.source}) runs on one rank (yet): "
                 f"tensor_parallel_size must be 1, got {tensor_parallel_size}"
-            )
-        if lora:
-            raise ModelLoadError(
-                f"quantization {self.method!r} ({self.source}) does not take LoRA adapters (yet)"
             )
 
 
@@ -102,10 +98,16 @@ class GgufModel:
 
 
 def resolve_quantization(
-    flag: str | None, folder: Path, device: torch.device, dtype: torch.dtype, gguf: GgufModel | None = None
+    flag: str | None,
+    folder: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    gguf: GgufModel | None = None,
+    ranks: int = 1,
 ) -> QuantizationConfig:
     """The config for ``--quantization flag`` (None: inferred) on a model resolved to ``folder`` (a
-    Hugging Face folder; a GGUF's conversion) that names ``gguf``, computing in ``dtype`` on ``device``."""
+    Hugging Face folder; a GGUF's conversion) that names ``gguf``, computing in ``dtype`` on
+    ``device`` over ``ranks`` tensor-parallel ranks."""
     # Invariant: the flag decides only where it names what the checkpoint is, or the checkpoint is
     # float; a GGUF model named by path without the flag is served in its blocks where they run.
     if flag == "gguf":
@@ -118,7 +120,7 @@ def resolve_quantization(
     if flag not in (None, "int8", "fp8"):
         raise ModelLoadError(f"--quantization {flag!r} is not served; gguf, int8 and fp8 are")
     if flag is None and gguf is not None and gguf.by_path:
-        return _detected_gguf(gguf.file, device, dtype)
+        return _detected_gguf(gguf.file, device, dtype, ranks)
     scheme = checkpoint_quantization(folder)
     if flag is None and scheme is None:
         return FLOAT
@@ -127,16 +129,18 @@ def resolve_quantization(
     return QuantizationConfig(method, scheme or "float", source)
 
 
-def _detected_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> QuantizationConfig:
+def _detected_gguf(path: Path, device: torch.device, dtype: torch.dtype, ranks: int) -> QuantizationConfig:
     """A GGUF ``--model`` without the flag: in its blocks where any layer linear is in a block format
-    the kernel takes and it runs here; a float GGUF (F32, F16) is a float checkpoint."""
+    the kernel takes and it runs here (the CPU, float32, one rank); a float GGUF (F32, F16) is a
+    float checkpoint, and elsewhere its conversion is served in floats, as before the detection."""
     if not gguf_holds_blocks(path):
         return FLOAT
-    if device.type == "cpu" and dtype == torch.float32:
+    if device.type == "cpu" and dtype == torch.float32 and ranks == 1:
         return QuantizationConfig("gguf", "gguf", f"GGUF file {path.name}", path)
     log.warning(
-        "GGUF file %s on %s in %s: its blocks run on the CPU kernels in float32 only; dequantised at load",
-        path.name, device, dtype,
+        "GGUF file %s on %s in %s over %d ranks: its blocks run on the CPU kernels in float32 on one "
+        "rank only; dequantised at load",
+        path.name, device, dtype, ranks,
     )  # fmt: skip
     return FLOAT
 

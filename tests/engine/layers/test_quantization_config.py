@@ -124,17 +124,20 @@ def test_a_combination_that_cannot_be_served_is_refused_naming_it(tmp_path: Path
         resolve(None, folder_with(tmp_path / "awq", {"quant_method": "awq"}))
 
 
-def test_a_detected_quantization_refuses_tensor_parallelism_and_lora_naming_its_source(
-    tmp_path: Path,
-) -> None:
+def test_a_detected_quantization_refuses_tensor_parallelism_naming_its_source(tmp_path: Path) -> None:
     quant = resolve(None, folder_with(tmp_path, ct_config("int")))
     with pytest.raises(
         ModelLoadError, match=r"'int8' \(compressed-tensors int8 checkpoint\).*must be 1, got 2"
     ):
-        quant.check_serves(tensor_parallel_size=2, lora=False)
-    with pytest.raises(ModelLoadError, match="compressed-tensors int8 checkpoint.*LoRA"):
-        quant.check_serves(tensor_parallel_size=1, lora=True)
-    FLOAT.check_serves(tensor_parallel_size=2, lora=True)  # floats take both
+        quant.check_serves(2)
+    quant.check_serves(1)
+    FLOAT.check_serves(2)  # the float loader shards
+
+
+def test_a_gguf_model_over_several_ranks_is_served_in_floats_as_before(tmp_path: Path) -> None:
+    path = tiny_gguf(tmp_path, gguf.GGMLQuantizationType.Q8_0)
+    gguf_file = gguf_model(str(path), None)
+    assert resolve_quantization(None, ensure_tiny_model(), CPU, F32, gguf_file, ranks=2) == FLOAT
 
 
 def test_the_runner_refuses_a_compressed_tensors_checkpoint_at_tp_2_before_starting_a_worker(
