@@ -52,6 +52,14 @@ class LinearMethod(ABC):
         """Linears of one input, outputs side by side, as one resolved matmul."""
         return self.process(self.create(weights), bias)
 
+    def apply(self, kernel: LinearKernel, x: torch.Tensor) -> torch.Tensor:
+        """``x`` through the matmul: the kernel's own call (the model calls the kernel directly)."""
+        return kernel(x)
+
+    def native_operand(self, kernel: LinearKernel) -> NativeOperand | None:
+        """What the one-call native decode reads of this matmul: the kernel's own answer."""
+        return native_operand(kernel)
+
     @abstractmethod
     def embedding(self, weight: Any) -> nn.Embedding:
         """The token embedding over ``weight`` (vocab, hidden) in this format, rows out in ``dtype``."""

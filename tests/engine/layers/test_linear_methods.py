@@ -51,10 +51,11 @@ def test_every_format_is_registered_by_name() -> None:
 @pytest.mark.parametrize("rows", ROWS)
 def test_float_apply_is_f_linear_on_the_stacked_weights(rows: int) -> None:
     ws, b = weights(32, 16, 16), bias_of(64)
-    kernel = get_method("float").load(ws, b)
+    method = get_method("float")
+    kernel = method.load(ws, b)
     x = inputs(rows)
-    torch.testing.assert_close(kernel(x), F.linear(x, torch.cat(ws), b), rtol=1e-5, atol=1e-5)
-    op = native_operand(kernel)
+    torch.testing.assert_close(method.apply(kernel, x), F.linear(x, torch.cat(ws), b), rtol=1e-5, atol=1e-5)
+    op = method.native_operand(kernel)
     if load_linear() is not None:  # the few-row kernel's rows, up to its row count
         assert op is not None and op.kind == "rows" and op.max_rows == SKINNY_MAX_ROWS
         assert torch.equal(op.weight, torch.cat(ws)) and op.bias is b
