@@ -21,7 +21,9 @@ It starts the workers (:func:`~kvfleet.engine.parallel.leader.spawn_workers`) be
 own shard, so all ranks load at once; its KV cache holds its own KV heads, and the block count it
 decides (rank 0 holds the most KV heads, the first ranks getting the extra ones) is every rank's.
 Each step it sends the flat batch to the workers before its forward; it alone samples. On the CPU
-each rank runs torch with its share of the threads. At tp=1 none of this runs.
+each rank runs torch with its share of the threads. At tp=1 none of this runs. The quantization
+config is resolved first, once, and handed to every worker: float and int8/fp8 models shard
+(``layers/linear``: each method cuts its own weights); GGUF blocks run on one rank.
 """
 
 from __future__ import annotations
@@ -228,8 +230,9 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(threads)  # the ranks share the machine's cores
         return spawn_workers(
-            self.config, str(self.model_path), self.device, self.dtype, backend, shards, threads
-        )
+            self.config, self.quantization, str(self.model_path), self.device, self.dtype, backend, shards,
+            threads,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (none at tp=1)."""

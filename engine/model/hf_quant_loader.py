@@ -19,6 +19,11 @@ What a linear becomes (the config's ``serving_target``):
 
 A decode step runs every layer in one native call (``fused_decode.py``) where every layer matmul is
 the native int8 kernel's (``int8`` on the CPU); with any other kernel it runs the per-op path.
+
+Tensor parallelism (``shard``): each linear is read whole, quantised where floats are, and cut to the
+rank's rows or columns by its method (``LinearMethod.shard``: every row keeps its scale), so
+column-parallel outputs are the single rank's bit for bit; a row-parallel matmul quantises its
+rank's slice of each token's activations with that slice's own scale, as vLLM's ranks do.
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ from kvfleet.engine.layers.linear.config import (
 )
 from kvfleet.engine.layers.linear.fp8 import Fp8Method
 from kvfleet.engine.layers.linear.int8 import Int8Embedding, Int8Method
+from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.loader import load_config, weight_files
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.resident import resident_weight_bytes
+from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
 
 log = logging.getLogger(__name__)
 Weight = Int8Weight | Fp8Weight | torch.Tensor
@@ -131,32 +138,70 @@ def linear_of(weights: list[Weight], bias: torch.Tensor | None, dtype: torch.dty
     return method_of(weights, dtype).load(weights, bias)
 
 
+def _shape(w: Weight) -> tuple[int, ...]:
+    return tuple(w.shape if isinstance(w, torch.Tensor) else w.qweight.shape)
+
+
 class _Plan:
-    """One load's choices: the tensors, what linears become, the compute dtype and device."""
+    """One load's choices: the tensors, what linears become, the compute dtype and device, and this
+    rank's shard (None: the whole model)."""
 
     def __init__(
-        self, tensors: Tensors, quant: QuantizationConfig, dtype: torch.dtype, device: torch.device
+        self,
+        tensors: Tensors,
+        quant: QuantizationConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ShardSpec | None = None,
     ) -> None:
         self.tensors, self.quant, self.dtype, self.device = tensors, quant, dtype, device
+        self.shard = shard
 
-    def weight(self, name: str) -> Weight:
-        return convert(read_linear(self.tensors, name), self.quant, self.dtype, self.device)
+    def slice_of(self, name: str, config: ModelConfig) -> SliceSpec | None:
+        """This rank's slice of checkpoint tensor ``name`` (``tp.checkpoint_slice``); None: all of it."""
+        if self.shard is None:
+            return None
+        c = config
+        full = {
+            "q": c.num_heads * c.head_dim, "kv": c.num_kv_heads * c.head_dim,
+            "intermediate": c.intermediate_size, "vocab": c.vocab_size,
+        }  # fmt: skip
+        return checkpoint_slice(name, self.shard, c.head_dim, full)
 
-    def bias(self, names: list[str]) -> torch.Tensor | None:
+    def weight(self, name: str, config: ModelConfig) -> Weight:
+        """``name.weight`` as its method serves it, then this rank's rows or columns of it (quantised
+        whole first, so each row's scale is the single rank's)."""
+        w = convert(read_linear(self.tensors, name), self.quant, self.dtype, self.device)
+        spec = self.slice_of(f"{name}.weight", config)
+        if spec is None:
+            return w
+        if _shape(w)[spec.dim] != spec.full:
+            raise ModelLoadError(
+                f"{name}.weight has shape {_shape(w)}, the config needs {spec.full} on axis {spec.dim}"
+            )
+        return method_of([w], self.dtype).shard(w, spec.dim, spec.span)
+
+    def bias(self, names: list[str], config: ModelConfig) -> torch.Tensor | None:
         found = [self.tensors[f"{n}.bias"] for n in names if f"{n}.bias" in self.tensors]
         if not found:
             return None
         if len(found) != len(names):
             raise ModelLoadError(f"{names}: some of one matmul's linears have a bias, some not")
+        specs = [self.slice_of(f"{n}.bias", config) for n in names]
+        found = [b if s is None else b[s.span] for b, s in zip(found, specs, strict=True)]
         return torch.cat(found).to(
             dtype=torch.float32 if self.quant.method == "int8" else self.dtype, device=self.device
         )
 
-    def matmuls(self, prefix: str, inputs: tuple[str, ...], output: str) -> Matmuls:
-        names = [f"{prefix}.{n}" for n in inputs]
+    def matmuls(self, prefix: str, inputs: tuple[str, ...], output: str, config: ModelConfig) -> Matmuls:
+        names, out = [f"{prefix}.{n}" for n in inputs], f"{prefix}.{output}"
+        # row-parallel: the output linear's bias is added once, by the rank that holds it, before the sum
+        out_bias = (
+            self.bias([out], config) if self.shard is None or self.shard.holds_row_parallel_bias else None
+        )
         return Matmuls(
-            linear_of([self.weight(n) for n in names], self.bias(names), self.dtype),
-            linear_of([self.weight(f"{prefix}.{output}")], self.bias([f"{prefix}.{output}"]), self.dtype),
+            linear_of([self.weight(n, config) for n in names], self.bias(names, config), self.dtype),
+            linear_of([self.weight(out, config)], out_bias, self.dtype),
         )
 
 
@@ -168,21 +213,28 @@ def load_hf_quantized(
 
 
 def load_hf_with(
-    quant: QuantizationConfig, folder: Path, dtype: torch.dtype, device: torch.device
+    quant: QuantizationConfig,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: ShardSpec | None = None,
 ) -> LlamaForCausalLM:
-    """The model of Hugging Face ``folder`` with its linears served as ``quant`` resolved them."""
-    plan = _Plan(Tensors(folder), quant, dtype, device)
+    """The model of Hugging Face ``folder`` with its linears served as ``quant`` resolved them;
+    ``shard``: this tensor-parallel rank's part (each linear's method cuts its rows or columns)."""
+    plan = _Plan(Tensors(folder), quant, dtype, device, shard)
     config = load_config(folder)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(config)
+        llama = LlamaForCausalLM(config, shard)
     llama.model.rotary_emb.reset_buffers(device)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)
         prefix = f"model.layers.{i}"
-        layer.self_attn.fixed = plan.matmuls(f"{prefix}.self_attn", Attention.INPUTS, Attention.OUTPUT)
-        layer.mlp.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT)
+        layer.self_attn.fixed = plan.matmuls(
+            f"{prefix}.self_attn", Attention.INPUTS, Attention.OUTPUT, config
+        )
+        layer.mlp.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT, config)
     _load_norms(llama, plan)
-    _load_embedding_and_head(llama, plan, config.tie_word_embeddings)
+    _load_embedding_and_head(llama, plan, config)
     log.info(
         "quantized weights (%s, %s): %.1f MB resident",
         quant.source,
@@ -205,9 +257,10 @@ def _load_norms(model: LlamaForCausalLM, plan: _Plan) -> None:
         setattr(model.get_submodule(owner), leaf, nn.Parameter(values, requires_grad=False))
 
 
-def _load_embedding_and_head(model: LlamaForCausalLM, plan: _Plan, tied: bool) -> None:
-    """The embedding (int8 rows where floats are quantised to int8, else floats) and the LM head."""
-    embed = plan.weight("model.embed_tokens")
+def _load_embedding_and_head(model: LlamaForCausalLM, plan: _Plan, config: ModelConfig) -> None:
+    """The embedding (int8 rows where floats are quantised to int8, else floats) and the LM head
+    (this rank's vocabulary rows of each under tensor parallelism)."""
+    embed = plan.weight("model.embed_tokens", config)
     model.model.embed_tokens = method_of([embed], plan.dtype).embedding(embed)
-    head = embed if tied else plan.weight("lm_head")
+    head = embed if config.tie_word_embeddings else plan.weight("lm_head", config)
     model.fixed_lm_head = linear_of([head], None, plan.dtype)

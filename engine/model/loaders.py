@@ -46,7 +46,7 @@ def _quantized(
     quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
     shard: ShardSpec | None,
 ) -> LlamaForCausalLM:  # fmt: skip
-    return load_hf_with(quant, folder, dtype, device)
+    return load_hf_with(quant, folder, dtype, device, shard)
 
 
 LOADERS: dict[str, Loader] = {"float": _float, "gguf": _gguf, "quantized": _quantized}
@@ -57,7 +57,8 @@ def load_for(
     shard: ShardSpec | None = None,
 ) -> LlamaForCausalLM:  # fmt: skip
     """The model ``model`` (resolved to ``folder``) loaded as ``quant`` says; ``shard``: this rank's
-    slice under tensor parallelism (the float loader's; a quantised config refuses tp > 1 first)."""
+    slice under tensor parallelism (the float and the quantized loaders cut it; a GGUF's refuses
+    tp > 1 first, in the config)."""
     loader = LOADERS.get(quant.loader)
     if loader is None:
         raise ModelLoadError(f"no loader {quant.loader!r} for {quant.source}; loaders: {sorted(LOADERS)}")

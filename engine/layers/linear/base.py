@@ -52,6 +52,11 @@ class LinearMethod(ABC):
         """Linears of one input, outputs side by side, as one resolved matmul."""
         return self.process(self.create(weights), bias)
 
+    @abstractmethod
+    def shard(self, weight: Any, dim: int, span: slice) -> Any:
+        """This rank's part of one linear's ``weight`` under tensor parallelism: output rows
+        (``dim`` 0, column-parallel) or input columns (``dim`` 1, row-parallel) ``span``."""
+
     def apply(self, kernel: LinearKernel, x: torch.Tensor) -> torch.Tensor:
         """``x`` through the matmul: the kernel's own call (the model calls the kernel directly)."""
         return kernel(x)

@@ -75,10 +75,11 @@ class QuantizationConfig:
         return get_method(self.method, dtype)
 
     def check_serves(self, tensor_parallel_size: int) -> None:
-        """Refuse what a quantized model cannot do yet, naming this config's source: more than one
-        rank (only the float loader shards). LoRA wraps every method: its delta is added to the
-        matmul's output, whatever kernel made it (``lora/context.py``)."""
-        if self.quantized and tensor_parallel_size > 1:
+        """Refuse what this config cannot serve yet, naming its source: GGUF blocks on more than one
+        rank (the float and the quantized loaders shard, each method cutting its own weights:
+        ``LinearMethod.shard``). LoRA wraps every method: its delta is added to the matmul's output,
+        whatever kernel made it (``lora/context.py``)."""
+        if self.loader == "gguf" and tensor_parallel_size > 1:
             raise ModelLoadError(
                 f"quantization {self.method!r} ({self.source}) runs on one rank (yet): "
                 f"tensor_parallel_size must be 1, got {tensor_parallel_size}"

@@ -43,5 +43,11 @@ class Fp8Method(LinearMethod):
     def process(self, weight: Fp8Weight, bias: torch.Tensor | None) -> LinearKernel:
         return resolve_fp8_linear(weight, bias, self.dtype)
 
+    def shard(self, weight: Fp8Weight, dim: int, span: slice) -> Fp8Weight:
+        """Rows keep their scales; a slice of columns keeps every row's scale (exact: w = scale * q)."""
+        if dim == 0:
+            return Fp8Weight(weight.qweight[span].contiguous(), weight.scale[span].contiguous())
+        return Fp8Weight(weight.qweight[:, span].contiguous(), weight.scale)
+
     def embedding(self, weight: Fp8Weight) -> nn.Embedding:
         return nn.Embedding.from_pretrained(self.dequantised(weight), freeze=True)

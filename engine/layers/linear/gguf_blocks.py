@@ -21,8 +21,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from torch import nn
 
+from kvfleet.engine.errors import ModelLoadError
 from kvfleet.engine.kernels.linear import Linear, resolve_linear
-from kvfleet.engine.kernels.native.quant_gemm import PackedQuant, QuantWeight
+from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, PackedQuant, QuantWeight
 from kvfleet.engine.kernels.quant_linear import ConcatLinear, concat_rows, packed, resolve_quant_linear
 from kvfleet.engine.layers.linear.base import LinearKernel, LinearMethod, register
 
@@ -100,6 +101,24 @@ class GgufMethod(LinearMethod):
     def shared(self, weight: Weight) -> Weight:
         """``weight`` repacked once where it is blocks, to be read by both the embedding and a tied LM head."""
         return weight if isinstance(weight, torch.Tensor) else packed(weight)
+
+    def shard(self, weight: Weight, dim: int, span: slice) -> Weight:
+        """Rows of blocks, or columns in whole blocks (the activations' blocks of 32 stay whole, so
+        each rank's partial sums are the single rank's); a slice across a block is refused."""
+        if isinstance(weight, torch.Tensor):
+            return (weight[span] if dim == 0 else weight[:, span]).contiguous()
+        if not isinstance(weight, QuantWeight):
+            raise ValueError("shard GGUF blocks as the file holds them, before they are repacked")
+        if dim == 0:
+            return QuantWeight(weight.blocks[span].contiguous(), weight.ggml_type, weight.in_features)
+        per_block, size = BLOCK_LAYOUTS[weight.ggml_type]
+        start, stop = span.start or 0, weight.in_features if span.stop is None else span.stop
+        if start % per_block or stop % per_block:
+            raise ModelLoadError(
+                f"GGUF type {weight.ggml_type}: columns {start}:{stop} cut its blocks of {per_block}"
+            )
+        rows = weight.blocks.reshape(weight.out_features, -1, size)[:, start // per_block : stop // per_block]
+        return QuantWeight(rows.reshape(weight.out_features, -1).contiguous(), weight.ggml_type, stop - start)
 
     def embedding(self, weight: Weight) -> nn.Embedding:
         if isinstance(weight, torch.Tensor):

@@ -51,5 +51,11 @@ class Int8Method(LinearMethod):
     def process(self, weight: Int8Weight, bias: torch.Tensor | None) -> LinearKernel:
         return resolve_int8_linear(weight, None if bias is None else bias.float())
 
+    def shard(self, weight: Int8Weight, dim: int, span: slice) -> Int8Weight:
+        """Rows keep their scales; a slice of columns keeps every row's scale (exact: w = scale * q)."""
+        if dim == 0:
+            return Int8Weight(weight.qweight[span].contiguous(), weight.scale[span].contiguous())
+        return Int8Weight(weight.qweight[:, span].contiguous(), weight.scale)
+
     def embedding(self, weight: Int8Weight) -> nn.Embedding:
         return Int8Embedding(weight, self.dtype)

@@ -55,5 +55,8 @@ class FloatMethod(LinearMethod):
         """``packed``: ``weight`` packed for a GEMM library after loading (``packed.py``)."""
         return resolve_linear(weight, bias, packed)
 
+    def shard(self, weight: torch.Tensor, dim: int, span: slice) -> torch.Tensor:
+        return (weight[span] if dim == 0 else weight[:, span]).contiguous()
+
     def embedding(self, weight: torch.Tensor) -> nn.Embedding:
         return nn.Embedding.from_pretrained(weight.to(self.dtype), freeze=True)

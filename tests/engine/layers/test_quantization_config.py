@@ -124,14 +124,14 @@ def test_a_combination_that_cannot_be_served_is_refused_naming_it(tmp_path: Path
         resolve(None, folder_with(tmp_path / "awq", {"quant_method": "awq"}))
 
 
-def test_a_detected_quantization_refuses_tensor_parallelism_naming_its_source(tmp_path: Path) -> None:
-    quant = resolve(None, folder_with(tmp_path, ct_config("int")))
-    with pytest.raises(
-        ModelLoadError, match=r"'int8' \(compressed-tensors int8 checkpoint\).*must be 1, got 2"
-    ):
+def test_gguf_blocks_refuse_tensor_parallelism_naming_their_source(tmp_path: Path) -> None:
+    path = tiny_gguf(tmp_path, gguf.GGMLQuantizationType.Q8_0)
+    quant = resolve("gguf", path, ensure_tiny_model())
+    with pytest.raises(ModelLoadError, match=r"'gguf' \(--quantization gguf\).*must be 1, got 2"):
         quant.check_serves(2)
     quant.check_serves(1)
-    FLOAT.check_serves(2)  # the float loader shards
+    resolve(None, folder_with(tmp_path, ct_config("int"))).check_serves(2)  # the quantized loader shards
+    FLOAT.check_serves(2)
 
 
 def test_a_gguf_model_over_several_ranks_is_served_in_floats_as_before(tmp_path: Path) -> None:
@@ -140,16 +140,26 @@ def test_a_gguf_model_over_several_ranks_is_served_in_floats_as_before(tmp_path:
     assert resolve_quantization(None, ensure_tiny_model(), CPU, F32, gguf_file, ranks=2) == FLOAT
 
 
-def test_the_runner_refuses_a_compressed_tensors_checkpoint_at_tp_2_before_starting_a_worker(
+class Started(Exception):
+    pass
+
+
+def test_the_runner_resolves_the_config_before_it_starts_a_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = folder_with(tmp_path, ct_config("int"))
-    started: list[object] = []
-    monkeypatch.setattr(ModelRunner, "_start_workers", lambda self, backend: started.append(backend))
-    config = EngineConfig(model=str(folder), tensor_parallel_size=2, num_kv_blocks=8)
-    with pytest.raises(ModelLoadError, match="compressed-tensors int8 checkpoint.*tensor_parallel_size"):
-        ModelRunner(config, folder)
-    assert started == []
+    seen: list[QuantizationConfig] = []
+
+    def start(self: ModelRunner, backend: str) -> None:
+        seen.append(self.quantization)  # what rank 0 hands every worker
+        raise Started
+
+    monkeypatch.setattr(ModelRunner, "_start_workers", start)
+    with pytest.raises(Started):
+        ModelRunner(EngineConfig(model=str(folder), tensor_parallel_size=2, num_kv_blocks=8), folder)
+    assert [(q.method, q.stored, q.source) for q in seen] == [
+        ("int8", "int8", "compressed-tensors int8 checkpoint")
+    ]
 
 
 def test_a_gguf_model_without_the_flag_runs_in_its_blocks(
@@ -163,3 +173,11 @@ def test_a_gguf_model_without_the_flag_runs_in_its_blocks(
     assert isinstance(runner.model.model.embed_tokens, QuantEmbedding) and runner.weight_packing is None
     (out,) = llm.generate([[256, 72, 101]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert len(out.outputs[0].token_ids) == 3
+
+
+def test_int8_and_fp8_flags_take_lora_and_several_ranks_and_gguf_still_refuses_them() -> None:
+    for flag in ("int8", "fp8"):
+        config = EngineConfig(model="tiny", quantization=flag, enable_lora=True, tensor_parallel_size=2)
+        assert config.quantization == flag
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+        EngineConfig(model="tiny", quantization="gguf", tensor_parallel_size=2)
