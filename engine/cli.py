@@ -186,7 +186,8 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default=None,
         choices=["gguf", "int8", "fp8"],
-        help="gguf: serve a .gguf model's linears in their quantised blocks on the CPU (default: float)",
+        help="default: inferred from the checkpoint (a quantised .gguf in its blocks, a compressed-tensors "
+        "or fp8 one in its scheme, else float); gguf: the blocks of smollm2 or a .gguf; int8/fp8: quantise at load",
     )
     e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
     e.add_argument(

@@ -79,9 +79,10 @@ class EngineConfig(BaseModel):
     # vLLM's flag (engine/async_scheduling.py): schedule and launch step N+1 while step N's tokens are
     # still on the device (fed to N+1 there), and read them afterwards; False: one step at a time
     async_scheduling: bool = False
-    # vLLM's flag: gguf serves a GGUF checkpoint's linears in their blocks (CPU, model/quant_loader.py);
-    # int8 (CPU) and fp8 (GPU, cc >= 8.9) quantise a Hugging Face checkpoint's linears at load
-    # (model/hf_quant_loader.py); a compressed-tensors checkpoint is served quantised without the flag
+    # vLLM's flag, over what the checkpoint says (layers/linear/config.py, resolved once by the runner):
+    # None infers it (a quantised GGUF --model in its blocks on the CPU, a compressed-tensors or fp8
+    # checkpoint in its scheme, else float); gguf serves smollm2's or a .gguf's blocks; int8 (CPU) and
+    # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (model/hf_quant_loader.py)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property
@@ -104,9 +105,12 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 "target_step_ms sizes prefill chunks: it needs enable_chunked_prefill and stall_free"
             )
-        if self.quantization is not None and self.lora_enabled:
+        # int8/fp8 take both (layers/linear: LoRA wraps every method, the quantized loader shards);
+        # gguf's loader does not shard, and its flag keeps refusing LoRA too (tests pin it), though
+        # a GGUF model detected without the flag takes adapters
+        if self.quantization == "gguf" and self.lora_enabled:
             raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
-        if self.quantization is not None and self.tensor_parallel_size > 1:
+        if self.quantization == "gguf" and self.tensor_parallel_size > 1:
             raise ValueError(
                 f"quantization={self.quantization!r} runs on one rank (yet): tensor_parallel_size must be 1, "
                 f"got {self.tensor_parallel_size}"

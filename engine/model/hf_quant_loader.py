@@ -1,12 +1,13 @@
 """Hugging Face checkpoints served with quantised linears: ``--quantization int8``/``fp8``, and
 compressed-tensors FP8 / W8A8 int8 checkpoints loaded as they are.
 
-Where it sits: ``ModelRunner`` calls :func:`load_hf_quantized` in place of ``loader.load_model``
-when ``EngineConfig.quantization`` is int8 or fp8, or the folder's config.json carries a
-compressed-tensors scheme (``compressed_tensors.py``). The model is built on the meta device; its
+Where it sits: ``model/loaders.py`` calls :func:`load_hf_with` when the engine's quantization config
+(``layers/linear/config.py``) names int8 or fp8, or found a compressed-tensors scheme in the
+folder's config.json (``layers/linear/checkpoint.py``). The model is built on the meta device; its
 norms (and any linear the checkpoint keeps in floats, e.g. an ignored ``lm_head``) are read in the
-compute dtype; every linear becomes a resolved callable handed to its block (``fixed``), as
-``quant_loader.py`` does for GGUF. What a linear becomes (:func:`serving_target`):
+compute dtype; every linear goes to the ``layers/linear`` method of its format (:func:`method_of`),
+whose resolved matmul is handed to its block (``fixed``), as ``quant_loader.py`` does for GGUF.
+What a linear becomes (the config's ``serving_target``):
 
 - ``int8`` (the CPU): per-channel int8 (``kernels/native/int8_gemm.py``), from the checkpoint's
   int8 ``weight``/``weight_scale`` or quantised at load from floats (the embedding too: its rows
@@ -18,67 +19,52 @@ compute dtype; every linear becomes a resolved callable handed to its block (``f
 
 A decode step runs every layer in one native call (``fused_decode.py``) where every layer matmul is
 the native int8 kernel's (``int8`` on the CPU); with any other kernel it runs the per-op path.
+
+Tensor parallelism (``shard``): each linear is read whole, quantised where floats are, and cut to the
+rank's rows or columns by its method (``LinearMethod.shard``: every row keeps its scale), so
+column-parallel outputs are the single rank's bit for bit; a row-parallel matmul quantises its
+rank's slice of each token's activations with that slice's own scale, as vLLM's ranks do.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
-from kvfleet.engine.kernels.fp8_linear import (
-    Fp8Weight,
-    concat_fp8,
-    fp8_supported,
-    quantize_fp8_per_channel,
-    resolve_fp8_linear,
+from kvfleet.engine.kernels.fp8_linear import Fp8Weight
+from kvfleet.engine.kernels.linear import Linear
+from kvfleet.engine.kernels.native.int8_gemm import Int8Weight
+from kvfleet.engine.layers.linear.base import LinearMethod, get_method
+from kvfleet.engine.layers.linear.config import (
+    FP8_ON_CPU,
+    QuantizationConfig,
+    resolve_quantization,
+    serving_target,
 )
-from kvfleet.engine.kernels.int8_linear import concat_int8, resolve_int8_linear
-from kvfleet.engine.kernels.linear import Linear, resolve_linear
-from kvfleet.engine.kernels.native.int8_gemm import Int8Weight, quantize_per_channel
-from kvfleet.engine.model.compressed_tensors import Scheme, checkpoint_quantization
+from kvfleet.engine.layers.linear.fp8 import Fp8Method
+from kvfleet.engine.layers.linear.int8 import Int8Embedding, Int8Method
+from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.loader import load_config, weight_files
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.resident import resident_weight_bytes
+from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
 
 log = logging.getLogger(__name__)
 Weight = Int8Weight | Fp8Weight | torch.Tensor
-Target = Literal["int8", "fp8", "float"]
-FP8_ON_CPU = (
-    "--quantization fp8 needs a GPU of compute capability >= 8.9 (torch._scaled_mm on e4m3); "
-    "on the CPU use --quantization int8 (any Hugging Face checkpoint) or gguf (a .gguf model)"
-)
-
-
-def serving_target(flag: str | None, scheme: Scheme | None, device: torch.device) -> Target:
-    """What the linears become for ``--quantization flag``, the checkpoint's ``scheme``, on ``device``."""
-    if flag is not None and scheme is not None and flag != scheme:
-        raise ModelLoadError(f"--quantization {flag} asked of a compressed-tensors {scheme} checkpoint")
-    want = flag or scheme
-    if want == "int8":
-        if device.type == "cpu":
-            return "int8"
-        if scheme is None:
-            raise ModelLoadError(
-                "--quantization int8 runs on the CPU kernels; on a GPU use --quantization fp8"
-            )
-        log.warning("int8 checkpoint on %s: no int8 GPU kernel, weights dequantised at load", device)
-        return "float"
-    if fp8_supported(device):
-        return "fp8"
-    if scheme is None:
-        raise ModelLoadError(FP8_ON_CPU)
-    log.warning(
-        "fp8 checkpoint on %s (fp8 matmuls need a GPU of compute capability >= 8.9): dequantised at load",
-        device,
-    )
-    return "float"
+__all__ = [
+    "FP8_ON_CPU",
+    "Int8Embedding",
+    "load_hf_quantized",
+    "load_hf_with",
+    "resident_weight_bytes",
+    "serving_target",
+]
 
 
 class Tensors:
@@ -115,17 +101,16 @@ def read_linear(tensors: Tensors, name: str) -> Weight:
     return Fp8Weight(weight.contiguous(), scale)
 
 
-def convert(
-    w: Weight, target: Target, quantize_floats: bool, dtype: torch.dtype, device: torch.device
-) -> Weight:
-    """``w`` as ``target`` serves it: floats quantised only for a flag on a float checkpoint."""
+def convert(w: Weight, quant: QuantizationConfig, dtype: torch.dtype, device: torch.device) -> Weight:
+    """``w`` as ``quant``'s method serves it: floats quantised only for a flag on a float checkpoint."""
+    method = quant.linear_method(dtype)
     if isinstance(w, torch.Tensor):
-        if quantize_floats and target == "int8":
-            return quantize_per_channel(w)
-        if quantize_floats and target == "fp8":
-            return quantize_fp8_per_channel(w.to(device))
+        if quant.quantizes_floats and isinstance(method, Int8Method):
+            return method.quantize(w)
+        if quant.quantizes_floats and isinstance(method, Fp8Method):
+            return method.quantize(w.to(device))
         return w.to(dtype=dtype, device=device)
-    if target == "float":
+    if quant.method == "float":
         return (
             w.dequantised().to(dtype=dtype, device=device)
             if isinstance(w, Int8Weight)
@@ -136,67 +121,87 @@ def convert(
     return w
 
 
+def method_of(weights: list[Weight], dtype: torch.dtype) -> LinearMethod:
+    """The linear method of one matmul's weights, by how they are held (an ignored ``lm_head`` stays float)."""
+    kinds = {_format(w) for w in weights}
+    if len(kinds) != 1:
+        raise ModelLoadError("one matmul's linears are stored in different formats")
+    return get_method(kinds.pop(), dtype)
+
+
+def _format(w: Weight) -> str:
+    return "int8" if isinstance(w, Int8Weight) else "fp8" if isinstance(w, Fp8Weight) else "float"
+
+
 def linear_of(weights: list[Weight], bias: torch.Tensor | None, dtype: torch.dtype) -> Linear:
     """The linears ``weights`` (outputs side by side, one format) as one resolved callable."""
-    if all(isinstance(w, Int8Weight) for w in weights):
-        return resolve_int8_linear(concat_int8([w for w in weights if isinstance(w, Int8Weight)]), bias)
-    if all(isinstance(w, Fp8Weight) for w in weights):
-        return resolve_fp8_linear(concat_fp8([w for w in weights if isinstance(w, Fp8Weight)]), bias, dtype)
-    floats = [w for w in weights if isinstance(w, torch.Tensor)]
-    if len(floats) != len(weights):
-        raise ModelLoadError("one matmul's linears are stored in different formats")
-    return resolve_linear(torch.cat(floats).contiguous(), bias)
+    return method_of(weights, dtype).load(weights, bias)
 
 
-class Int8Embedding(nn.Embedding):
-    """The token embedding kept in int8 rows (one scale each): only the rows a step reads are dequantised."""
-
-    def __init__(self, weight: Int8Weight, dtype: torch.dtype) -> None:
-        n, k = weight.out_features, weight.in_features
-        super().__init__(n, k, _weight=torch.empty(n, k, device="meta"))
-        self.int8 = weight
-        self.out_dtype = dtype
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        ids = input.cpu()
-        rows = self.int8.qweight[ids].float() * self.int8.scale[ids].unsqueeze(-1)
-        return rows.to(dtype=self.out_dtype, device=input.device)
+def _shape(w: Weight) -> tuple[int, ...]:
+    return tuple(w.shape if isinstance(w, torch.Tensor) else w.qweight.shape)
 
 
 class _Plan:
-    """One load's choices: the tensors, what linears become, the compute dtype and device."""
+    """One load's choices: the tensors, what linears become, the compute dtype and device, and this
+    rank's shard (None: the whole model)."""
 
     def __init__(
         self,
         tensors: Tensors,
-        target: Target,
-        quantize_floats: bool,
+        quant: QuantizationConfig,
         dtype: torch.dtype,
         device: torch.device,
-    ):
-        self.tensors, self.target, self.quantize_floats = tensors, target, quantize_floats
-        self.dtype, self.device = dtype, device
+        shard: ShardSpec | None = None,
+    ) -> None:
+        self.tensors, self.quant, self.dtype, self.device = tensors, quant, dtype, device
+        self.shard = shard
 
-    def weight(self, name: str) -> Weight:
-        return convert(
-            read_linear(self.tensors, name), self.target, self.quantize_floats, self.dtype, self.device
-        )
+    def slice_of(self, name: str, config: ModelConfig) -> SliceSpec | None:
+        """This rank's slice of checkpoint tensor ``name`` (``tp.checkpoint_slice``); None: all of it."""
+        if self.shard is None:
+            return None
+        c = config
+        full = {
+            "q": c.num_heads * c.head_dim, "kv": c.num_kv_heads * c.head_dim,
+            "intermediate": c.intermediate_size, "vocab": c.vocab_size,
+        }  # fmt: skip
+        return checkpoint_slice(name, self.shard, c.head_dim, full)
 
-    def bias(self, names: list[str]) -> torch.Tensor | None:
+    def weight(self, name: str, config: ModelConfig) -> Weight:
+        """``name.weight`` as its method serves it, then this rank's rows or columns of it (quantised
+        whole first, so each row's scale is the single rank's)."""
+        w = convert(read_linear(self.tensors, name), self.quant, self.dtype, self.device)
+        spec = self.slice_of(f"{name}.weight", config)
+        if spec is None:
+            return w
+        if _shape(w)[spec.dim] != spec.full:
+            raise ModelLoadError(
+                f"{name}.weight has shape {_shape(w)}, the config needs {spec.full} on axis {spec.dim}"
+            )
+        return method_of([w], self.dtype).shard(w, spec.dim, spec.span)
+
+    def bias(self, names: list[str], config: ModelConfig) -> torch.Tensor | None:
         found = [self.tensors[f"{n}.bias"] for n in names if f"{n}.bias" in self.tensors]
         if not found:
             return None
         if len(found) != len(names):
             raise ModelLoadError(f"{names}: some of one matmul's linears have a bias, some not")
+        specs = [self.slice_of(f"{n}.bias", config) for n in names]
+        found = [b if s is None else b[s.span] for b, s in zip(found, specs, strict=True)]
         return torch.cat(found).to(
-            dtype=torch.float32 if self.target == "int8" else self.dtype, device=self.device
+            dtype=torch.float32 if self.quant.method == "int8" else self.dtype, device=self.device
         )
 
-    def matmuls(self, prefix: str, inputs: tuple[str, ...], output: str) -> Matmuls:
-        names = [f"{prefix}.{n}" for n in inputs]
+    def matmuls(self, prefix: str, inputs: tuple[str, ...], output: str, config: ModelConfig) -> Matmuls:
+        names, out = [f"{prefix}.{n}" for n in inputs], f"{prefix}.{output}"
+        # row-parallel: the output linear's bias is added once, by the rank that holds it, before the sum
+        out_bias = (
+            self.bias([out], config) if self.shard is None or self.shard.holds_row_parallel_bias else None
+        )
         return Matmuls(
-            linear_of([self.weight(n) for n in names], self.bias(names), self.dtype),
-            linear_of([self.weight(f"{prefix}.{output}")], self.bias([f"{prefix}.{output}"]), self.dtype),
+            linear_of([self.weight(n, config) for n in names], self.bias(names, config), self.dtype),
+            linear_of([self.weight(out, config)], out_bias, self.dtype),
         )
 
 
@@ -204,24 +209,36 @@ def load_hf_quantized(
     flag: str | None, folder: Path, dtype: torch.dtype, device: torch.device
 ) -> LlamaForCausalLM:
     """The model of Hugging Face ``folder`` with its linears quantised (``flag``, or as the checkpoint is)."""
-    scheme = checkpoint_quantization(folder)
-    target = serving_target(flag, scheme, device)
-    plan = _Plan(Tensors(folder), target, scheme is None, dtype, device)
+    return load_hf_with(resolve_quantization(flag, folder, device, dtype), folder, dtype, device)
+
+
+def load_hf_with(
+    quant: QuantizationConfig,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: ShardSpec | None = None,
+) -> LlamaForCausalLM:
+    """The model of Hugging Face ``folder`` with its linears served as ``quant`` resolved them;
+    ``shard``: this tensor-parallel rank's part (each linear's method cuts its rows or columns)."""
+    plan = _Plan(Tensors(folder), quant, dtype, device, shard)
     config = load_config(folder)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(config)
+        llama = LlamaForCausalLM(config, shard)
     llama.model.rotary_emb.reset_buffers(device)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)
         prefix = f"model.layers.{i}"
-        layer.self_attn.fixed = plan.matmuls(f"{prefix}.self_attn", Attention.INPUTS, Attention.OUTPUT)
-        layer.mlp.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT)
+        layer.self_attn.fixed = plan.matmuls(
+            f"{prefix}.self_attn", Attention.INPUTS, Attention.OUTPUT, config
+        )
+        layer.mlp.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT, config)
     _load_norms(llama, plan)
-    _load_embedding_and_head(llama, plan, config.tie_word_embeddings)
+    _load_embedding_and_head(llama, plan, config)
     log.info(
         "quantized weights (%s, %s): %.1f MB resident",
-        flag or f"compressed-tensors {scheme}",
-        target,
+        quant.source,
+        quant.method,
         resident_weight_bytes(llama) / 1e6,
     )
     return llama.eval()
@@ -240,13 +257,10 @@ def _load_norms(model: LlamaForCausalLM, plan: _Plan) -> None:
         setattr(model.get_submodule(owner), leaf, nn.Parameter(values, requires_grad=False))
 
 
-def _load_embedding_and_head(model: LlamaForCausalLM, plan: _Plan, tied: bool) -> None:
-    """The embedding (int8 rows where floats are quantised to int8, else floats) and the LM head."""
-    embed = plan.weight("model.embed_tokens")
-    if isinstance(embed, Int8Weight):
-        model.model.embed_tokens = Int8Embedding(embed, plan.dtype)
-    else:
-        floats = embed.dequantised(plan.dtype) if isinstance(embed, Fp8Weight) else embed
-        model.model.embed_tokens = nn.Embedding.from_pretrained(floats.to(plan.dtype), freeze=True)
-    head = embed if tied else plan.weight("lm_head")
+def _load_embedding_and_head(model: LlamaForCausalLM, plan: _Plan, config: ModelConfig) -> None:
+    """The embedding (int8 rows where floats are quantised to int8, else floats) and the LM head
+    (this rank's vocabulary rows of each under tensor parallelism)."""
+    embed = plan.weight("model.embed_tokens", config)
+    model.model.embed_tokens = method_of([embed], plan.dtype).embedding(embed)
+    head = embed if config.tie_word_embeddings else plan.weight("lm_head", config)
     model.fixed_lm_head = linear_of([head], None, plan.dtype)

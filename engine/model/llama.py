@@ -21,13 +21,14 @@ from torch import nn
 
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV
 from kvfleet.engine.kernels.fused_ops import add_rms_norm, add_rms_norm_reference, apply_rope, silu_mul
-from kvfleet.engine.kernels.linear import Linear, resolve_linear
-from kvfleet.engine.kernels.packing import pack_weight, packs_model_dtype, resolve
+from kvfleet.engine.kernels.linear import Linear
+from kvfleet.engine.kernels.packing import packs_model_dtype, resolve
 from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.layers.linear.packed import PackedFloatMethod
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.fused_decode import FusedDecode
-from kvfleet.engine.model.projections import ProjectedBlock, store_for_matmul
+from kvfleet.engine.model.projections import FLOAT_METHOD, ProjectedBlock, store_for_matmul
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 from kvfleet.engine.model.tp import Collective, ShardSpec, vocab_parallel_embed
 
@@ -252,7 +253,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
         self._lm_head: Linear | None = None  # resolved on first use; pack() and prepack() drop it
-        self.fixed_lm_head: Linear | None = None  # resolved elsewhere (model/quant_loader.py): wins
+        self.fixed_lm_head: Linear | None = None  # resolved by a quantised loader's method: wins
         # Decode steps through one native call where it applies (fused_decode.py); built on first
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
@@ -293,7 +294,7 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, DecoderLayer)
             layer.self_attn.prepack(chosen)
             layer.mlp.prepack(chosen)
-        self.packed_lm_head = pack_weight(self.lm_head.weight.detach(), chosen)
+        self.packed_lm_head = PackedFloatMethod(packer=chosen).pack(self.lm_head.weight)
         self._fused, self._lm_head = None, None
         return chosen
 
@@ -302,7 +303,7 @@ class LlamaForCausalLM(nn.Module):
         if self.fixed_lm_head is not None:
             return self.fixed_lm_head
         if self._lm_head is None:
-            self._lm_head = resolve_linear(self.lm_head.weight, None, self.packed_lm_head)
+            self._lm_head = FLOAT_METHOD.process(self.lm_head.weight, None, self.packed_lm_head)
         return self._lm_head
 
     def fused_decode(self) -> FusedDecode | None:

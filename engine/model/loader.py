@@ -1,7 +1,8 @@
 """Load a Hugging Face checkpoint folder into the Llama-family model.
 
-Where it sits: ``build_runner`` calls :func:`load_model` with the folder (or the embedded
-``tiny`` one); the loader reads ``config.json``, finds the weights (``model.safetensors``,
+Where it sits: the runner's quantization config names this loader (``float``, ``model/loaders.py``)
+for a float checkpoint, and calls :func:`load_model` with the folder (or the embedded ``tiny``
+one), as each tensor-parallel worker does; the loader reads ``config.json``, finds the weights (``model.safetensors``,
 or the shards that ``model.safetensors.index.json`` names), and copies each tensor into
 the module of the same Hugging Face name. Whatever is missing, corrupt or the wrong
 shape fails with :class:`ModelLoadError` naming the file and the tensor.

@@ -1,5 +1,6 @@
 """The model's matmul weights as the kernels want them: laid out, packed several linears into one,
-(pre)packed for a GEMM library, and each resolved to one callable (``kernels/linear.py``).
+(pre)packed for a GEMM library, and each resolved to one callable by its linear method
+(``layers/linear``: ``unquantized.FloatMethod``, ``packed.PackedFloatMethod``).
 
 Where it sits: ``engine/model/llama.py``'s attention and MLP blocks are :class:`ProjectedBlock`\\ s:
 their input linears (q/k/v; gate/up) run as one matmul (:func:`pack_linears`) and their output
@@ -15,27 +16,21 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import nn
 
-from kvfleet.engine.kernels.linear import Linear, resolve_linear
-from kvfleet.engine.kernels.native.skinny_gemm import load_linear
-from kvfleet.engine.kernels.packing import pack_weight
+from kvfleet.engine.kernels.linear import Linear
 from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.layers.linear.packed import PackedFloatMethod
+from kvfleet.engine.layers.linear.unquantized import FloatMethod, column_major, matmul_layout
 
-
-def column_major(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (out, in) stored as its contiguous transpose, seen as (out, in) again.
-
-    ``F.linear`` then multiplies by a contiguous (in, out) matrix: on the CPU, MKL's GEMM at the
-    few rows of a decode step runs about twice as fast from that layout (1.5x for the LM head).
-    """
-    return weight.t().contiguous().t()
-
-
-def matmul_layout(weight: torch.Tensor) -> torch.Tensor:
-    """The layout the model's matmuls read fastest here: as stored (row-major) where the native
-    few-row kernel runs the decode steps (``kernels/native/skinny_gemm.py``), else :func:`column_major`."""
-    if weight.device.type == "cpu" and load_linear() is None:
-        return column_major(weight)
-    return weight.contiguous()
+__all__ = [
+    "Matmuls",
+    "Packed",
+    "ProjectedBlock",
+    "column_major",
+    "matmul_layout",
+    "pack_linears",
+    "store_for_matmul",
+]
+FLOAT_METHOD = FloatMethod()
 
 
 def store_for_matmul(linear: nn.Linear) -> None:
@@ -64,7 +59,7 @@ def pack_linears(owner: nn.Module, names: tuple[str, ...]) -> Packed:
     and ``state_dict`` keeps the checkpoint's names.
     """
     linears = [getattr(owner, name) for name in names]
-    weight = matmul_layout(torch.cat([lin.weight.detach() for lin in linears]))
+    weight = FLOAT_METHOD.create([lin.weight for lin in linears])
     biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
     if biases and len(biases) != len(linears):
         raise ValueError("packed linears must all have a bias or none")
@@ -100,7 +95,8 @@ class ProjectedBlock(nn.Module):
         self.packed_in: PackedWeight | None = None  # packed for a GEMM library by prepack()
         self.packed_out: PackedWeight | None = None
         self._matmuls: Matmuls | None = None
-        # resolved elsewhere (quantised weights: model/quant_loader.py); wins over resolving these linears
+        # resolved by the loader's linear method (quantised weights: model/quant_loader.py,
+        # model/hf_quant_loader.py); wins over resolving these linears as floats
         self.fixed: Matmuls | None = None
 
     def output_linear(self) -> nn.Linear:
@@ -116,9 +112,9 @@ class ProjectedBlock(nn.Module):
 
     def prepack(self, kind: str) -> None:
         """Keep packed copies (packer ``kind``) of both matmuls' weights (after :meth:`pack`)."""
-        fused = self.fused_inputs()
-        self.packed_in = pack_weight(fused.weight, kind)
-        self.packed_out = pack_weight(self.output_linear().weight, kind)
+        method = PackedFloatMethod(packer=kind)
+        self.packed_in = method.pack(self.fused_inputs().weight)
+        self.packed_out = method.pack(self.output_linear().weight)
         self._matmuls = None
 
     def fused_inputs(self) -> Packed:
@@ -134,7 +130,7 @@ class ProjectedBlock(nn.Module):
         if self._matmuls is None:
             fused, out = self.fused_inputs(), self.output_linear()
             self._matmuls = Matmuls(
-                resolve_linear(fused.weight, fused.bias, self.packed_in),
-                resolve_linear(out.weight, out.bias, self.packed_out),
+                FLOAT_METHOD.process(fused.weight, fused.bias, self.packed_in),
+                FLOAT_METHOD.process(out.weight, out.bias, self.packed_out),
             )
         return self._matmuls

@@ -33,6 +33,7 @@ import torch
 from kvfleet.engine.batch import FlatBatch
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.core_link import BlockingLink
+from kvfleet.engine.layers.linear.config import QuantizationConfig
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.parallel.group import TPComm, join_group, leave_group, open_store
 from kvfleet.engine.parallel.shard import RankShard
@@ -143,6 +144,7 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 
 def spawn_workers(
     config: EngineConfig,
+    quantization: QuantizationConfig,
     model_path: str,
     device: torch.device,
     dtype: torch.dtype,
@@ -154,13 +156,16 @@ def spawn_workers(
     inits = [
         WorkerInit(
             config=config,
+            quantization=quantization,
             model_path=model_path,
             shard=shard,
             port=0,
             device=str(rank_device(device, shard.rank)),
             dtype=str(dtype).removeprefix("torch."),
             backend=backend,
-            weight_packing=config.weight_packing if config.prepack_weights else None,
+            weight_packing=config.weight_packing
+            if config.prepack_weights and quantization.prepacks
+            else None,
             threads=threads,
             vocab_sizes=[s.vocab.size for s in shards],
             parent_pid=os.getpid(),

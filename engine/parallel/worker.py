@@ -31,8 +31,9 @@ import torch
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.core_link import BlockingLink
+from kvfleet.engine.layers.linear.config import QuantizationConfig
 from kvfleet.engine.lora.manager import LoraManager
-from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.loaders import load_for
 from kvfleet.engine.parallel.group import TPComm, join_group, join_store, leave_group
 from kvfleet.engine.parallel.shard import RankShard, lora_slices
 from kvfleet.engine.parallel.step_inputs import StepHeader, unpack
@@ -46,6 +47,7 @@ class WorkerInit:
     """Everything a worker needs, decided by rank 0 (so every rank runs the same model the same way)."""
 
     config: EngineConfig
+    quantization: QuantizationConfig  # rank 0's, resolved once: every rank loads its linears alike
     model_path: str
     shard: RankShard
     port: int  # rank 0's TCPStore
@@ -71,7 +73,8 @@ class RankWorker:
             join_store(init.port, world, init.timeout_s), shard.rank, world, self.device, init.timeout_s
         )
         self.comm = TPComm(shard.rank, world, init.vocab_sizes)
-        self.model = load_model(Path(init.model_path), self.dtype, self.device, shard)
+        path = Path(init.model_path)
+        self.model = load_for(init.quantization, init.model_path, path, self.dtype, self.device, shard)
         if init.weight_packing is not None:
             self.model.prepack(init.weight_packing)
         self.model.comm = self.comm

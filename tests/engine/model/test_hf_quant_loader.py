@@ -1,5 +1,5 @@
 """``--quantization int8``/``fp8`` on Hugging Face checkpoints, and compressed-tensors checkpoints
-loaded as they are (engine/model/hf_quant_loader.py, compressed_tensors.py), on the CPU.
+loaded as they are (engine/model/hf_quant_loader.py, engine/layers/linear/checkpoint.py), on the CPU.
 
 The tiny model served int8 must keep most greedy tokens of the float32 model (its weights are
 random: near-tied logits flip under int8's error, so the share of prompts whose next greedy token
@@ -21,7 +21,7 @@ from kvfleet.engine.kernels.fp8_linear import E4M3, quantize_fp8_per_channel, re
 from kvfleet.engine.kernels.int8_linear import Int8Linear
 from kvfleet.engine.kernels.linear import TorchLinear
 from kvfleet.engine.kernels.native.int8_gemm import load_int8, quantize_per_channel
-from kvfleet.engine.model.compressed_tensors import checkpoint_quantization, scheme_of
+from kvfleet.engine.layers.linear.checkpoint import checkpoint_quantization, scheme_of
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.hf_quant_loader import Int8Embedding, resident_weight_bytes, serving_target
 from kvfleet.engine.model.llama import DecoderLayer

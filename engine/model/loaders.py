@@ -1,0 +1,65 @@
+"""The loaders by name: which one reads a checkpoint is the quantization config's choice, not the runner's.
+
+Where it sits: ``ModelRunner`` resolves one ``QuantizationConfig`` (``layers/linear/config.py``) and
+calls :func:`load_for` with it; the config's ``loader`` names one of :data:`LOADERS`: ``float``
+(``loader.py``: safetensors in the compute dtype, sharded per tensor-parallel rank), ``gguf``
+(``quant_loader.py``: the linears in the file's blocks) or ``quantized`` (``hf_quant_loader.py``:
+int8/fp8 linears, from a compressed-tensors checkpoint or quantised at load). Each hands every
+linear to the config's ``layers/linear`` method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from kvfleet.engine.layers.linear.config import QuantizationConfig
+from kvfleet.engine.model.errors import ModelLoadError
+from kvfleet.engine.model.hf_quant_loader import load_hf_with
+from kvfleet.engine.model.llama import LlamaForCausalLM
+from kvfleet.engine.model.loader import load_model
+from kvfleet.engine.model.quant_loader import load_quantized_model
+from kvfleet.engine.model.tp import ShardSpec
+
+Loader = Callable[
+    [QuantizationConfig, str, Path, torch.dtype, torch.device, ShardSpec | None], LlamaForCausalLM
+]
+
+
+def _float(
+    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    shard: ShardSpec | None,
+) -> LlamaForCausalLM:  # fmt: skip
+    return load_model(folder, dtype, device, shard)
+
+
+def _gguf(
+    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    shard: ShardSpec | None,
+) -> LlamaForCausalLM:  # fmt: skip
+    return load_quantized_model(model, folder, dtype, device, quant.gguf_file)
+
+
+def _quantized(
+    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    shard: ShardSpec | None,
+) -> LlamaForCausalLM:  # fmt: skip
+    return load_hf_with(quant, folder, dtype, device, shard)
+
+
+LOADERS: dict[str, Loader] = {"float": _float, "gguf": _gguf, "quantized": _quantized}
+
+
+def load_for(
+    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    shard: ShardSpec | None = None,
+) -> LlamaForCausalLM:  # fmt: skip
+    """The model ``model`` (resolved to ``folder``) loaded as ``quant`` says; ``shard``: this rank's
+    slice under tensor parallelism (the float and the quantized loaders cut it; a GGUF's refuses
+    tp > 1 first, in the config)."""
+    loader = LOADERS.get(quant.loader)
+    if loader is None:
+        raise ModelLoadError(f"no loader {quant.loader!r} for {quant.source}; loaders: {sorted(LOADERS)}")
+    return loader(quant, model, folder, dtype, device, shard)
