@@ -53,7 +53,7 @@ class ApiKeySecretRef(CamelModel):
 
 class ModelSpec(CamelModel):
     name: str = Field(min_length=1, max_length=256)
-    uri: str
+    uri: str = Field(max_length=1024)  # the CRD bounds it: its CEL rule's cost must fit the budget
     architecture: str | None = None
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     max_model_len: int | None = Field(default=None, ge=1)
