@@ -32,7 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.Cluster]
     if shutil.which("go") is None and binaries.built() is None:
         pytest.skip("Go (>= 1.26) is needed to build the control plane's binaries: docs/cluster.md")
     state = tmp_path_factory.mktemp("cluster")
-    running = local.up(state, models=("tiny",), install=False)
+    running = local.up(state, models=("tiny", "smollm2"), install=False)
     try:
         yield running
     finally:

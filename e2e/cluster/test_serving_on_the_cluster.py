@@ -1,7 +1,8 @@
 """A user's first hour on the real control plane: ``helm install`` puts the operator and the router on
 the process node with their service accounts' RBAC and nothing more; ``kubectl apply`` of the tiny
 example becomes Ready through Deployment → ReplicaSet → a Pod the real scheduler placed; the official
-openai client answers through the router; a TenantQuota throttles its tenant within seconds."""
+openai client answers through the router, from the tiny model and from SmolLM2 (the model the engine
+image bakes); a TenantQuota throttles its tenant within seconds."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .conftest import (
     OPERATOR_SA,
     ROUTER_SA,
     TINY,
+    apply,
     condition,
     eventually,
     get,
@@ -77,6 +79,34 @@ def test_the_openai_client_is_answered_through_the_router(tiny: local.Cluster) -
         model="tiny", prompt="hello", max_tokens=8, stream=True, temperature=0
     )
     assert len([chunk for chunk in streamed if chunk.choices and chunk.choices[0].text]) >= 1
+
+
+def test_smollm2_becomes_ready_and_answers_through_the_router(tiny: local.Cluster) -> None:
+    """The real model the engine image bakes: the tiny example with SmolLM2's baked folder."""
+    manifest = local.load_yaml(TINY)
+    manifest["metadata"]["name"] = manifest["spec"]["model"]["name"] = "smollm2"
+    manifest["spec"]["model"]["uri"] = "file:///opt/kvfleet/models/smollm2"
+    apply(tiny, manifest)
+    try:
+        eventually(
+            lambda: condition(get(tiny, "inferenceservice", "smollm2", "-n", "default"), "Ready") == "True",
+            300,
+            "InferenceService smollm2 Ready",
+            pause=1,
+        )
+        client = openai.OpenAI(base_url=router_url(tiny) + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        eventually(
+            lambda: any(m.id == "smollm2" for m in client.models.list().data), 60, "the router sees smollm2"
+        )
+        done = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16,
+            temperature=0,
+        )
+        assert "Paris" in (done.choices[0].message.content or ""), done
+    finally:
+        tiny.kubectl("delete", "kis", "smollm2", "-n", "default", "--wait=true", "--timeout=120s")
 
 
 def test_a_tenantquota_applied_throttles_its_tenant_within_seconds(tiny: local.Cluster) -> None:

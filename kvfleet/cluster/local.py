@@ -146,6 +146,11 @@ def nodes_ready(cluster: Cluster, names: Sequence[str]) -> bool:
     return set(names) <= ready
 
 
+def widen_gpu_node(cluster: Cluster, gpus: int) -> None:
+    """Give the fake GPU node ``gpus`` GPUs (a benchmark's many one-GPU engines)."""
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(gpu_node(GPU_NODE, gpus)))
+
+
 def gpu_node(name: str, gpus: int = 8) -> dict[str, object]:
     """A kwok node with GPUs: pods placed on it are run by kwok's stages (Running, never executed)."""
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
