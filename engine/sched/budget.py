@@ -28,6 +28,7 @@ from kvfleet.engine.sequence import Sequence, SequenceStatus
 # Under a step time target, the first prefill of every step gets at least this many tokens, so
 # prompts progress even when the running decodes alone fill the target.
 MIN_PREFILL_CHUNK_TOKENS = 32
+_RUNNING = SequenceStatus.RUNNING
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,13 @@ class StepBudget:
     def grant(self, seq: Sequence, computed: int, wanted: int, *, whole: bool = False) -> int:
         """Tokens of ``seq``'s next chunk (it has ``computed``, wants ``wanted`` more) this step may
         compute; 0: none, the step is full. ``whole``: a prompt that is not chunked, not cut by the cap."""
-        return wanted if whole else min(wanted, self.tokens_left)
+        left = self.tokens_left  # called per running sequence per step: no min(), no super()
+        return wanted if whole or wanted <= left else left
 
     def spend(self, seq: Sequence, computed: int, num_new: int) -> None:
         """``num_new`` tokens of ``seq`` (from ``computed``) are in the plan."""
-        self.tokens_left = max(0, self.tokens_left - num_new)
+        left = self.tokens_left - num_new
+        self.tokens_left = left if left > 0 else 0
 
 
 class Budget(ABC):
@@ -106,11 +109,6 @@ class TokenBudget(Budget):
         self, running: list[Sequence], waiting: deque[Sequence], scheduled: list[ScheduledSeq]
     ) -> StepBudget:
         return StepBudget(self.limits.max_num_batched_tokens, list(running))
-
-
-def _decoding(seq: Sequence) -> bool:
-    """A running sequence whose next chunk is its one sampled token."""
-    return seq.status is SequenceStatus.RUNNING and seq.num_tokens - seq.num_computed_tokens == 1
 
 
 class TimeStepBudget(StepBudget):
@@ -151,14 +149,23 @@ class TimeStepBudget(StepBudget):
         return self._time
 
     def grant(self, seq: Sequence, computed: int, wanted: int, *, whole: bool = False) -> int:
-        num_new = super().grant(seq, computed, wanted, whole=whole)
-        if num_new == 0 or _decoding(seq):
-            return num_new
+        left = self.tokens_left
+        num_new = wanted if whole or wanted <= left else left
+        if num_new == 0:
+            return 0
+        if (
+            not self._opened
+            and wanted == 1
+            and seq.status is _RUNNING
+            and computed == seq.num_computed_tokens
+        ):
+            return 1  # a decode: the running sequence's one token left (no cached prefix), the cap alone
         time = self._open()
         return num_new if time is None else time.chunk(computed, num_new)
 
     def spend(self, seq: Sequence, computed: int, num_new: int) -> None:
-        super().spend(seq, computed, num_new)
+        left = self.tokens_left - num_new
+        self.tokens_left = left if left > 0 else 0
         if self._time is not None:  # opened at the first prefill chunk: every spend since is one
             self._time.spend(computed, num_new)
 

@@ -11,11 +11,11 @@ There is no prefill or decode phase: each running sequence has ``num_computed_to
 catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut
 into chunks by the step budget, so chunked prefill and decodes share a step.
 
-Every step is planned by one loop over the running sequences (:meth:`Scheduler._serve_running`,
-the only place that preempts), then one over the waiting ones (:meth:`Scheduler._admit`, which
-never preempts), both spending the same step budget: the token cap (``tokens``), or that and the
-step's predicted time, with decodes served first (``time``: stall-free, the engine's default;
-``--no-stall-free`` turns it off).
+Every step is planned by one loop over the running sequences (:meth:`Scheduler._serve_running`;
+only its :meth:`Scheduler._make_room` preempts), then one over the waiting ones
+(:meth:`Scheduler._admit`, which never preempts), both spending the same step budget: the token
+cap (``tokens``), or that and the step's predicted time, with decodes served first (``time``:
+stall-free, the engine's default; ``--no-stall-free`` turns it off).
 """
 
 from __future__ import annotations
@@ -136,33 +136,35 @@ class Scheduler:
             self._admit(step, scheduled)
         return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
 
-    # Invariant: running sequences are served in the step budget's order (policy order; decodes
-    # first under the time budget) until it is spent. A sequence is preempted only here, only when
-    # the pool cannot give the next blocks to one being served, and the victim is the least
-    # important running sequence (policy order) not yet in the plan: the one asking, or one served
-    # after it; a sequence preempted is skipped, and the ones that asked before it keep their chunk.
     def _serve_running(
         self, step: StepBudget, scheduled: list[ScheduledSeq], preempted: list[Sequence]
     ) -> None:
+        """The running sequences' next chunks in the step budget's order (policy order; decodes first
+        under the time budget) until it is spent; one preempted meanwhile (:meth:`_make_room`) is skipped."""
         block_size, running = self.kv.block_size, SequenceStatus.RUNNING
+        grant, spend, append = step.grant, step.spend, scheduled.append  # per sequence: bound once
         for seq in step.order:
             if seq.status is not running:
                 continue  # preempted for a sequence served before it
-            computed, blocks = seq.num_computed_tokens, seq.block_ids
+            before, blocks = seq.num_computed_tokens, seq.block_ids
             cached = NO_PREFIX if blocks else self._cached_prefix(seq)
-            before = computed + cached.num_tokens
-            num_new = step.grant(seq, before, len(seq.prompt_token_ids) + len(seq.output_token_ids) - before)
+            before += cached.num_tokens
+            num_new = grant(seq, before, len(seq.prompt_token_ids) + len(seq.output_token_ids) - before)
             if num_new == 0:
                 break  # the step is full
             if blocks and before + num_new <= len(blocks) * block_size:
                 # O(1) fast path (most decode steps): the chunk fits in the blocks already held.
-                entry: ScheduledSeq | None = ScheduledSeq(seq, computed, num_new, tuple(blocks))
+                entry: ScheduledSeq | None = ScheduledSeq(seq, before, num_new, tuple(blocks))
             else:
                 entry = self._make_room(seq, num_new, cached, scheduled, preempted)
             if entry is not None:
-                step.spend(seq, before, num_new)
-                scheduled.append(entry)
+                spend(seq, before, num_new)
+                append(entry)
 
+    # Invariant: the one loop that preempts (admissions never do). A running sequence is preempted
+    # only when the pool cannot give the next blocks to one being served, and the victim is the least
+    # important running sequence (policy order) not yet in the plan: the one asking or one served after
+    # it, never one whose chunk is planned; the one asking, once it is the victim, waits for a later step.
     def _make_room(
         self,
         seq: Sequence,
@@ -171,8 +173,7 @@ class Scheduler:
         scheduled: list[ScheduledSeq],
         preempted: list[Sequence],
     ) -> ScheduledSeq | None:
-        """Blocks for ``seq``'s next chunk, preempting as :meth:`_serve_running` states; None when
-        ``seq`` itself was preempted."""
+        """Blocks for running ``seq``'s next chunk, preempting as stated above; None: ``seq`` was."""
         in_plan: set[int] | None = None
         while self.kv.allocate_slots(seq, num_new, cached) is None:
             in_plan = {e.seq.seq_id for e in scheduled} if in_plan is None else in_plan
