@@ -4,17 +4,18 @@ Where it sits: ``Engine.step()`` calls ``Scheduler.schedule()`` for a
 :class:`SchedulerPlan`, hands it to the runner, then gives the samples back to
 ``Scheduler.update()``. The scheduler owns the waiting queue and the running list and
 asks the :class:`KVCacheManager` for blocks; the :class:`SchedulingPolicy` decides the
-order. It never touches tensors and never imports torch (docs/architecture.md §4).
+order, the step :class:`Budget` (engine/sched/budget.py, ``tokens`` or ``time``) how much a step
+computes. It never touches tensors and never imports torch (docs/architecture.md §4).
 
 There is no prefill or decode phase: each running sequence has ``num_computed_tokens``
 catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut
-into chunks by the per-step token budget, so chunked prefill and decodes share a step.
+into chunks by the step budget, so chunked prefill and decodes share a step.
 
-Stall-free (``decode_factor`` and/or ``target_step_s``; the engine's default, ``--no-stall-free``
-turns it off) the step is planned as in Sarathi-Serve: every running decode first, then prefill
-chunks sized so that the step's predicted time (``step_cost.StepCostModel``, fitted online from the
-engine's measured steps) stays within ``max(target_step_s, decode_factor × the decode step midway
-to the batch the prompts make)`` (``step_cost.StepTimeBudget``); ``max_num_batched_tokens`` caps it.
+Every step is planned by one loop over the running sequences (:meth:`Scheduler._serve_running`;
+only its :meth:`Scheduler._make_room` preempts), then one over the waiting ones
+(:meth:`Scheduler._admit`, which never preempts), both spending the same step budget: the token
+cap (``tokens``), or that and the step's predicted time, with decodes served first (``time``:
+stall-free, the engine's default; ``--no-stall-free`` turns it off).
 """
 
 from __future__ import annotations
@@ -25,17 +26,22 @@ from typing import NamedTuple
 
 from kvfleet.engine.kv.kv_cache_manager import NO_PREFIX, CachedPrefix, KVCacheManager
 from kvfleet.engine.outputs import SampleResult
+from kvfleet.engine.sched.budget import (
+    MIN_PREFILL_CHUNK_TOKENS,
+    Budget,
+    BudgetLimits,
+    StepBudget,
+    default_budget_name,
+    make_budget,
+)
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sched.policy import SchedulingPolicy, make_policy
-from kvfleet.engine.sched.step_cost import StepCostModel, StepShape, StepTimeBudget
+from kvfleet.engine.sched.step_cost import StepCostModel
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 
 # A waiting sequence waits for another's in-flight prefix when at least this many of its
 # tokens would otherwise be computed twice (SGLang's in-batch prefix threshold is 32 too).
 SHARED_PREFIX_WAIT_TOKENS = 32
-# Under a step time target, the first prefill of every step gets at least this many tokens, so
-# prompts progress even when the running decodes alone fill the target.
-MIN_PREFILL_CHUNK_TOKENS = 32
 
 
 class Sampled(NamedTuple):
@@ -44,6 +50,9 @@ class Sampled(NamedTuple):
 
 
 class Scheduler:
+    """``budget``: a registered step budget's name (engine/sched/budget.py); None: ``time`` when
+    ``target_step_s`` or ``decode_factor`` is given (stall-free), else ``tokens``."""
+
     def __init__(
         self,
         kv: KVCacheManager,
@@ -57,6 +66,7 @@ class Scheduler:
         decode_factor: float | None = None,
         step_cost: StepCostModel | None = None,
         min_prefill_chunk: int = MIN_PREFILL_CHUNK_TOKENS,
+        budget: str | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -70,20 +80,21 @@ class Scheduler:
         self._requests: dict[str, list[Sequence]] = {}
         self.num_preemptions = 0
         self._running_sorted = True  # False once an admission may have broken the policy order
-        if target_step_s is not None and target_step_s <= 0:
-            raise ValueError(f"target_step_s must be > 0, got {target_step_s}")
-        if decode_factor is not None and decode_factor <= 1.0:
-            raise ValueError(f"decode_factor must be > 1, got {decode_factor}")  # prefill gets factor - 1
-        self.target_step_s = target_step_s  # a step may always take this long; None: no floor
-        self.decode_factor = decode_factor  # a step may take this many decode-only steps; None: no scaling
-        self.step_cost = step_cost or StepCostModel()  # fed by Engine.step() when stall-free
-        self.min_prefill_chunk = min_prefill_chunk
-        self._time: StepTimeBudget | None = None  # the step being planned's time left, stall-free mode
+        limits = BudgetLimits(
+            max_num_batched_tokens,
+            max_num_seqs,
+            target_step_s,
+            decode_factor,
+            step_cost or StepCostModel(),
+            min_prefill_chunk,
+        )
+        self.budget: Budget = make_budget(budget or default_budget_name(limits), limits)
+        self.step_cost = limits.step_cost  # fed by Engine.step() when the budget learns it
 
     @property
     def stall_free(self) -> bool:
-        """Whether steps are planned stall-free (a time bound), rather than by the token cap alone."""
-        return self.target_step_s is not None or self.decode_factor is not None
+        """Whether steps are bounded by time (the ``time`` budget, whose cost model the engine feeds)."""
+        return self.budget.learns_step_cost
 
     # ---- queue state
     @property
@@ -112,98 +123,49 @@ class Scheduler:
             self.policy.order_running(self.running)
             self._running_sorted = True
 
-    # Invariant: running sequences are served before any waiting one, in policy order; the
-    # step's tokens never exceed the budget; a waiting sequence is admitted only when no
-    # running one had to be preempted this step.
     def schedule(self) -> SchedulerPlan:
-        if self.stall_free:
-            return self._schedule_stall_free()
-        budget = self.max_num_batched_tokens
+        """The next step: running sequences first, then admissions, in one step budget; a waiting
+        sequence is admitted only when no running one had to be preempted this step."""
+        self._order_running()
         scheduled: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
-        self._order_running()
-        running, block_size = self.running, self.kv.block_size
-        num_running_at_start = len(running)
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
-            computed, blocks = seq.num_computed_tokens, seq.block_ids
-            num_new = min(len(seq.prompt_token_ids) + len(seq.output_token_ids) - computed, budget)
-            if blocks and computed + num_new <= len(blocks) * block_size:
-                # O(1) fast path (most decode steps): the chunk fits in the blocks already held.
-                entry: ScheduledSeq | None = ScheduledSeq(seq, computed, num_new, tuple(blocks))
-            else:
-                entry = self._schedule_running(i, budget, preempted)
-            if entry is None:
-                break
-            scheduled.append(entry)
-            budget -= entry.num_new_tokens
-            i += 1
-        if not preempted and self.policy.may_admit(num_running_at_start):
-            budget = self._admit(budget, scheduled)
-        return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
-
-    # Invariant (stall-free): running decodes are planned before any prefill chunk, each group in policy
-    # order; prefill (running prompts, then admissions) fills what the cap and the time bound leave, the
-    # bound max(target, decode_factor x the decode step midway to the batch the decodes make with the
-    # prompts running or waiting); a step's first prefill gets >= min_prefill_chunk; no decode: the cap.
-    def _schedule_stall_free(self) -> SchedulerPlan:
-        budget = self.max_num_batched_tokens
-        scheduled: list[ScheduledSeq] = []
-        preempted: list[Sequence] = []
-        self._order_running()
+        step = self.budget.open(self.running, self.waiting, scheduled)
         num_running_at_start = len(self.running)
-        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
-        prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
-        for seq in decoding:
-            if budget == 0 or seq.status is not SequenceStatus.RUNNING:
-                continue  # out of tokens, or preempted by a decode before it
-            entry = self._room(seq, 1, NO_PREFIX, scheduled, preempted)
-            if entry is None:
-                break  # seq gave its own blocks up: everything after it is preempted too
-            scheduled.append(entry)
-            budget -= 1
-        if scheduled:
-            target_s, factor = self.target_step_s or 0.0, self.decode_factor or 0.0
-            shape = StepShape.of(scheduled)
-            full = shape.joined_by(self.max_num_seqs, prefilling, self.waiting)  # the decode step filled
-            self._time = StepTimeBudget(self.step_cost, target_s, self.min_prefill_chunk, shape, factor, full)
-        try:
-            budget = self._prefill_running(prefilling, budget, scheduled, preempted)
-            if not preempted and self.policy.may_admit(num_running_at_start):
-                self._admit(budget, scheduled)
-        finally:
-            self._time = None
+        self._serve_running(step, scheduled, preempted)
+        if not preempted and self.policy.may_admit(num_running_at_start):
+            self._admit(step, scheduled)
         return SchedulerPlan(scheduled=tuple(scheduled), preempted=tuple(preempted))
 
-    def _prefill_running(
-        self,
-        prefilling: list[Sequence],
-        budget: int,
-        scheduled: list[ScheduledSeq],
-        preempted: list[Sequence],
-    ) -> int:
-        """The next chunks of running prompts, in policy order, within the budget and the time left."""
-        for seq in prefilling:
-            if budget == 0:
-                break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted to make room for a decode or an earlier prompt
-            cached = self._cached_prefix(seq) if not seq.block_ids else NO_PREFIX
-            before = seq.num_computed_tokens + cached.num_tokens
-            num_new = min(seq.num_tokens - before, budget)
-            if self._time is not None and (num_new := self._time.chunk(before, num_new)) == 0:
-                break
-            entry = self._room(seq, num_new, cached, scheduled, preempted)
-            if entry is None:
-                break
-            if self._time is not None:
-                self._time.spend(before, num_new)
-            scheduled.append(entry)
-            budget -= num_new
-        return budget
+    def _serve_running(
+        self, step: StepBudget, scheduled: list[ScheduledSeq], preempted: list[Sequence]
+    ) -> None:
+        """The running sequences' next chunks in the step budget's order (policy order; decodes first
+        under the time budget) until it is spent; one preempted meanwhile (:meth:`_make_room`) is skipped."""
+        block_size, running = self.kv.block_size, SequenceStatus.RUNNING
+        grant, spend, append = step.grant, step.spend, scheduled.append  # per sequence: bound once
+        for seq in step.order:
+            if seq.status is not running:
+                continue  # preempted for a sequence served before it
+            before, blocks = seq.num_computed_tokens, seq.block_ids
+            cached = NO_PREFIX if blocks else self._cached_prefix(seq)
+            before += cached.num_tokens
+            num_new = grant(seq, before, len(seq.prompt_token_ids) + len(seq.output_token_ids) - before)
+            if num_new == 0:
+                break  # the step is full
+            if blocks and before + num_new <= len(blocks) * block_size:
+                # O(1) fast path (most decode steps): the chunk fits in the blocks already held.
+                entry: ScheduledSeq | None = ScheduledSeq(seq, before, num_new, tuple(blocks))
+            else:
+                entry = self._make_room(seq, num_new, cached, scheduled, preempted)
+            if entry is not None:
+                spend(seq, before, num_new)
+                append(entry)
 
-    def _room(
+    # Invariant: the one loop that preempts (admissions never do). A running sequence is preempted
+    # only when the pool cannot give the next blocks to one being served, and the victim is the least
+    # important running sequence (policy order) not yet in the plan: the one asking or one served after
+    # it, never one whose chunk is planned; the one asking, once it is the victim, waits for a later step.
+    def _make_room(
         self,
         seq: Sequence,
         num_new: int,
@@ -211,8 +173,7 @@ class Scheduler:
         scheduled: list[ScheduledSeq],
         preempted: list[Sequence],
     ) -> ScheduledSeq | None:
-        """Blocks for running ``seq``'s next chunk; out of blocks, the lowest-priority running sequence
-        not yet in this step's plan is preempted, until it fits or ``seq`` itself goes (None)."""
+        """Blocks for running ``seq``'s next chunk, preempting as stated above; None: ``seq`` was."""
         in_plan: set[int] | None = None
         while self.kv.allocate_slots(seq, num_new, cached) is None:
             in_plan = {e.seq.seq_id for e in scheduled} if in_plan is None else in_plan
@@ -223,22 +184,9 @@ class Scheduler:
                 return None
         return self._entry(seq, num_new)
 
-    def _schedule_running(self, i: int, budget: int, preempted: list[Sequence]) -> ScheduledSeq | None:
-        """Room for running[i]'s next chunk, preempting from the back of the running list if needed."""
-        seq = self.running[i]
-        cached = self._cached_prefix(seq) if not seq.block_ids else NO_PREFIX
-        num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
-        num_new = min(num_tokens - seq.num_computed_tokens - cached.num_tokens, budget)
-        while self.kv.allocate_slots(seq, num_new, cached) is None:
-            victim = self.running[-1]  # lowest priority, latest arrival (running is in policy order)
-            self._preempt(victim)
-            preempted.append(victim)
-            if victim is seq:
-                return None
-        return self._entry(seq, num_new)
-
-    def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
-        """Move waiting sequences into the running list while budget, blocks and max_num_seqs allow.
+    def _admit(self, step: StepBudget, scheduled: list[ScheduledSeq]) -> None:
+        """Move waiting sequences into the running list while the step budget, blocks and
+        max_num_seqs allow; out of blocks, admissions stop (they never preempt).
 
         A sequence whose adapter would make more than ``max_loras`` distinct adapters run at once,
         or whose prefix another running sequence computes in a later step, waits (keeping its
@@ -252,33 +200,37 @@ class Scheduler:
             if adapters is not None and not self._adapter_fits(seq, adapters):
                 held_back.append(self.waiting.popleft())
                 continue
-            if budget == 0:
+            if step.tokens_left == 0:
                 if not self.policy.admits_whole_batch:
                     break
                 self._start(seq)  # static batching: joins now, computes in later steps
                 continue
-            start = self._share_in_flight(seq, self._cached_prefix(seq), scheduled)
-            if start is None:
+            cached = self._share_in_flight(seq, self._cached_prefix(seq), scheduled)
+            if cached is None:
                 held_back.append(self.waiting.popleft())
                 continue
-            cached = start
-            num_new = seq.num_tokens - seq.num_computed_tokens - cached.num_tokens
-            if num_new > budget and not self.enable_chunked_prefill and scheduled:
+            entry = self._admit_one(step, seq, cached, scheduled)
+            if entry is None:
                 break
-            if self.enable_chunked_prefill:
-                num_new = min(num_new, budget)
-            before = seq.num_computed_tokens + cached.num_tokens
-            if self._time is not None and (num_new := self._time.chunk(before, num_new)) == 0:
-                break  # the step's time target is spent
-            if self.kv.allocate_slots(seq, num_new, cached) is None:
-                break  # out of blocks: admissions never preempt
-            if self._time is not None:
-                self._time.spend(before, num_new)
-            self._start(seq)
-            scheduled.append(self._entry(seq, num_new))
-            budget = max(0, budget - num_new)
+            scheduled.append(entry)
         self.waiting.extendleft(reversed(held_back))
-        return budget
+
+    def _admit_one(
+        self, step: StepBudget, seq: Sequence, cached: CachedPrefix, scheduled: list[ScheduledSeq]
+    ) -> ScheduledSeq | None:
+        """Start the waiting sequence at the queue's head with its first chunk; None: the step has
+        no room for it (tokens, time or blocks) and admissions stop."""
+        before = seq.num_computed_tokens + cached.num_tokens
+        wanted = seq.num_tokens - before
+        whole = not self.enable_chunked_prefill
+        if whole and wanted > step.tokens_left and scheduled:
+            return None  # an unchunked prompt waits for a step with room for all of it
+        num_new = step.grant(seq, before, wanted, whole=whole)
+        if num_new == 0 or self.kv.allocate_slots(seq, num_new, cached) is None:
+            return None
+        step.spend(seq, before, num_new)
+        self._start(seq)
+        return self._entry(seq, num_new)
 
     def _share_in_flight(
         self, seq: Sequence, cached: CachedPrefix, scheduled: list[ScheduledSeq]

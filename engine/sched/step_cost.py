@@ -2,9 +2,9 @@
 
 Where it sits: ``Engine.step()`` feeds :class:`StepCostModel` each step's shape (prefill tokens,
 decode rows, context tokens read) and the seconds it took (the wall clock, or the simulated
-clock of ``engine/sim.py``); ``Scheduler.schedule()`` (stall-free mode) opens a
-:class:`StepTimeBudget` on it after planning the decodes and asks it how many prefill tokens fit
-in what is left of the step's bound (Sarathi-Serve's stall-free batching, with the chunk sized by time
+clock of ``engine/sim.py``); the ``time`` step budget (engine/sched/budget.py) opens a
+:class:`StepTimeBudget` on it once the step's decodes are planned and asks it how many prefill tokens
+fit in what is left of the step's bound (Sarathi-Serve's stall-free batching, with the chunk sized by time
 rather than by a fixed token count). Pure Python: no torch, no clock of its own.
 
 The model: ``seconds ≈ fixed + per_prefill_token × p + per_decode_row × r + per_context_token × c``,
