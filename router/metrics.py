@@ -3,10 +3,11 @@
 Names are the contract with the dashboards and rules; each series is labelled by
 model and tenant as the client sees the request. Goodput is
 ``kvfleet_router_slo_requests_total{met="true"}``: requests that met their
-InferenceService's TTFT and TPOT targets; the SLO rules judge TTFT and inter-token latency apart,
-from ``kvfleet_router_sli_events_total{sli, good}`` (:func:`record_slis`). Requests naming a LoRA adapter are counted
-again by adapter (``kvfleet_router_adapter_*``); only adapters an engine is configured with
-get a series, so a client cannot mint label values.
+InferenceService's TTFT and TPOT targets; the SLO rules judge TTFT and inter-token latency
+apart, from ``kvfleet_router_sli_events_total{sli, good}`` (:func:`record_slis`).
+
+Requests naming a LoRA adapter are counted again by adapter (``kvfleet_router_adapter_*``);
+only adapters an engine is configured with get a series, so a client cannot mint label values.
 """
 
 from __future__ import annotations
@@ -21,14 +22,25 @@ from kvfleet.resources import SLOSpec
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 M = TypeVar("M", bound=MetricWrapperBase)
+_MODEL_TENANT = ["model", "tenant"]
 
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
-        mt = ["model", "tenant"]
+        self._outcome_metrics()
+        self._latency_metrics()
+        self._token_and_slo_metrics()
+        self._adapter_metrics()
+        self._quota_and_usage_metrics()
+        self.engine_up = Gauge(
+            "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=self.registry
+        )
+
+    def _outcome_metrics(self) -> None:
+        """What became of each request: answered (by code), refused (by reason), queued."""
+        r, mt = self.registry, _MODEL_TENANT
         self.requests = Counter(
             "kvfleet_router_requests", "Requests answered, by status code", [*mt, "code"], registry=r
         )
@@ -36,6 +48,10 @@ class RouterMetrics:
             "kvfleet_router_rejections", "Requests refused, by reason", [*mt, "reason"], registry=r
         )
         self.queue_depth = Gauge("kvfleet_router_queue_depth", "Requests waiting", ["model"], registry=r)
+
+    def _latency_metrics(self) -> None:
+        """Latencies as the client sees them: queue wait, TTFT, TPOT, inter-token gaps."""
+        r, mt = self.registry, _MODEL_TENANT
         self.queue_wait = Histogram(
             "kvfleet_router_queue_wait_seconds",
             "Time in the admission queue",
@@ -64,6 +80,10 @@ class RouterMetrics:
             buckets=_TOKEN_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _token_and_slo_metrics(self) -> None:
+        """Tokens the engines reported, and each request's and each SLI event's verdict on its SLO."""
+        r, mt = self.registry, _MODEL_TENANT
         self.prompt_tokens = Counter(
             "kvfleet_router_prompt_tokens", "Prompt tokens the engines reported", mt, registry=r
         )
@@ -83,6 +103,10 @@ class RouterMetrics:
             [*mt, "sli", "good"],
             registry=r,
         )
+
+    def _adapter_metrics(self) -> None:
+        """Requests and tokens again by LoRA adapter (only adapters an engine is configured with)."""
+        r = self.registry
         self.adapter_requests = Counter(
             "kvfleet_router_adapter_requests",
             "Requests naming a LoRA adapter, by status code",
@@ -95,6 +119,10 @@ class RouterMetrics:
             ["adapter", "tenant", "kind"],
             registry=r,
         )
+
+    def _quota_and_usage_metrics(self) -> None:
+        """Quota charges held on this replica, and usage records the log could not keep."""
+        r = self.registry
         self.quota_in_flight = Gauge(
             "kvfleet_router_quota_in_flight",
             "Requests holding a quota charge (a concurrency slot) on this replica, not yet settled",
@@ -111,9 +139,6 @@ class RouterMetrics:
             "kvfleet_router_usage_records_dropped",
             "Usage records dropped because the usage log's queue was full",
             registry=r,
-        )
-        self.engine_up = Gauge(
-            "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=r
         )
 
     def child(self, metric: M, *values: str) -> M:
@@ -136,8 +161,14 @@ def sli_targets(slo: SLOSpec) -> tuple[int | None, int | None]:
     return slo.ttft_ms, slo.itl_p99_ms if slo.itl_p99_ms is not None else slo.tpot_ms
 
 
-def record_slis(m: RouterMetrics, model: str, tenant: str, targets: tuple[int | None, int | None],
-                ttft_s: float, gaps_s: list[float]) -> None:  # fmt: skip
+def record_slis(
+    m: RouterMetrics,
+    model: str,
+    tenant: str,
+    targets: tuple[int | None, int | None],
+    ttft_s: float,
+    gaps_s: list[float],
+) -> None:
     """One streamed request's SLI events against ``targets`` (ttftMs, tpotMs; None: not judged): its
     time to first token, and each of its inter-token gaps (the ITL SLI counts gaps, not requests,
     so one long stall in a long answer spends budget as a user feels it)."""
