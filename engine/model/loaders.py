@@ -29,23 +29,35 @@ Loader = Callable[
 
 
 def _float(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    quant: QuantizationConfig,
+    model: str,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
     shard: ShardSpec | None,
-) -> LlamaForCausalLM:  # fmt: skip
+) -> LlamaForCausalLM:
     return load_model(folder, dtype, device, shard)
 
 
 def _gguf(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    quant: QuantizationConfig,
+    model: str,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
     shard: ShardSpec | None,
-) -> LlamaForCausalLM:  # fmt: skip
+) -> LlamaForCausalLM:
     return load_quantized_model(model, folder, dtype, device, quant.gguf_file)
 
 
 def _quantized(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    quant: QuantizationConfig,
+    model: str,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
     shard: ShardSpec | None,
-) -> LlamaForCausalLM:  # fmt: skip
+) -> LlamaForCausalLM:
     return load_hf_with(quant, folder, dtype, device, shard)
 
 
@@ -53,9 +65,13 @@ LOADERS: dict[str, Loader] = {"float": _float, "gguf": _gguf, "quantized": _quan
 
 
 def load_for(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    quant: QuantizationConfig,
+    model: str,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
     shard: ShardSpec | None = None,
-) -> LlamaForCausalLM:  # fmt: skip
+) -> LlamaForCausalLM:
     """The model ``model`` (resolved to ``folder``) loaded as ``quant`` says; ``shard``: this rank's
     slice under tensor parallelism (the float and the quantized loaders cut it; a GGUF's refuses
     tp > 1 first, in the config)."""
