@@ -27,8 +27,7 @@ from torch import nn
 
 from bench.gpu.gpu_decode import BLOCK_SIZE, SMOKE_SHAPE, build_model, copy_bandwidth
 from bench.gpu.gpu_graphs import decode_plan, decode_steps
-from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token
-from kvfleet.capacity_quant import per_rank_weight_bytes
+from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token, per_rank_weight_bytes
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import flatten_plan
 from kvfleet.engine.kernels.fp8_linear import (
