@@ -12,6 +12,22 @@ from .fits import check_engine_fits
 from .memory import decode_tokens_per_s_bound, kv_bytes_per_token, per_rank_weights_bytes
 from .quant import canonical_quantization
 
+# The plan's figures that are the engine's verdict's (per GPU, or the replica's KV tokens and
+# sequences): the plan's field, then the verdict's.
+_FROM_VERDICT = {
+    "fits": "fits",
+    "reason": "reason",
+    "activation_bytes": "activation_reserve_bytes",
+    "usable_bytes": "usable_bytes_per_rank",
+    "kv_bytes": "kv_cache_bytes_per_rank",
+    "kv_blocks": "num_kv_blocks",
+    "kv_tokens": "kv_tokens",
+    "max_concurrent_sequences": "max_concurrent_sequences",
+    "weights_bytes_per_rank": "weights_bytes_per_rank",
+    "kv_bytes_per_token_per_rank": "kv_bytes_per_token_per_rank",
+    "kv_heads_per_rank": "kv_heads_per_rank",
+}
+
 
 @dataclass(frozen=True)
 class CapacityPlan:
@@ -114,25 +130,15 @@ def plan_capacity(
         model=shape.name,
         gpu=gpu.name,
         num_gpus=num_gpus,
-        dtype=dtype,
-        context=ctx,
-        gpu_memory_utilization=gpu_memory_utilization,
+        num_params=shape.num_params,
         weights_bytes=per_rank_weights_bytes(shape, dtype, 1, quantization),
         kv_bytes_per_token=kv_bytes_per_token(shape, dtype),
-        activation_bytes=v.activation_reserve_bytes,
-        usable_bytes=v.usable_bytes_per_rank,
-        kv_bytes=v.kv_cache_bytes_per_rank,
-        kv_tokens=v.kv_tokens,
-        max_concurrent_sequences=v.max_concurrent_sequences,
-        decode_tokens_per_s_bound=bound,
-        fits=v.fits,
-        reason=v.reason,
-        decode_batch_size=batch,
-        num_params=shape.num_params,
-        weights_bytes_per_rank=v.weights_bytes_per_rank,
-        kv_bytes_per_token_per_rank=v.kv_bytes_per_token_per_rank,
-        kv_heads_per_rank=v.kv_heads_per_rank,
-        kv_blocks=v.num_kv_blocks,
-        block_size=block_size,
+        dtype=dtype,
         quantization=canonical_quantization(quantization),
+        context=ctx,
+        block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        decode_tokens_per_s_bound=bound,
+        decode_batch_size=batch,
+        **{field: getattr(v, figure) for field, figure in _FROM_VERDICT.items()},
     )
