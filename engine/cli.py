@@ -51,7 +51,10 @@ def byte_size(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _server_arguments(parser)
-    _engine_arguments(parser)
+    _scheduling_arguments(parser)
+    _cache_arguments(parser)
+    _execution_arguments(parser)
+    _parallel_arguments(parser)
     _lora_arguments(parser)
     _sim_arguments(parser)
     _tool_arguments(parser)
@@ -120,8 +123,8 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_arguments(parser: argparse.ArgumentParser) -> None:
-    e = parser.add_argument_group("engine")
+def _scheduling_arguments(parser: argparse.ArgumentParser) -> None:
+    e = parser.add_argument_group("scheduling")
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=2048, help="hard cap on a step's tokens")
     e.add_argument(
@@ -153,6 +156,16 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="stall-free: a step may always take MS (the deployment's decode gap SLO), prefill filling it "
         "when the decodes are cheap; the bound is max(MS, K x the decodes' step) (default: none)",
     )
+    e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
+    e.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="schedule and launch the next step before reading this one's tokens (engine/async_scheduling.py)",
+    )
+
+
+def _cache_arguments(parser: argparse.ArgumentParser) -> None:
+    e = parser.add_argument_group("KV cache and memory")
     e.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     mem = e.add_mutually_exclusive_group()
     mem.add_argument(
@@ -161,6 +174,11 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     mem.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
     e.add_argument("--num-kv-blocks", type=int, default=None, help="exact KV block count (wins over memory)")
     e.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+
+
+def _execution_arguments(parser: argparse.ArgumentParser) -> None:
+    e = parser.add_argument_group("model execution")
     e.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     e.add_argument("--device", default="auto", help="cuda, cpu or auto")
     e.add_argument("--seed", type=int, default=0)
@@ -170,7 +188,6 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "torch", "triton", "cpu"],
         help="attention backend (auto: the native cpu kernel on a CPU where it builds, else torch)",
     )
-    e.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     e.add_argument(
         "--no-prepack-weights",
         action="store_true",
@@ -189,7 +206,6 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: inferred from the checkpoint (a quantised .gguf in its blocks, a compressed-tensors "
         "or fp8 one in its scheme, else float); gguf: the blocks of smollm2 or a .gguf; int8/fp8: quantise at load",
     )
-    e.add_argument("--scheduling-policy", default="fcfs", help="a registered policy: fcfs, priority")
     e.add_argument(
         "--structured-outputs-compile-timeout",
         type=float,
@@ -202,7 +218,6 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="decode steps without CUDA graphs (engine/cuda_graphs.py)",
     )
-    e.add_argument("--async-scheduling", action="store_true", help="launch a step before reading the last")
     e.add_argument(
         "--cuda-graph-sizes",
         type=int,
@@ -211,6 +226,10 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... up to --max-num-seqs)",
     )
+
+
+def _parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    e = parser.add_argument_group("tensor parallelism")
     e.add_argument(
         "--tensor-parallel-size",
         "-tp",
@@ -365,8 +384,11 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.stream_stall_timeout <= 0 or args.stream_send_buffer < 4:
-        print("kvfleet engine: need --stream-stall-timeout > 0 and --stream-send-buffer >= 4 (KiB), got "
-              f"{args.stream_stall_timeout} and {args.stream_send_buffer}", file=sys.stderr)  # fmt: skip
+        print(
+            "kvfleet engine: need --stream-stall-timeout > 0 and --stream-send-buffer >= 4 (KiB), got "
+            f"{args.stream_stall_timeout} and {args.stream_send_buffer}",
+            file=sys.stderr,
+        )
         return 2
     try:
         settings_from_env("kvfleet-engine")  # a bad OTEL_* variable is refused before the model loads

@@ -8,7 +8,9 @@ stays out of this module (the simulated engine runs it without torch); the runne
 
 Context limit: a prompt longer than ``max_model_len`` (or than the whole KV cache) is
 rejected; ``prompt + max_tokens`` beyond the limit is not: the sequence finishes with
-``"length"`` when it reaches the limit, as vLLM's offline ``LLM`` does. n > 1: the request's first sequence computes the prompt; once its prompt KV is in the
+``"length"`` when it reaches the limit, as vLLM's offline ``LLM`` does.
+
+n > 1: the request's first sequence computes the prompt; once its prompt KV is in the
 cache the other n - 1 sequences fork from it, sharing its full prompt blocks by
 reference count (``KVCacheManager.fork``) and recomputing only the last partial block.
 """

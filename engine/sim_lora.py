@@ -204,10 +204,16 @@ class SimLoraMiddleware:
         else:
             created = obj["data"][0].get("created", int(time.time())) if obj.get("data") else int(time.time())
             obj["data"] += [
-                {"id": name, "object": "model", "created": created, "owned_by": "kvfleet", "root": path_,
-                 "parent": self.base_model}
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "kvfleet",
+                    "root": path_,
+                    "parent": self.base_model,
+                }
                 for name, path_ in self.adapters.modules.items()
-            ]  # fmt: skip
+            ]
         return orjson.dumps(obj)
 
     async def _admin(self, receive: Receive, send: Send, path: str) -> None:

@@ -88,8 +88,12 @@ def vllm_args(spec: InferenceServiceSpec) -> list[str]:
 
 def vllm_container_overrides(spec: InferenceServiceSpec) -> Obj:
     """What a vLLM engine container changes in the kvfleet one: command, args, readiness, environment."""
-    ready = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 5,
-             "failureThreshold": 2}  # fmt: skip
+    ready = {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 5,
+        "failureThreshold": 2,
+    }
     return {
         "command": ["vllm", "serve"],
         "args": vllm_args(spec),

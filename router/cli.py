@@ -18,91 +18,105 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvfleet.streaming import add_stream_arguments
+    _discovery_arguments(parser)
+    _routing_arguments(parser)
+    _server_arguments(parser)
+    _usage_log_arguments(parser)
+    _add_envoy_arguments(
+        parser.add_argument_group(
+            "Envoy gateway (docs/architecture.md §6; the other --envoy-* flags take effect with --envoy-xds-port)"
+        )
+    )
 
-    parser.add_argument(
+
+def _discovery_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("discovery: the engines and tenants the router serves")
+    group.add_argument(
         "--engines",
         default="",
         help="comma-separated engine base URLs (static discovery), each optionally KIND=URL "
         "(vllm=http://10.0.0.7:8000); KIND is kvfleet or vllm",
     )
-    parser.add_argument(
+    group.add_argument(
         "--engine-kind",
         default="kvfleet",
         help="the kind of the --engines entries that name none: kvfleet (reads /load) or vllm "
         "(reads vLLM's /metrics) (default kvfleet)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--tenants", type=Path, help="tenants YAML file (a 'tenants:' list of TenantQuota specs)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--kubernetes", action="store_true", help="discover InferenceServices, TenantQuotas, pods"
     )
-    parser.add_argument("--namespace", help="with --kubernetes: watch only this namespace")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--redis", dest="redis_url", help="redis://host:port/db shared by router replicas")
-    parser.add_argument(
+    group.add_argument("--namespace", help="with --kubernetes: watch only this namespace")
+    group.add_argument("--redis", dest="redis_url", help="redis://host:port/db shared by router replicas")
+
+
+def _routing_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("routing and admission")
+    group.add_argument(
         "--policy",
         default="default",
         help="round-robin|least-request|kv-aware|prefix-aware|adapter-aware|default",
     )
-    parser.add_argument("--no-admission", action="store_true", help="never queue: send every request at once")
-    parser.add_argument(
-        "--max-queue-wait", type=float, default=10.0, help="seconds a request may wait queued"
-    )
-    parser.add_argument(
+    group.add_argument("--no-admission", action="store_true", help="never queue: send every request at once")
+    group.add_argument("--max-queue-wait", type=float, default=10.0, help="seconds a request may wait queued")
+    group.add_argument(
         "--max-engine-queue", type=int, default=4, help="requests past max_num_seqs per engine"
     )
-    parser.add_argument(
+    group.add_argument(
         "--chars-per-token", type=float, default=4.0, help="prompt token estimate at admission"
     )
-    parser.add_argument(
-        "--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block"
-    )
-    parser.add_argument(
+    group.add_argument("--prefix-chunk-chars", type=int, default=64, help="characters per prefix-index block")
+    group.add_argument(
         "--shared-prefix-cache",
         action="store_true",
         help="let tenants share prefix-cache blocks (public system prompts) on models without an "
         "InferenceService; otherwise each tenant's requests carry its own cache_salt",
     )
-    parser.add_argument(
+    group.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
+    group.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
+
+
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfleet.streaming import add_stream_arguments
+
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--port", type=int, default=8080)
+    group.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 << 20,  # kvfleet.http_guard.DEFAULT_MAX_BODY_BYTES (not imported: this module stays light)
+        help="request bodies over this many bytes get a 413 before they are read (default 8 MiB)",
+    )
+    group.add_argument(
         "--engine-read-timeout",
         type=float,
         default=60.0,
         help="seconds an engine may send nothing (before its first byte, or mid-stream) before the "
         "request fails with a clean error and the engine is taken out (default 60)",
     )
-    add_stream_arguments(parser)
-    parser.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
-    parser.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
-    _add_envoy_arguments(
-        parser.add_argument_group(
-            "Envoy gateway (docs/architecture.md §6; the other --envoy-* flags take effect with --envoy-xds-port)"
-        )
-    )
-    parser.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=8 << 20,  # kvfleet.http_guard.DEFAULT_MAX_BODY_BYTES (not imported: this module stays light)
-        help="request bodies over this many bytes get a 413 before they are read (default 8 MiB)",
-    )
-    parser.add_argument(
+    add_stream_arguments(group)
+    group.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def _usage_log_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("usage records")
+    group.add_argument(
         "--usage-log",
         metavar="PATH",
         help="write one JSON line per finished request (tenant, model, engine, tokens, timings, status, "
         "trace id; never the prompt) to PATH, '-' for stdout",
     )
-    parser.add_argument(
+    group.add_argument(
         "--usage-log-max-bytes",
         type=int,
         default=100 << 20,
         help="rotate the usage log (PATH -> PATH.1 ...) before it grows past this many bytes; 0: never",
     )
-    parser.add_argument(
-        "--usage-log-backups", type=int, default=5, help="rotated usage logs kept (default 5)"
-    )
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    group.add_argument("--usage-log-backups", type=int, default=5, help="rotated usage logs kept (default 5)")
 
 
 def _add_envoy_arguments(group: argparse._ArgumentGroup) -> None:

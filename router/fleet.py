@@ -221,7 +221,7 @@ class Fleet:
                 self.backlog(e),
                 adapter,
                 frozenset(e.adapters_sent),
-            )  # fmt: skip
+            )
             for e in sorted(ready, key=lambda e: e.url)
             if (load := self.trusted_load(e)) is not None
         ]

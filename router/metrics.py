@@ -3,15 +3,17 @@
 Names are the contract with the dashboards and rules; each series is labelled by
 model and tenant as the client sees the request. Goodput is
 ``kvfleet_router_slo_requests_total{met="true"}``: requests that met their
-InferenceService's TTFT and TPOT targets; the SLO rules judge TTFT and inter-token latency apart,
-from ``kvfleet_router_sli_events_total{sli, good}`` (:func:`record_slis`). Requests naming a LoRA adapter are counted
-again by adapter (``kvfleet_router_adapter_*``); only adapters an engine is configured with
-get a series, so a client cannot mint label values.
+InferenceService's TTFT and TPOT targets; the SLO rules judge TTFT and inter-token latency
+apart, from ``kvfleet_router_sli_events_total{sli, good}`` (:func:`record_slis`).
+
+Requests naming a LoRA adapter are counted again by adapter (``kvfleet_router_adapter_*``);
+only adapters an engine is configured with get a series, so a client cannot mint label values.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -26,95 +28,79 @@ M = TypeVar("M", bound=MetricWrapperBase)
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
-        mt = ["model", "tenant"]
-        self.requests = Counter(
-            "kvfleet_router_requests", "Requests answered, by status code", [*mt, "code"], registry=r
-        )
-        self.rejections = Counter(
-            "kvfleet_router_rejections", "Requests refused, by reason", [*mt, "reason"], registry=r
-        )
-        self.queue_depth = Gauge("kvfleet_router_queue_depth", "Requests waiting", ["model"], registry=r)
-        self.queue_wait = Histogram(
-            "kvfleet_router_queue_wait_seconds",
-            "Time in the admission queue",
-            mt,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "kvfleet_router_time_to_first_token_seconds",
+        add, mt = self._add, ["model", "tenant"]
+        # What became of each request: answered (by code), refused (by reason), queued.
+        self.requests = add(Counter, "requests", "Requests answered, by status code", [*mt, "code"])
+        self.rejections = add(Counter, "rejections", "Requests refused, by reason", [*mt, "reason"])
+        self.queue_depth = add(Gauge, "queue_depth", "Requests waiting", ["model"])
+        # Latencies as the client sees them.
+        latency, per_token = {"buckets": _LATENCY_BUCKETS}, {"buckets": _TOKEN_LATENCY_BUCKETS}
+        self.queue_wait = add(Histogram, "queue_wait_seconds", "Time in the admission queue", mt, **latency)
+        self.ttft = add(
+            Histogram,
+            "time_to_first_token_seconds",
             "Time to first token as the client sees it",
             mt,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            **latency,
         )
-        self.tpot = Histogram(
-            "kvfleet_router_time_per_output_token_seconds",
+        self.tpot = add(
+            Histogram,
+            "time_per_output_token_seconds",
             "Mean time per output token after the first",
             mt,
-            buckets=_TOKEN_LATENCY_BUCKETS,
-            registry=r,
+            **per_token,
         )
-        self.itl = Histogram(
-            "kvfleet_router_inter_token_latency_seconds",
-            "Time between streamed chunks",
-            mt,
-            buckets=_TOKEN_LATENCY_BUCKETS,
-            registry=r,
+        self.itl = add(
+            Histogram, "inter_token_latency_seconds", "Time between streamed chunks", mt, **per_token
         )
-        self.prompt_tokens = Counter(
-            "kvfleet_router_prompt_tokens", "Prompt tokens the engines reported", mt, registry=r
+        # Tokens the engines reported, and each request's and each SLI event's verdict on its SLO.
+        self.prompt_tokens = add(Counter, "prompt_tokens", "Prompt tokens the engines reported", mt)
+        self.generation_tokens = add(
+            Counter, "generation_tokens", "Completion tokens the engines reported", mt
         )
-        self.generation_tokens = Counter(
-            "kvfleet_router_generation_tokens", "Completion tokens the engines reported", mt, registry=r
-        )
-        self.slo = Counter(
-            "kvfleet_router_slo_requests",
-            "Finished requests by whether they met the SLO",
-            [*mt, "met"],
-            registry=r,
-        )
-        self.sli_events = Counter(
-            "kvfleet_router_sli_events",
+        self.slo = add(Counter, "slo_requests", "Finished requests by whether they met the SLO", [*mt, "met"])
+        self.sli_events = add(
+            Counter,
+            "sli_events",
             "Service-level-indicator events by whether each met its spec.slo target: sli=ttft, one per "
             "streamed request (its first token within ttftMs); sli=itl, one per inter-token gap (within tpotMs)",
             [*mt, "sli", "good"],
-            registry=r,
         )
-        self.adapter_requests = Counter(
-            "kvfleet_router_adapter_requests",
+        # Requests and tokens again by LoRA adapter (only adapters an engine is configured with).
+        self.adapter_requests = add(
+            Counter,
+            "adapter_requests",
             "Requests naming a LoRA adapter, by status code",
             ["adapter", "tenant", "code"],
-            registry=r,
         )
-        self.adapter_tokens = Counter(
-            "kvfleet_router_adapter_tokens",
+        self.adapter_tokens = add(
+            Counter,
+            "adapter_tokens",
             "Tokens of requests naming a LoRA adapter (kind: prompt or generation)",
             ["adapter", "tenant", "kind"],
-            registry=r,
         )
-        self.quota_in_flight = Gauge(
-            "kvfleet_router_quota_in_flight",
+        # Quota charges held on this replica, and usage records the log could not keep.
+        self.quota_in_flight = add(
+            Gauge,
+            "quota_in_flight",
             "Requests holding a quota charge (a concurrency slot) on this replica, not yet settled",
             ["tenant"],
-            registry=r,
         )
-        self.quota_reserved_tokens = Gauge(
-            "kvfleet_router_quota_reserved_tokens",
+        self.quota_reserved_tokens = add(
+            Gauge,
+            "quota_reserved_tokens",
             "Tokens charged at admission on this replica and not yet settled with the real usage",
             ["tenant"],
-            registry=r,
         )
-        self.usage_dropped = Counter(
-            "kvfleet_router_usage_records_dropped",
-            "Usage records dropped because the usage log's queue was full",
-            registry=r,
+        self.usage_dropped = add(
+            Counter, "usage_records_dropped", "Usage records dropped because the usage log's queue was full"
         )
-        self.engine_up = Gauge(
-            "kvfleet_router_engine_up", "1 while the engine is ready", ["engine"], registry=r
-        )
+        self.engine_up = add(Gauge, "engine_up", "1 while the engine is ready", ["engine"])
+
+    def _add(self, kind: type[M], name: str, doc: str, labels: Sequence[str] = (), **options: Any) -> M:
+        """A ``kvfleet_router_<name>`` metric of ``kind`` in this registry."""
+        return kind(f"kvfleet_router_{name}", doc, list(labels), registry=self.registry, **options)
 
     def child(self, metric: M, *values: str) -> M:
         """``metric.labels(*values)`` (values in label-name order), looked up once per label set:
@@ -136,8 +122,14 @@ def sli_targets(slo: SLOSpec) -> tuple[int | None, int | None]:
     return slo.ttft_ms, slo.itl_p99_ms if slo.itl_p99_ms is not None else slo.tpot_ms
 
 
-def record_slis(m: RouterMetrics, model: str, tenant: str, targets: tuple[int | None, int | None],
-                ttft_s: float, gaps_s: list[float]) -> None:  # fmt: skip
+def record_slis(
+    m: RouterMetrics,
+    model: str,
+    tenant: str,
+    targets: tuple[int | None, int | None],
+    ttft_s: float,
+    gaps_s: list[float],
+) -> None:
     """One streamed request's SLI events against ``targets`` (ttftMs, tpotMs; None: not judged): its
     time to first token, and each of its inter-token gaps (the ITL SLI counts gaps, not requests,
     so one long stall in a long answer spends budget as a user feels it)."""

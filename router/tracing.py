@@ -118,9 +118,15 @@ class RequestTrace:
 
 
 def genai_attributes(
-    *, model: str, tenant: str, engine: str | None, max_tokens: int, usage: tuple[int, int] | None,
-    finish_reason: str | None, operation: str,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    model: str,
+    tenant: str,
+    engine: str | None,
+    max_tokens: int,
+    usage: tuple[int, int] | None,
+    finish_reason: str | None,
+    operation: str,
+) -> dict[str, Any]:
     """The GenAI semantic-convention attributes (and kvfleet's) of a settled request."""
     return {
         GEN_AI_SYSTEM: "kvfleet",

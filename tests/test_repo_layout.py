@@ -1,5 +1,5 @@
-"""The repository's shape (issue #27): every committed benchmark result is cited somewhere, and no
-Python file outside the tests grows past the house limit of 400 lines."""
+"""The repository's shape (issue #27): every committed benchmark result is cited somewhere. The size
+rule for Python files and functions is tests/test_size_rule.py (issue #44)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ RESULTS = ROOT / "bench" / "results"
 CITING = ("README.md", "docs")
 CITING_SUFFIXES = {".md", ".py", ".sh", ".c", ".h"}
 SKIPPED_DIRS = {".git", ".venv", "build", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"}
-LINE_LIMIT = 400
 
 
 def _files(top: Path, suffixes: set[str]) -> list[Path]:
@@ -35,15 +34,3 @@ def test_every_file_in_bench_results_is_cited_by_the_readme_or_the_docs() -> Non
         p.name for p in RESULTS.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in text
     )
     assert uncited == [], f"bench/results files cited nowhere (cite them or delete them): {uncited}"
-
-
-def test_no_python_file_outside_the_tests_passes_400_lines() -> None:
-    over = {}
-    for path in _files(ROOT, {".py"}):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.split("/")[0] in ("tests", "e2e"):
-            continue
-        lines = len(path.read_text(errors="replace").splitlines())
-        if lines > LINE_LIMIT:
-            over[rel] = lines
-    assert over == {}, f"Python files over {LINE_LIMIT} lines: {over}"

@@ -17,18 +17,15 @@ Smoke-run on a CPU:      .venv/bin/python -m bench.gpu.gpu_fp8 --smoke  (tiny sh
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from bench.gpu.gpu_decode import BLOCK_SIZE, SMOKE_SHAPE, build_model, copy_bandwidth
-from bench.gpu.gpu_graphs import decode_plan, decode_steps
-from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token
-from kvfleet.capacity_quant import per_rank_weight_bytes
+from bench.gpu.gpu_graphs import bench_device, bench_parser, decode_plan, decode_steps
+from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token, per_rank_weight_bytes
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.batch import flatten_plan
 from kvfleet.engine.kernels.fp8_linear import (
@@ -126,28 +123,9 @@ def run(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, say:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "bench/results"))
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--batches", default="1,8,32,128")
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--repeat", type=int, default=20)
-    args = p.parse_args(argv)
-    args.batches = [int(b) for b in args.batches.split(",")]
-    cuda = torch.cuda.is_available() and not args.smoke
-    device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    args = bench_parser(__doc__ or "").parse_args(argv)
+    cuda, device, dtype, say = bench_device(args, "gpu_fp8.txt")
     args.shape = KNOWN_MODELS["llama-3-8b"] if cuda else SMOKE_SHAPE
-    if args.smoke:
-        args.batches, args.context, args.repeat = [1, 3], 40, 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
-        (args.out / "gpu_fp8.txt").write_text("\n".join(lines) + "\n")
-
-    say(f"device: {torch.cuda.get_device_name() if cuda else 'cpu (smoke)'}; torch {torch.__version__}")
     run(args, device, dtype, say)
     return 0
 

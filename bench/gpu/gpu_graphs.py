@@ -24,6 +24,7 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,33 +170,48 @@ def part_smollm2(args: argparse.Namespace, say: Any) -> None:
     say(f"  kvfleet (CUDA graphs) vs transformers' best static batch: {hf_best / best:.2f}x")
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags this script and gpu_fp8.py share: where the figures go, the smoke run, the decode cells."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "bench/results"))
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--batches", default="1,8,32,128")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=20)
+    return p
+
+
+def bench_device(
+    args: argparse.Namespace, results: str
+) -> tuple[bool, torch.device, torch.dtype, Callable[[str], None]]:
+    """Whether the run is on CUDA, its device and dtype (bf16 there; fp32 for the CPU smoke run, whose
+    cells shrink), and ``say``: prints a line and rewrites ``args.out / results`` with every line so
+    far (a run cut short keeps its figures)."""
+    args.batches = [int(b) for b in args.batches.split(",")]
+    cuda = torch.cuda.is_available() and not args.smoke
+    device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    if args.smoke:
+        args.batches, args.context, args.repeat = [1, 3], 40, 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+        (args.out / results).write_text("\n".join(lines) + "\n")
+
+    say(f"device: {torch.cuda.get_device_name() if cuda else 'cpu (smoke)'}; torch {torch.__version__}")
+    return cuda, device, dtype, say
+
+
+def main(argv: list[str]) -> int:
+    p = bench_parser(__doc__ or "")
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--skip-smollm2", action="store_true")
     p.add_argument("--skip-decode", action="store_true", help="only SmolLM2 (the GGUF's second call)")
     args = p.parse_args(argv)
-    args.batches = [int(b) for b in args.batches.split(",")]
-    cuda = torch.cuda.is_available() and not args.smoke
-    device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    cuda, device, dtype, say = bench_device(args, "gpu_graphs.txt")
     args.shapes = [KNOWN_MODELS["llama-3-8b"]] if cuda else [SMOKE_SHAPE]
-    if args.smoke:
-        args.batches, args.context, args.repeat = [1, 3], 40, 1
-    lines: list[str] = []
-
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    def say(line: str) -> None:  # the file is written as it goes: a run cut short keeps its figures
-        print(line, flush=True)
-        lines.append(line)
-        (args.out / "gpu_graphs.txt").write_text("\n".join(lines) + "\n")
-
-    say(f"device: {torch.cuda.get_device_name() if cuda else 'cpu (smoke)'}; torch {torch.__version__}")
     if not args.skip_decode:
         part_decode(args, device, dtype, say)
     if cuda and not args.skip_smollm2:

@@ -163,9 +163,11 @@ class _Plan:
             return None
         c = config
         full = {
-            "q": c.num_heads * c.head_dim, "kv": c.num_kv_heads * c.head_dim,
-            "intermediate": c.intermediate_size, "vocab": c.vocab_size,
-        }  # fmt: skip
+            "q": c.num_heads * c.head_dim,
+            "kv": c.num_kv_heads * c.head_dim,
+            "intermediate": c.intermediate_size,
+            "vocab": c.vocab_size,
+        }
         return checkpoint_slice(name, self.shard, c.head_dim, full)
 
     def weight(self, name: str, config: ModelConfig) -> Weight:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -23,43 +24,49 @@ from kvfleet.engine.model.loader import load_model
 from kvfleet.engine.model.quant_loader import load_quantized_model
 from kvfleet.engine.model.tp import ShardSpec
 
-Loader = Callable[
-    [QuantizationConfig, str, Path, torch.dtype, torch.device, ShardSpec | None], LlamaForCausalLM
-]
+
+class LoadRequest(NamedTuple):
+    """What a loader is asked for: the model as named (``model``) and resolved (``folder``), the
+    quantization config, the compute dtype and device, and this rank's shard (None: the whole)."""
+
+    quant: QuantizationConfig
+    model: str
+    folder: Path
+    dtype: torch.dtype
+    device: torch.device
+    shard: ShardSpec | None
 
 
-def _float(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
-    shard: ShardSpec | None,
-) -> LlamaForCausalLM:  # fmt: skip
-    return load_model(folder, dtype, device, shard)
+Loader = Callable[[LoadRequest], LlamaForCausalLM]
 
 
-def _gguf(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
-    shard: ShardSpec | None,
-) -> LlamaForCausalLM:  # fmt: skip
-    return load_quantized_model(model, folder, dtype, device, quant.gguf_file)
+def _float(r: LoadRequest) -> LlamaForCausalLM:
+    return load_model(r.folder, r.dtype, r.device, r.shard)
 
 
-def _quantized(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
-    shard: ShardSpec | None,
-) -> LlamaForCausalLM:  # fmt: skip
-    return load_hf_with(quant, folder, dtype, device, shard)
+def _gguf(r: LoadRequest) -> LlamaForCausalLM:
+    return load_quantized_model(r.model, r.folder, r.dtype, r.device, r.quant.gguf_file)
+
+
+def _quantized(r: LoadRequest) -> LlamaForCausalLM:
+    return load_hf_with(r.quant, r.folder, r.dtype, r.device, r.shard)
 
 
 LOADERS: dict[str, Loader] = {"float": _float, "gguf": _gguf, "quantized": _quantized}
 
 
 def load_for(
-    quant: QuantizationConfig, model: str, folder: Path, dtype: torch.dtype, device: torch.device,
+    quant: QuantizationConfig,
+    model: str,
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
     shard: ShardSpec | None = None,
-) -> LlamaForCausalLM:  # fmt: skip
+) -> LlamaForCausalLM:
     """The model ``model`` (resolved to ``folder``) loaded as ``quant`` says; ``shard``: this rank's
     slice under tensor parallelism (the float and the quantized loaders cut it; a GGUF's refuses
     tp > 1 first, in the config)."""
     loader = LOADERS.get(quant.loader)
     if loader is None:
         raise ModelLoadError(f"no loader {quant.loader!r} for {quant.source}; loaders: {sorted(LOADERS)}")
-    return loader(quant, model, folder, dtype, device, shard)
+    return loader(LoadRequest(quant, model, folder, dtype, device, shard))

@@ -88,8 +88,9 @@ class EngineTracing:
             return None if t is None else ns(t + wall)
 
         tracer = self.tracing.tracer
-        root = tracer.start_span("engine.request", context=context, kind=trace.SpanKind.SERVER,
-                                 start_time=at(m.arrival_time))  # fmt: skip
+        root = tracer.start_span(
+            "engine.request", context=context, kind=trace.SpanKind.SERVER, start_time=at(m.arrival_time)
+        )
         attributes |= {
             GEN_AI_SYSTEM: "kvfleet",
             GEN_AI_INPUT_TOKENS: m.num_prompt_tokens,
@@ -100,9 +101,11 @@ class EngineTracing:
         }
         root.set_attributes({k: v for k, v in attributes.items() if v is not None})
         inside = trace.set_span_in_context(root)
-        steps = (("engine.queue", m.arrival_time, m.scheduled_time),
-                 ("engine.prefill", m.scheduled_time, m.first_token_time),
-                 ("engine.decode", m.first_token_time, m.last_token_time))  # fmt: skip
+        steps = (
+            ("engine.queue", m.arrival_time, m.scheduled_time),
+            ("engine.prefill", m.scheduled_time, m.first_token_time),
+            ("engine.decode", m.first_token_time, m.last_token_time),
+        )
         for name, start, end in steps:
             if start is not None and end is not None:
                 tracer.start_span(name, context=inside, start_time=at(start)).end(
@@ -110,8 +113,11 @@ class EngineTracing:
                 )
         if m.first_token_time is not None:
             root.add_event("first_token", timestamp=at(m.first_token_time))
-        root.add_event("finish", {"gen_ai.response.finish_reason": m.finish_reason or "abort"},
-                       timestamp=at(m.finished_time))  # fmt: skip
+        root.add_event(
+            "finish",
+            {"gen_ai.response.finish_reason": m.finish_reason or "abort"},
+            timestamp=at(m.finished_time),
+        )
         root.end(end_time=at(m.finished_time))
 
 
@@ -123,8 +129,11 @@ class _KeepTraceparent:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            found = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-                     if k in (TRACEPARENT.encode(), b"tracestate")}  # fmt: skip
+            found = {
+                k.decode("latin-1"): v.decode("latin-1")
+                for k, v in scope["headers"]
+                if k in (TRACEPARENT.encode(), b"tracestate")
+            }
             _HEADERS.set(found or None)
         await self.app(scope, receive, send)
 

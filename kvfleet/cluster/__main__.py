@@ -22,13 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvfleet.cluster", description=__doc__)
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument(
-        "--state-dir", type=Path, default=DEFAULT_STATE,
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE,
         help=f"etcd's data, certificates, logs and the pods' folders (default {DEFAULT_STATE})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--models", nargs="+", default=list(local.DEFAULT_MODELS),
+        "--models",
+        nargs="+",
+        default=list(local.DEFAULT_MODELS),
         help="models baked into the process node's /opt/kvfleet/models (tiny, smollm2)",
-    )  # fmt: skip
+    )
     parser.add_argument("--no-install", action="store_true", help="the cluster without kvfleet on it")
     args = parser.parse_args(argv)
     if args.action == "down":

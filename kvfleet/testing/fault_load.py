@@ -62,8 +62,16 @@ class Outcome(NamedTuple):
     def record(self) -> RequestRecord:
         """As the bench summary reads it (goodput, TTFT percentiles)."""
         ok = self.kind == "completed"
-        return RequestRecord(ok, self.start, self.ttft, self.e2e, [], self.prompt_tokens, self.output_tokens,
-                             None if ok else f"{self.kind}: {self.detail}")  # fmt: skip
+        return RequestRecord(
+            ok,
+            self.start,
+            self.ttft,
+            self.e2e,
+            [],
+            self.prompt_tokens,
+            self.output_tokens,
+            None if ok else f"{self.kind}: {self.detail}",
+        )
 
 
 @dataclass
@@ -166,8 +174,15 @@ class _Stream:
 
 
 def completion_body(model: str, max_tokens: int, prompt: str) -> dict[str, Any]:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0.0, "stream_options": {"include_usage": True}}  # fmt: skip
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
 
 
 async def one_request(
@@ -179,8 +194,17 @@ async def one_request(
 
     def out(kind: Kind, detail: str) -> Outcome:
         ttft = None if seen.first_at is None else seen.first_at - start
-        return Outcome(tenant.name, kind, detail, status, start, ttft, time.perf_counter() - start,
-                       seen.tokens, seen.prompt_tokens)  # fmt: skip
+        return Outcome(
+            tenant.name,
+            kind,
+            detail,
+            status,
+            start,
+            ttft,
+            time.perf_counter() - start,
+            seen.tokens,
+            seen.prompt_tokens,
+        )
 
     try:
         async with asyncio.timeout(bound_s):

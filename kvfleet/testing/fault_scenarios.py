@@ -45,8 +45,10 @@ class FaultRun:
     def row(self) -> str:
         t = self.tally
         heal = "-" if self.heal_s is None else f"{self.heal_s:.1f}"
-        return (f"{self.fault:<34}{t.accepted:>9}{t.count('completed'):>10}{t.count('clean_error'):>7}"
-                f"{t.count('refused'):>8}{len(t.lost):>5}{heal:>8}   {_codes(t)}")  # fmt: skip
+        return (
+            f"{self.fault:<34}{t.accepted:>9}{t.count('completed'):>10}{t.count('clean_error'):>7}"
+            f"{t.count('refused'):>8}{len(t.lost):>5}{heal:>8}   {_codes(t)}"
+        )
 
 
 HEADER = f"{'fault':<34}{'accepted':>9}{'completed':>10}{'clean':>7}{'refused':>8}{'lost':>5}{'heal s':>8}   clean errors"
@@ -88,8 +90,13 @@ def engine_sigstop(fleet: StaticFleet, hold_s: float = 5.0) -> FaultRun:
         proc.send_signal(signal.SIGCONT)
     heal = until(lambda: all(ready_engines(u) >= 2 for u in fleet.router_urls), 60, "the engine back")
     tally = load.result()
-    return FaultRun("engine hung (SIGSTOP, then SIGCONT)", tally, heal, settled(fleet.router_urls),
-                    {"out_s": out_s, "leases": sum(fleet.redis_leases().values())})  # fmt: skip
+    return FaultRun(
+        "engine hung (SIGSTOP, then SIGCONT)",
+        tally,
+        heal,
+        settled(fleet.router_urls),
+        {"out_s": out_s, "leases": sum(fleet.redis_leases().values())},
+    )
 
 
 def rolling_restart(up: LocalUp) -> FaultRun:
@@ -124,8 +131,9 @@ def router_restart(fleet: StaticFleet) -> FaultRun:
     heal = fleet.restart_router(0)
     tally = load.result()
     held = settled(fleet.router_urls)
-    return FaultRun("router replica restarted (Redis)", tally, heal, held,
-                    {"leases": sum(fleet.redis_leases().values())})  # fmt: skip
+    return FaultRun(
+        "router replica restarted (Redis)", tally, heal, held, {"leases": sum(fleet.redis_leases().values())}
+    )
 
 
 def redis_restart(fleet: StaticFleet, down_s: float = 2.0) -> FaultRun:
@@ -139,8 +147,9 @@ def redis_restart(fleet: StaticFleet, down_s: float = 2.0) -> FaultRun:
     heal = until(lambda: all(_serves(u, probe) for u in fleet.router_urls), 60, "the routers recover")
     tally = load.result()
     held = settled(fleet.router_urls)
-    return FaultRun("Redis stopped, then restarted", tally, heal, held,
-                    {"leases": sum(fleet.redis_leases().values())})  # fmt: skip
+    return FaultRun(
+        "Redis stopped, then restarted", tally, heal, held, {"leases": sum(fleet.redis_leases().values())}
+    )
 
 
 def _serves(url: str, tenant: Tenant) -> bool:
@@ -166,8 +175,10 @@ class SlowClient:
         self.sock.connect((parts.hostname, parts.port))
         payload = orjson.dumps(body)
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n{auth}\r\n")  # fmt: skip
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n{auth}\r\n"
+        )
         self.sock.sendall(head.encode() + payload)
         self.sock.settimeout(30)
         self.first = self.sock.recv(1024)
@@ -195,8 +206,11 @@ def slow_client(up: LocalUp, max_tokens: int = 6000) -> FaultRun:
     try:
         load = _load([up.url], requests=24)
         tally = load.result()
-        until(lambda: quota_held(up.url) == (0.0, 0.0) and engine_running(engine_url) == 0, 60,
-              "the unread streams aborted, their quota settled")  # fmt: skip
+        until(
+            lambda: quota_held(up.url) == (0.0, 0.0) and engine_running(engine_url) == 0,
+            60,
+            "the unread streams aborted, their quota settled",
+        )
         heal = time.monotonic() - start
         rss_after = (rss_kib(up.process.pid), rss_kib(engine_pid))
     finally:

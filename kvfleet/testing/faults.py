@@ -155,8 +155,13 @@ class LocalUp:
     def start(self) -> None:
         """Start ``argv`` (appending to the log); returns once every engine serves through the router."""
         with self.log.open("ab") as sink:
-            self.process = subprocess.Popen(self.argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=sink,
-                                            stderr=sink, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                self.argv,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                stdout=sink,
+                stderr=sink,
+                start_new_session=True,
+            )
         proc = self.process
         until(
             lambda: proc.poll() is None and ready_engines(self.url) >= self.replicas,
@@ -266,8 +271,16 @@ def static_fleet(workdir: Path, n_engines: int = 2, n_routers: int = 2) -> Itera
         started = [
             spawn_router(free_port(), [e.url for e in engines], tenants, extra) for _ in range(n_routers)
         ]
-        fleet = StaticFleet([e.url for e in engines], [e.process for e in engines], started, redis_url,
-                            redis_proc, tenants, stack, extra)  # fmt: skip
+        fleet = StaticFleet(
+            [e.url for e in engines],
+            [e.process for e in engines],
+            started,
+            redis_url,
+            redis_proc,
+            tenants,
+            stack,
+            extra,
+        )
         try:
             for r in started:
                 wait_http(r.url + "/health", r.process)

@@ -48,12 +48,19 @@ def decode(body: bytes) -> list[ReceivedSpan]:
         resource = {a.key: _value(a.value) for a in rs.resource.attributes}
         for ss in rs.scope_spans:
             for s in ss.spans:
-                out.append(ReceivedSpan(
-                    str(resource.get("service.name", "")), s.name, s.trace_id.hex(), s.span_id.hex(),
-                    s.parent_span_id.hex(), s.start_time_unix_nano, s.end_time_unix_nano,
-                    {a.key: _value(a.value) for a in s.attributes},
-                    {e.name: e.time_unix_nano for e in s.events},
-                ))  # fmt: skip
+                out.append(
+                    ReceivedSpan(
+                        str(resource.get("service.name", "")),
+                        s.name,
+                        s.trace_id.hex(),
+                        s.span_id.hex(),
+                        s.parent_span_id.hex(),
+                        s.start_time_unix_nano,
+                        s.end_time_unix_nano,
+                        {a.key: _value(a.value) for a in s.attributes},
+                        {e.name: e.time_unix_nano for e in s.events},
+                    )
+                )
     return out
 
 

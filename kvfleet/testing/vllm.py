@@ -71,9 +71,14 @@ def vllm_servers(
             for core in cores:
                 port = free_port()
                 log = open(Path(cwd) / f"vllm-{port}.log", "wb")  # noqa: SIM115 - closed with the process
-                proc = subprocess.Popen(vllm_argv(python, folder, port, extra), cwd=cwd,
-                                        env=vllm_env(core, kv_gib), stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)  # fmt: skip
+                proc = subprocess.Popen(
+                    vllm_argv(python, folder, port, extra),
+                    cwd=cwd,
+                    env=vllm_env(core, kv_gib),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
                 log.close()
                 started.append((f"http://127.0.0.1:{port}", proc))
             for url, proc in started:

@@ -140,13 +140,7 @@ def test_a_step_time_target_holds_on_the_simulated_clock_not_the_wall_clock() ->
         num_kv_blocks=2048, max_model_len=4096, device="cpu", target_step_ms=20.0, stall_free=True
     )
     runner = SimRunner(2048, timing, speedup=1000.0)
-    engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
-    for i in range(8):
-        engine.add_request(f"d{i}", [1 + i] * 8, SamplingParams(max_tokens=400))
-    for _ in range(5):
-        engine.step()
-    for i in range(8):
-        engine.add_request(f"p{i}", [20 + i] * 1000, SamplingParams(max_tokens=2))
+    engine = streams_then_a_burst(cfg, runner, warm_steps=5, prompts=8, prompt_len=1000)
     seconds, rows, bounds = [], [], []
     while any(f"p{i}" in engine._requests for i in range(8)):
         # the target, or 2.5x the decode step midway while the 1000-token prompts make it dearer
@@ -161,6 +155,21 @@ def test_a_step_time_target_holds_on_the_simulated_clock_not_the_wall_clock() ->
     assert len(seconds) < 8000 * 1e-4 / (0.020 - 0.0065) * 1.5  # chunks near the target's size
     fixed, per_token, per_row, per_context = engine.scheduler.step_cost.coefficients()
     assert per_token + per_context == pytest.approx(1e-4 + 1e-6, rel=0.1)
+
+
+def streams_then_a_burst(
+    cfg: EngineConfig, runner: SimRunner, warm_steps: int, prompts: int, prompt_len: int
+) -> Engine:
+    """An engine on ``runner`` with 8 streams (d0..d7) decoding for ``warm_steps`` steps, then a burst
+    of ``prompts`` prompts (p0..) of ``prompt_len`` tokens, each asking for 2 tokens, just added."""
+    engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
+    for i in range(8):
+        engine.add_request(f"d{i}", [1 + i] * 8, SamplingParams(max_tokens=400))
+    for _ in range(warm_steps):
+        engine.step()
+    for i in range(prompts):
+        engine.add_request(f"p{i}", [20 + i] * prompt_len, SamplingParams(max_tokens=2))
+    return engine
 
 
 def midway_seconds(engine: Engine, timing: TimingModel) -> float:
@@ -186,13 +195,7 @@ def test_without_a_target_every_simulated_step_with_prefill_stays_within_the_fac
     timing = TimingModel(base_s=0.02, per_token_s=0.0012, per_context_token_s=5e-6, per_row_s=0.001)
     cfg = EngineConfig(num_kv_blocks=2048, max_model_len=4096, device="cpu", stall_free=True)
     runner = SimRunner(2048, timing)
-    engine = Engine(cfg, runner=runner, tokenizer=ByteTokenizer())
-    for i in range(8):
-        engine.add_request(f"d{i}", [1 + i] * 8, SamplingParams(max_tokens=400))
-    for _ in range(20):
-        engine.step()
-    for i in range(4):
-        engine.add_request(f"p{i}", [20 + i] * 500, SamplingParams(max_tokens=2))
+    engine = streams_then_a_burst(cfg, runner, warm_steps=20, prompts=4, prompt_len=500)
     plans: list[SchedulerPlan] = []
     execute = runner.execute
     runner.execute = lambda plan: plans.append(plan) or execute(plan)  # type: ignore[method-assign]

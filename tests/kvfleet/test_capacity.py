@@ -1,4 +1,4 @@
-"""The capacity maths of kvfleet/capacity.py, against hand-computed figures and published parameter counts."""
+"""The capacity maths of kvfleet/capacity/, against hand-computed figures and published parameter counts."""
 
 import json
 from pathlib import Path

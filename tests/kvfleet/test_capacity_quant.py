@@ -1,4 +1,4 @@
-"""Bytes per weight by format in the capacity maths (kvfleet/capacity_quant.py), with exact figures.
+"""Bytes per weight by format in the capacity maths (kvfleet/capacity/quant.py), with exact figures.
 
 Llama-3-70B (80 layers, hidden 8192, 64/8 heads of 128, intermediate 28672, vocab 128256, untied):
 its decoder linears hold 80 × (2·8192·8192 + 2·8192·1024 + 3·8192·28672) = 68 451 041 280 weights
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kvfleet.capacity import per_rank_weights_bytes, plan_capacity, resolve_gpu, resolve_model
-from kvfleet.capacity_quant import UnknownQuantizationError, canonical_quantization, per_rank_linears
+from kvfleet.capacity.quant import UnknownQuantizationError, canonical_quantization, per_rank_linears
 
 LLAMA_70B = resolve_model("llama-3-70b")
 REST_BF16 = 2 * 2_102_665_216

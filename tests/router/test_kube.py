@@ -106,6 +106,23 @@ def quota(tenant: str, secret_name: str, **limits: int) -> dict[str, Any]:
     }
 
 
+async def alice_and(kmock: Any, service: dict[str, Any]) -> None:
+    """The cluster holds ``service`` and tenant alice: her key in a Secret, a TenantQuota naming it."""
+    async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/")) as api:
+        (await api.post(ISVC, json=service)).raise_for_status()
+        (await api.post(SECRETS, json=secret("alice-key", "sk-alice-0123456789"))).raise_for_status()
+        (await api.post(TQ, json=quota("alice", "alice-key"))).raise_for_status()
+
+
+async def alice_asks(http: httpx.AsyncClient) -> httpx.Response:
+    """Alice's completion request for model tiny, through the router ``http`` points at."""
+    return await http.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "x"},
+        headers={"Authorization": "Bearer sk-alice-0123456789"},
+    )
+
+
 async def until(check: Callable[[], bool], what: str) -> None:
     for _ in range(500):
         if check():
@@ -181,19 +198,10 @@ async def test_scale_from_zero_holds_the_request_until_an_engine_is_ready(kmock,
     auto = {"minReplicas": 0, "maxReplicas": 3, "scaleToZero": True, "targetQueueDepth": 4}
     async with served(engine.app(), free_port()) as engine_url:
         port = int(engine_url.rsplit(":", 1)[1])
-        async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/")) as api:
-            (await api.post(ISVC, json=isvc("chat", 0, autoscaling=auto))).raise_for_status()
-            (await api.post(SECRETS, json=secret("alice-key", "sk-alice-0123456789"))).raise_for_status()
-            (await api.post(TQ, json=quota("alice", "alice-key"))).raise_for_status()
+        await alice_and(kmock, isvc("chat", 0, autoscaling=auto))
         async with kube_router(kmock) as (url, state, api):
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                held = asyncio.create_task(
-                    http.post(
-                        "/v1/completions",
-                        json={"model": "tiny", "prompt": "x"},
-                        headers={"Authorization": "Bearer sk-alice-0123456789"},
-                    )
-                )
+                held = asyncio.create_task(alice_asks(http))
 
                 def replicas() -> int:
                     return int(
@@ -218,20 +226,11 @@ async def test_a_rollouts_gap_holds_the_request_until_the_new_engine_is_ready(km
     engine = FakeEngine()
     async with served(engine.app(), free_port()) as engine_url:
         port = int(engine_url.rsplit(":", 1)[1])
-        async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/")) as api:
-            (await api.post(ISVC, json=isvc("chat", 1))).raise_for_status()
-            (await api.post(SECRETS, json=secret("alice-key", "sk-alice-0123456789"))).raise_for_status()
-            (await api.post(TQ, json=quota("alice", "alice-key"))).raise_for_status()
+        await alice_and(kmock, isvc("chat", 1))
         async with kube_router(kmock) as (url, state, api):
             await until(lambda: state.fleet.service_for("tiny") is not None, "the service seen")
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                held = asyncio.create_task(
-                    http.post(
-                        "/v1/completions",
-                        json={"model": "tiny", "prompt": "x"},
-                        headers={"Authorization": "Bearer sk-alice-0123456789"},
-                    )
-                )
+                held = asyncio.create_task(alice_asks(http))
                 await until(lambda: state.waiting("tiny") == 1, "the request queued")
                 assert not held.done()
                 (await api.post(PODS, json=pod("chat-1", "chat", port))).raise_for_status()
@@ -240,18 +239,11 @@ async def test_a_rollouts_gap_holds_the_request_until_the_new_engine_is_ready(km
 
 
 async def test_a_model_whose_service_wants_no_replica_is_refused_at_once(kmock, kubeconfig) -> None:
-    async with httpx.AsyncClient(base_url=str(kmock.url).rstrip("/")) as api:
-        (await api.post(ISVC, json=isvc("chat", 0))).raise_for_status()
-        (await api.post(SECRETS, json=secret("alice-key", "sk-alice-0123456789"))).raise_for_status()
-        (await api.post(TQ, json=quota("alice", "alice-key"))).raise_for_status()
+    await alice_and(kmock, isvc("chat", 0))
     async with kube_router(kmock) as (url, state, _):
         await until(lambda: state.fleet.service_for("tiny") is not None, "the service seen")
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            refused = await http.post(
-                "/v1/completions",
-                json={"model": "tiny", "prompt": "x"},
-                headers={"Authorization": "Bearer sk-alice-0123456789"},
-            )
+            refused = await alice_asks(http)
     assert refused.status_code in (404, 503), refused.text
 
 

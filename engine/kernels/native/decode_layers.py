@@ -145,10 +145,19 @@ class NativeDecodeLayers:
         widths |= {"gate_up": 2 * g.intermediate, "act": g.intermediate}
         scratch = {name: x.new_empty(rows, width) for name, width in widths.items()}
         s = _Step(
-            rows=rows, hidden=g.hidden, heads=g.heads, kv_heads=g.kv_heads, head_dim=g.head_dim,
-            intermediate=g.intermediate, table_stride=step.block_tables.stride(0), block_size=block_size,
-            packed=int(g.packed), threads=torch.get_num_threads(), eps=g.eps, quant_path=g.quant_path,
-        )  # fmt: skip
+            rows=rows,
+            hidden=g.hidden,
+            heads=g.heads,
+            kv_heads=g.kv_heads,
+            head_dim=g.head_dim,
+            intermediate=g.intermediate,
+            table_stride=step.block_tables.stride(0),
+            block_size=block_size,
+            packed=int(g.packed),
+            threads=torch.get_num_threads(),
+            eps=g.eps,
+            quant_path=g.quant_path,
+        )
         for name, tensor in zip(_STEP_POINTERS, step, strict=False):
             setattr(s, name, _ptr(tensor))
         for name, tensor in scratch.items():

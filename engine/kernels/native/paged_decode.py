@@ -43,9 +43,14 @@ class PagedKernel:
         self._fn = fn
 
     def __call__(
-        self, q: torch.Tensor, paged: PagedCache, seqs: torch.Tensor, out: torch.Tensor, scale: float,
+        self,
+        q: torch.Tensor,
+        paged: PagedCache,
+        seqs: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
         window: int | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Attend the query rows of the sequences in ``seqs`` (int64 indices) into ``out``."""
         k_cache, v_cache, block_tables, seq_lens, query_start_loc = paged
         _, block_size, kv_heads, head_dim = k_cache.shape

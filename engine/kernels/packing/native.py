@@ -49,7 +49,13 @@ class NativePackedWeight(PackedWeight):
         out = x.new_empty(rows, n)
         b = None if bias is None else bias.to(torch.float32).contiguous()
         native.linear(
-            x.data_ptr(), rows, k, self.panels.data_ptr(), n, None if b is None else b.data_ptr(),
-            out.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
+            x.data_ptr(),
+            rows,
+            k,
+            self.panels.data_ptr(),
+            n,
+            None if b is None else b.data_ptr(),
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
         return out

@@ -48,6 +48,22 @@ def _find_sequence(query_start_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
+# The keys query tile ``q_tile`` of a sequence may see, as [kv_start, kv_end): up to its last
+# row's position (causal), and from the key tile holding its first row's window start
+# (kv_start a multiple of TILE_N; 0 without a window). Rows mask the keys before their own start.
+@triton.jit
+def _key_range(
+    seq_len, q_len, q_tile, window, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, HAS_WINDOW: tl.constexpr
+):
+    kv_end = tl.minimum(seq_len, seq_len - q_len + (q_tile + 1) * BLOCK_Q)
+    if HAS_WINDOW:
+        first = seq_len - q_len + q_tile * BLOCK_Q - window + 1
+        kv_start = tl.maximum(first, 0) // TILE_N * TILE_N
+    else:
+        kv_start = 0
+    return kv_start, kv_end
+
+
 # Invariant: after the loop over key tiles [0, n), for each row r (query token, head) m_r is
 # the running max of its scaled scores (log2 domain), l_r = sum exp2(score - m_r) and
 # acc_r = sum exp2(score - m_r) * v over the keys seen that row r may attend (key <= its
@@ -105,12 +121,7 @@ def _paged_attention_kernel(
         q_off = token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd
         q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
         position = seq_len - q_len + q_idx
-        kv_end = tl.minimum(seq_len, seq_len - q_len + (q_tile + 1) * BLOCK_Q)
-        if HAS_WINDOW:
-            first = seq_len - q_len + q_tile * BLOCK_Q - window + 1
-            kv_start = tl.maximum(first, 0) // TILE_N * TILE_N
-        else:
-            kv_start = 0
+        kv_start, kv_end = _key_range(seq_len, q_len, q_tile, window, BLOCK_Q, TILE_N, HAS_WINDOW)
         acc, l_i = _attend_blocks(
             q,
             position,

@@ -141,8 +141,11 @@ def _detected_gguf(path: Path, device: torch.device, dtype: torch.dtype, ranks: 
     log.warning(
         "GGUF file %s on %s in %s over %d ranks: its blocks run on the CPU kernels in float32 on one "
         "rank only; dequantised at load",
-        path.name, device, dtype, ranks,
-    )  # fmt: skip
+        path.name,
+        device,
+        dtype,
+        ranks,
+    )
     return FLOAT
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from .capacity_catalog import DTYPE_BYTES, CapacityError, ModelShape, canonical_dtype
-from .capacity_tp import kv_heads_per_rank, per_rank_params, q_heads_per_rank
+from .catalog import DTYPE_BYTES, CapacityError, ModelShape, canonical_dtype
+from .tp import kv_heads_per_rank, per_rank_params, q_heads_per_rank
 
 WEIGHT_FORMATS: dict[str, Fraction | None] = {
     "none": None,  # the model dtype

@@ -5,14 +5,14 @@ When N <= kv_heads any N works; the split may be uneven by whole KV-head groups 
 N=2: 2 + 1), and the biggest rank holds ceil(kv_heads / N) of them. When N > kv_heads, each KV
 head is replicated N / kv_heads times, which needs N % kv_heads == 0, and the query heads split
 evenly, which needs num_heads % N == 0. The MLP's intermediate features and the vocabulary split
-in ceil(x / N) slices; the RMSNorms are replicated. :mod:`kvfleet.capacity` re-exports these.
+in ceil(x / N) slices; the RMSNorms are replicated. :mod:`kvfleet.capacity` exports these.
 """
 
 from __future__ import annotations
 
 import math
 
-from .capacity_catalog import ModelShape
+from .catalog import ModelShape
 
 
 def tp_split_error(num_heads: int, num_kv_heads: int, tp: int) -> str | None:

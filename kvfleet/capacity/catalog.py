@@ -2,7 +2,7 @@
 
 What :mod:`kvfleet.capacity` computes with: a GPU's datasheet figures, a model's shape from a
 Hugging Face ``config.json`` or a known name, the bytes of a dtype, and the errors naming a bad
-value. :mod:`kvfleet.capacity` re-exports every public name here, so callers import from there.
+value. :mod:`kvfleet.capacity` exports every public name here, so callers import from there.
 """
 
 from __future__ import annotations
