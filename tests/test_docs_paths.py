@@ -9,7 +9,8 @@ What counts as a citation, to stay precise rather than noisy:
   ``vllm/v1/metrics/loggers.py``, ``/adapters/sql`` and ``STATE/cluster.json`` are someone else's or
   placeholders); it exists when it resolves from the root, from the citing file's folder or one of its
   parents, or as the tail of a file's path (``model/loaders.py`` written in docs/ for
-  ``engine/model/loaders.py``); URLs are never read;
+  ``engine/model/loaders.py``); a path that starts ``./`` or ``../`` (a Markdown link) must resolve
+  from the citing file's folder exactly; URLs are never read;
 - a bare file name ending ``.py`` (``runner.py``), which must be some file's name;
 - a dotted name of three or more parts starting ``kvfleet.``, ``engine.``, ``router.`` or
   ``operator.`` (``kvfleet.engine.model.sources.resolve_model``): each part is a package or module,
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ast
 import io
 import os
+import posixpath
 import re
 import tokenize
 from collections.abc import Iterator
@@ -81,6 +83,8 @@ def prose_of_python(source: str) -> str:
 def slash_path_exists(path: str, citing: str) -> bool:
     files = repo_files()
     folder = PurePosixPath(citing).parent
+    if path.startswith(("./", "../")):
+        return posixpath.normpath(f"{folder}/{path}") in files
     while True:
         if str(folder / path if str(folder) != "." else path) in files:
             return True
@@ -132,7 +136,8 @@ def dotted_name_exists(name: str) -> bool:
 def citations(text: str) -> Iterator[tuple[str, str]]:
     """(kind, name) for each path or module name the text names: kind is "path", "file" or "module"."""
     for match in SLASH_PATH.finditer(text):
-        if PurePosixPath(match[1]).parts[0] in folder_names():
+        first = PurePosixPath(match[1]).parts[0]
+        if first in folder_names() or match[1].startswith(("./", "../")):
             yield "path", match[1]
     for match in BARE_PY.finditer(text):
         yield "file", match[1]
@@ -170,8 +175,9 @@ def test_every_module_path_named_in_code_comments_and_docstrings_exists() -> Non
 
 def test_a_made_up_path_or_module_is_reported_and_urls_labels_and_placeholders_are_not() -> None:
     text = (
-        "See engine/model/llama.py, model/loaders.py, ``llama.py``, kvfleet.engine.model.sources.resolve_model"
-        " and engine.sched.scheduler. Made up: engine/model/int8_loader.py, ``cpu_fused.py``,"
+        "See engine/model/llama.py, model/loaders.py, ``llama.py``, kvfleet.engine.model.sources.resolve_model,"
+        " [a](../architecture.md), [b](../../bench/results/stall_free.txt) and engine.sched.scheduler."
+        " Made up: engine/model/int8_loader.py, ``cpu_fused.py``, [c](../engine.md), [d](./router.md),"
         " kvfleet.engine.model.gone, kvfleet.engine.model.sources.no_such_function, router.nowhere.picker.\n"
         "Not citations: https://github.com/vllm-project/vllm/blob/main/vllm/engine/metrics.py,"
         " vllm/v1/metrics/loggers.py, STATE/cluster.json, ~/.cache/kvfleet/x.txt, /adapters/sql/a.json,"
@@ -182,6 +188,8 @@ def test_a_made_up_path_or_module_is_reported_and_urls_labels_and_placeholders_a
         for name in (
             "engine/model/int8_loader.py",
             "cpu_fused.py",
+            "../engine.md",
+            "./router.md",
             "kvfleet.engine.model.gone",
             "kvfleet.engine.model.sources.no_such_function",
             "router.nowhere.picker",
