@@ -4,7 +4,7 @@ Where it sits: ``Engine.step()`` calls ``Scheduler.schedule()`` for a
 :class:`SchedulerPlan`, hands it to the runner, then gives the samples back to
 ``Scheduler.update()``. The scheduler owns the waiting queue and the running list and
 asks the :class:`KVCacheManager` for blocks; the :class:`SchedulingPolicy` decides the
-order. It never touches tensors and never imports torch (docs/architecture.md §4).
+order. It never touches tensors and never imports torch (docs/engine/scheduler-and-kv.md).
 
 There is no prefill or decode phase: each running sequence has ``num_computed_tokens``
 catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut
