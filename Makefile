@@ -68,7 +68,7 @@ cluster-down: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Container images (images/, README "Images"): build/images/kvfleet.oci.tar and
+# Container images (images/, docs/images.md): build/images/kvfleet.oci.tar and
 # build/images/kvfleet-engine-cpu.oci.tar, tagged with the package version. A plain `make images`
 # is CI's build: buildah from a Debian rootfs made here with debootstrap (BASE=local), as no
 # registry is reachable; naming the tool (IMAGE_TOOL=docker|podman|buildah) builds from the public

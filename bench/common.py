@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 BENCH = Path(__file__).resolve().parent
-RESULTS = BENCH / "results"  # only what README.md or docs/architecture.md cite is committed here
+RESULTS = BENCH / "results"  # only what README.md or docs/ cite is committed here
 SIDE_VENVS = BENCH / "peers"  # vllm_env.sh, guidellm_env.sh (through side_venv.sh)
 
 

@@ -1,4 +1,4 @@
-"""Flatten a scheduler plan into the one batch the model runs (docs/architecture.md §4, Runner).
+"""Flatten a scheduler plan into the one batch the model runs (docs/engine/steps-and-kernels.md).
 
 Where it sits: inside ``ModelRunner.execute``, between the scheduler's plan (ids and
 counts) and the model (tensors). No padding between sequences: the step's tokens lie

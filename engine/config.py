@@ -57,7 +57,7 @@ class EngineConfig(BaseModel):
     # float32 on the CPU: keep each layer's linears packed once for a GEMM library, for steps of more
     # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
     prepack_weights: bool = True
-    # which library (kernels/packing.py): auto, the faster on this machine (timed at load), mkl, onednn
+    # which library (kernels/packing/): auto, the faster on this machine (timed at load), mkl, onednn
     weight_packing: Literal["auto", "mkl", "onednn", "native"] = "auto"
     # LoRA (engine/lora): adapters by name → PEFT folder, loaded at start; more at run time if enabled.
     enable_lora: bool = False  # implied by lora_modules

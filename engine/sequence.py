@@ -6,7 +6,7 @@
 A sequence owns its token ids and the ids of the KV blocks that hold them; it never
 holds tensors. ``num_computed_tokens`` counts the tokens whose KV is in the cache; the
 scheduler lets it catch up with ``num_tokens`` a chunk at a time, which is all that
-prefill and decode are (docs/architecture.md §4).
+prefill and decode are (docs/engine/scheduler-and-kv.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ expire. The clock is the router's (passed as an argument), so replicas share
 The tenant's ``maxQueuedRequests`` is counted here too (:meth:`RedisQuotaStore.take`): a
 request waiting in any replica's admission queue holds a slot in one sorted set, taken
 by a Lua check-and-add, so the replicas together never queue more than the limit. The
-Virtual Token Counters that order each queue stay per replica (README, "Several
+Virtual Token Counters that order each queue stay per replica (docs/router.md, "Several
 router replicas").
 
 Redis unavailable: the router **fails closed**. Quotas are what keeps one tenant from

@@ -3,8 +3,8 @@ SmolLM2's 30 layers of linears plus the LM head, weights streamed from memory as
 
     OMP_NUM_THREADS=2 python -m bench.kernels.packers_micro [--threads 2] [--reps 5] [--rows 1,4,8,16,32,64,256]
 
-Where it sits: the micro-benchmark of ``native_packed.py`` (``csrc/packed_gemm.c``) against
-``mkl_packed.py``, ``onednn_packed.py`` and ``csrc/skinny_gemm.c``, apart from their tests.
+Where it sits: the micro-benchmark of ``packing/native.py`` (``csrc/packed_gemm.c``) against
+``packing/mkl.py``, ``packing/onednn.py`` and ``csrc/skinny_gemm.c``, apart from their tests.
 Each layer has its own random q/k/v (576 -> 960), o_proj (576 -> 576), gate/up (576 -> 3072)
 and down_proj (1536 -> 576) weights, and the tied LM head is 576 -> 49152, so one pass
 streams about 540 MB, like a decode step. For every row count the ways run interleaved,

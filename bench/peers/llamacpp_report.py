@@ -3,7 +3,7 @@
 Where it sits: the bench measures one :class:`Cell` per (server, concurrency) with ``kvfleet bench``'s
 load core; this module turns them into lines, and judges issue #34's targets for each kvfleet server
 against llama.cpp's cell of the same concurrency: output tokens/s >= 1.5x llama.cpp's, and TTFT p99
-<= llama.cpp's. Tested in tests/kvfleet/test_llamacpp_report.py.
+<= llama.cpp's. Tested in tests/kvfleet/test_llamacpp_peer.py.
 """
 
 from __future__ import annotations

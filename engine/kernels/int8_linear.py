@@ -1,6 +1,6 @@
 """An int8 linear resolved once, at load, to the callable that runs it (``linear.py``'s rule).
 
-Where it sits: ``engine/model/int8_loader.py`` resolves each per-channel int8 weight
+Where it sits: the int8 method (``layers/linear/int8.py``) resolves each per-channel int8 weight
 (``native/int8_gemm.py``'s :class:`Int8Weight`) with :func:`resolve_int8_linear` and hands the
 result to the model's blocks; a step only calls it. The chain: the native int8 kernel for CPU
 inputs where the library builds; else the weight dequantised to float32 once and ``F.linear``

@@ -14,7 +14,7 @@ does, the choice is a chain built once:
   takes (prefill chunks);
 - else ``F.linear``, which packs the weight on every call.
 
-Measured on SmolLM2's layer shapes, 2 threads, weights streamed from memory (bench/
+Measured on SmolLM2's layer shapes, 2 threads, weights streamed from memory (bench/kernels/
 skinny_linear_micro.py, bench/results/skinny_linear.txt), per 30 layers: 8 rows 22.5 ms
 against torch's 36.8; 16 rows 34.0 against 45.7; 1 row 17.7 both; 32 rows 58.5 against
 56.8 (torch's GEMM is faster from there on, hence the threshold).

@@ -1,1 +1,1 @@
-"""Multi-LoRA serving (docs/architecture.md §4, LoRA): adapter configs and weights, device slots, the per-step delta."""
+"""Multi-LoRA serving (docs/engine/parallel-and-lora.md): adapter configs and weights, device slots, the per-step delta."""

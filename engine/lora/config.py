@@ -1,6 +1,6 @@
 """A LoRA adapter's identity and its ``adapter_config.json``, checked before any weight is read.
 
-Where it sits: the first box of the LoRA path (docs/architecture.md §4, LoRA). ``kvfleet engine
+Where it sits: the first box of the LoRA path (docs/engine/parallel-and-lora.md). ``kvfleet engine
 --lora-modules name=path``, ``LLM(lora_modules=...)`` and ``POST /v1/load_lora_adapter`` name
 an adapter folder in PEFT's format; :func:`read_adapter_config` reads its config and refuses
 what the engine cannot serve, naming the field. Torch-free: the API process and the engine

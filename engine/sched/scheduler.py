@@ -5,7 +5,7 @@ Where it sits: ``Engine.step()`` calls ``Scheduler.schedule()`` for a
 ``Scheduler.update()``. The scheduler owns the waiting queue and the running list and
 asks the :class:`KVCacheManager` for blocks; the :class:`SchedulingPolicy` decides the
 order, the step :class:`Budget` (engine/sched/budget.py, ``tokens`` or ``time``) how much a step
-computes. It never touches tensors and never imports torch (docs/architecture.md §4).
+computes. It never touches tensors and never imports torch (docs/engine/scheduler-and-kv.md).
 
 There is no prefill or decode phase: each running sequence has ``num_computed_tokens``
 catching up with ``num_tokens``. A decode is a chunk of one token; a long prompt is cut

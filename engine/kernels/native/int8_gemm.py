@@ -1,6 +1,6 @@
 """Per-channel int8 weights against per-token int8 activations, in C (``csrc/int8_gemm.c``).
 
-Where it sits: ``engine/model/int8_loader.py`` (``--quantization int8``, and compressed-tensors
+Where it sits: the int8 method (``layers/linear/int8.py``: ``--quantization int8``, and compressed-tensors
 W8A8 checkpoints) stores each linear as an :class:`Int8Weight` — int8 (out, in) and one float32
 scale per output row — and resolves it with ``kernels/int8_linear.py``'s ``resolve_int8_linear``,
 whose callable calls :class:`NativeInt8` on every step. The kernel quantises each token's activations to int8 with

@@ -1,6 +1,6 @@
 """The decoder's fused element-wise ops on a GPU, in Triton: residual add + RMSNorm, RoPE, SiLU × up.
 
-Where it sits: ``engine/kernels/cpu_fused.py``'s ``add_rms_norm``, ``apply_rope`` and
+Where it sits: ``engine/kernels/fused_ops.py``'s ``add_rms_norm``, ``apply_rope`` and
 ``silu_mul`` (which the model calls) send CUDA tensors here, as they send float32 CPU tensors
 to the native C ops. One launch replaces the torch ops of each reference (``*_reference``
 there, transformers' arithmetic: about eight for the norm, five for RoPE, two for SiLU × up),
