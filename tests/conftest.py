@@ -12,8 +12,28 @@ with CUDA nothing changes and the kernels are compiled.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# The process-node tests start a control plane of their own: they run after everything else (after
+# e2e/cluster's package cluster is torn down, whose pods' loopback addresses theirs would share), and
+# on a fresh machine their first test may wait for the binaries' cold build (`make cluster-prebuild`).
+PROCESS_NODE_TESTS = Path(__file__).parent / "cluster" / "test_process_node.py"
+BUILD_WAIT_S = 2700
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    last = [item for item in items if item.path == PROCESS_NODE_TESTS]
+    if not last:
+        return
+    items[:] = [item for item in items if item.path != PROCESS_NODE_TESTS] + last
+    from kvfleet.cluster import binaries
+
+    if binaries.built() is None:
+        last[0].add_marker(pytest.mark.timeout(BUILD_WAIT_S))
