@@ -1,8 +1,10 @@
 """Which steps run all their decoder layers in one native call, and with which operands.
 
-Where it sits: ``LlamaForCausalLM.forward`` asks :meth:`FusedDecode.run` first; it returns the
-layer loop's result through ``kernels/native/decode_layers.py`` (``csrc/decode_layers.c``), or None,
-and the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
+Where it sits: the step dispatcher (``engine/step_dispatch.py``) routes a step here from what
+:meth:`FusedDecode.native_step` offers; ``LlamaForCausalLM.forward`` then calls :meth:`FusedDecode.run`,
+which returns the layer loop's result through ``kernels/native/decode_layers.py``
+(``csrc/decode_layers.c``), or, for a caller without a route whose step it cannot take, None, and
+the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
 only takes a step where that path would run exactly those kernels: float32 on the CPU, the
 ``cpu`` attention backend, decode rows and prompt chunks (the chunks only where the backend runs
 them on the native prefill kernel, not SDPA; the last layer past its attention at the sampling rows
@@ -38,6 +40,7 @@ from kvfleet.engine.kernels.native.decode_layers import (
 )
 from kvfleet.engine.kernels.native.quant_gemm import PATHS
 from kvfleet.engine.kernels.operand import NativeOperand, native_operand
+from kvfleet.engine.step_dispatch import NativeStep
 
 
 def _f32(t: torch.Tensor | None) -> bool:
@@ -122,6 +125,14 @@ class FusedDecode:
             quant_path=PATHS.index(ops.quant_path), max_rows=ops.max_rows,
         )  # fmt: skip
         return cls(NativeDecodeLayers(lib, geometry, ops.layers))
+
+    def native_step(self, backend: AttentionBackend) -> NativeStep | None:
+        """What the step dispatcher may route here over ``backend`` (None: no step: another backend);
+        the plan-level half of :meth:`step_inputs`' checks."""
+        if not isinstance(backend, CpuAttentionBackend):
+            return None
+        g = self.native.geometry
+        return NativeStep(g.max_rows, backend.prefills_natively(g.heads, g.kv_heads, g.head_dim))
 
     def step_inputs(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
