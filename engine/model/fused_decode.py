@@ -32,10 +32,10 @@ from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
 from kvfleet.engine.kernels.native.decode_layers import (
-    Geometry,
+    LayerGeometry,
     LayerOperands,
     NativeDecodeLayers,
-    StepInputs,
+    NativeStepInputs,
     load_decode_layers,
 )
 from kvfleet.engine.kernels.native.quant_gemm import PATHS
@@ -119,7 +119,7 @@ class FusedDecode:
         if ops is None or lib is None:
             return None
         attn = first.self_attn
-        geometry = Geometry(
+        geometry = LayerGeometry(
             hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=ops.packed,
             quant_path=PATHS.index(ops.quant_path), max_rows=ops.max_rows,
@@ -137,7 +137,7 @@ class FusedDecode:
     def step_inputs(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
         backend: AttentionBackend, sample_rows: torch.Tensor,
-    ) -> StepInputs | None:  # fmt: skip
+    ) -> NativeStepInputs | None:  # fmt: skip
         """The step's inputs where the native call takes it (the caches aside), else None."""
         g, rows = self.native.geometry, x.shape[0]
         if (
@@ -166,7 +166,7 @@ class FusedDecode:
         keep = None if sample_rows.shape[0] == rows else sample_rows.to(torch.int64).contiguous()
         if keep is not None and not _ascending(keep):
             return None
-        return StepInputs(
+        return NativeStepInputs(
             cos, sin, slots, decodes, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills, keep
         )
 
