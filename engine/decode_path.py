@@ -4,8 +4,9 @@ Where it sits: ``ModelRunner.launch`` runs here the steps the step dispatcher
 (``engine/step_dispatch.py``, over :meth:`DecodePath.caps`) padded to one of its sizes: a pure
 decode step (every scheduled sequence one new token and sampling, no LoRA adapter) that fits the
 buffers, on the ``graph`` route or, through the plain call, ``native`` or ``per_op``; the others
-run unpadded (:func:`kvfleet.engine.batch.flatten_plan`). The step's values go into :class:`StepBuffers` with
-one host-to-device copy, the batch is padded up to one of the graph runner's sizes (padding rows
+run unpadded (:meth:`StepBuffers.fill_plan`). The step's values go into the runner's one
+:class:`StepBuffers` with one host-to-device copy (none on the CPU, whose views are the host's),
+the batch is padded up to one of the graph runner's sizes (padding rows
 write the null block the runner reserves past the scheduler's blocks), and the graph runner
 (:mod:`kvfleet.engine.cuda_graphs`) replays the captured forward, or on the CPU calls it.
 
@@ -66,6 +67,7 @@ class DecodePath:
     ) -> None:
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.buffers, self.graphs = buffers, graphs
+        buffers.frozen = isinstance(graphs, CudaGraphs)  # the graphs hold the buffers' addresses
         full_width = buffers.layout.max_blocks
         with torch.inference_mode():
             graphs.prepare(self._forward, lambda rows: PaddedStep(rows, full_width, max_model_len))
@@ -115,11 +117,15 @@ class DecodeSetup:
         model: LlamaForCausalLM,
         kv_caches: list[torch.Tensor],
         backend: AttentionBackend,
-        null_block: int,
+        buffers: StepBuffers,
     ) -> DecodePath:
-        """The path over the runner's caches, whose block ``null_block`` no sequence owns."""
-        buffers = StepBuffers(self.sizes[-1], self.max_blocks, self.block_size, null_block, self.device)
+        """The path over the runner's caches and step buffers, whose ``null_block`` no sequence owns."""
         return DecodePath(model, kv_caches, backend, buffers, self.runner(), self.max_model_len)
+
+    def buffers(self, null_block: int, max_seqs: int = 0, max_tokens: int = 0) -> StepBuffers:
+        """Step buffers of this path's sizes and block-table width (more sequences and rows if asked)."""
+        seqs = max(self.sizes[-1], max_seqs)
+        return StepBuffers(seqs, self.max_blocks, self.block_size, null_block, self.device, max_tokens)
 
     def measure(self, model: LlamaForCausalLM, backend: AttentionBackend, cache_shape: Sequence[int]) -> int:
         """Device bytes a capture of every size takes (0 without CUDA graphs): captured once over a
@@ -131,7 +137,7 @@ class DecodeSetup:
         shape = (cache_shape[0], 1, *cache_shape[2:])
         dtype = next(model.parameters()).dtype
         caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in model.model.layers]
-        path: DecodePath | None = self.build(model, caches, backend, null_block=0)
+        path: DecodePath | None = self.build(model, caches, backend, self.buffers(null_block=0))
         torch.cuda.empty_cache()  # the warm-up's freed blocks: not the graphs' (their pool is held)
         taken = free_before - torch.cuda.mem_get_info(self.device)[0]
         del path, caches

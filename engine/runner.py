@@ -6,8 +6,9 @@ model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_
 kv_heads, head_dim), plus one null block at the end where the decode path runs,
 ``engine/decode_path.py``). Each step takes the route the step dispatcher picks
 (``engine/step_dispatch.py``: ``graph``, ``native`` or ``per_op``, logged at debug level): decode
-steps padded to a size of the decode path's static buffers run there, the others flatten the plan
-(:mod:`kvfleet.engine.batch`); the model runs under ``torch.inference_mode`` and the runner samples.
+steps padded to a size of the decode path run there, the others unpadded; every step's inputs are
+written into the runner's one set of step buffers (``engine/step_buffers.py``); the model runs
+under ``torch.inference_mode`` and the runner samples.
 
 :func:`build_runner` is the one entry point the Engine uses: it resolves the model name, loads
 the model and the tokenizer and reports a :class:`ModelInfo`.
@@ -41,13 +42,13 @@ import torch
 
 from kvfleet.capacity import check_engine_fits, model_shape_from_config
 from kvfleet.engine.attention import get_backend
-from kvfleet.engine.batch import FlatBatch, flatten_plan
+from kvfleet.engine.batch import FlatBatch
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.decode_path import DecodePath, decode_setup
+from kvfleet.engine.decode_path import DecodePath, DecodeSetup, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import cpu_paths_line
-from kvfleet.engine.launched_step import PickedStep, feed_flat
+from kvfleet.engine.launched_step import PickedStep
 from kvfleet.engine.layers.linear.config import resolve_quantization
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
@@ -63,6 +64,7 @@ from kvfleet.engine.parallel.leader import Leader, rank_device, spawn_workers
 from kvfleet.engine.parallel.shard import RankShard, all_shards, lora_slices
 from kvfleet.engine.sampler import Sampler, SampleRequest
 from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.step_buffers import StepBuffers
 from kvfleet.engine.step_dispatch import RunnerCaps, StepDispatcher, StepRoute
 from kvfleet.engine.structured import StructuredOutputs
 
@@ -192,20 +194,8 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(config, self.model_config)
         self.backend = get_backend(backend)
         self.block_size = config.block_size
-        kv_heads = self.model_config.num_kv_heads if self.shard is None else self.shard.kv_heads.size
-        shape = (2, 1, self.block_size, kv_heads, self.model_config.head_dim)
-        setup = decode_setup(config, self.device, backend, self.model_config, self.max_model_len)
-        self._graph_bytes = 0 if setup is None else setup.measure(self.model, self.backend, shape)
-        self._num_blocks = self._count_kv_blocks()
-        null_blocks = 0 if setup is None else 1  # the decode path's padding rows write the last block
-        shape = (2, self._num_blocks + null_blocks, *shape[2:])
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(self.model_config.num_layers)
-        ]
         self.decode: DecodePath | None = None
-        if setup is not None:
-            self.decode = setup.build(self.model, self.kv_caches, self.backend, null_block=self._num_blocks)
+        self._allocate(decode_setup(config, self.device, backend, self.model_config, self.max_model_len))
         self.sampler = Sampler(config.seed, self.device)
         self._last: PickedStep | None = None  # the last launched step: the next one may feed on it
         self.dispatcher = StepDispatcher(RunnerCaps())  # its capabilities read at the first step
@@ -220,6 +210,27 @@ class ModelRunner:
                 self.lora.mirror = self.leader.mirror_lora
             self.leader.start(self._num_blocks)  # every worker loaded and allocated: ready to step
             self.model.comm = self.leader.comm
+
+    def _allocate(self, setup: DecodeSetup | None) -> None:
+        """The KV cache (sized after the graphs' memory is measured), the one set of step buffers
+        every step and route fills, and the decode path that pads its steps in them (if any)."""
+        kv_heads = self.model_config.num_kv_heads if self.shard is None else self.shard.kv_heads.size
+        shape = (2, 1, self.block_size, kv_heads, self.model_config.head_dim)
+        self._graph_bytes = 0 if setup is None else setup.measure(self.model, self.backend, shape)
+        self._num_blocks = self._count_kv_blocks()
+        null_blocks = 0 if setup is None else 1  # the decode path's padding rows write the last block
+        shape = (2, self._num_blocks + null_blocks, *shape[2:])
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.model_config.num_layers)
+        ]
+        seqs, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
+        if setup is None:
+            width = -(-self.max_model_len // self.block_size) + 1
+            self.inputs = StepBuffers(seqs, width, self.block_size, 0, self.device, tokens)
+        else:
+            self.inputs = setup.buffers(self._num_blocks, seqs, tokens)
+            self.decode = setup.build(self.model, self.kv_caches, self.backend, self.inputs)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -294,9 +305,8 @@ class ModelRunner:
             assert self.decode is not None
             with torch.inference_mode():
                 return self._pick(plan, *self.decode.run(plan, route.rows, native, fed))
-        batch = flatten_plan(plan, self.block_size, self.device)
         with torch.inference_mode():
-            feed_flat(batch.input_ids, plan, fed)
+            batch = self.inputs.fill_plan(plan, fed)
         slots: dict[str, int] | None = None
         if self.lora is not None and any(s.seq.lora_name is not None for s in plan.scheduled):
             adapters = [s.seq.lora_name for s in plan.scheduled for _ in range(s.num_new_tokens)]
