@@ -225,6 +225,8 @@ class ModelRunner:
             for _ in range(self.model_config.num_layers)
         ]
         seqs, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
+        if not self.config.enable_chunked_prefill:  # a step's one prompt may pass the budget, whole
+            tokens = max(tokens, self.max_model_len)
         if setup is None:
             width = -(-self.max_model_len // self.block_size) + 1
             self.inputs = StepBuffers(seqs, width, self.block_size, 0, self.device, tokens)

@@ -43,6 +43,8 @@ from kvfleet.engine.batch import FlatBatch
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
 
+ONE_COPY_BYTES = 256 * 1024  # a step's inputs up to this size go to the device in one copy
+
 
 class FedTokens(Protocol):
     """The previous step's sampled tokens, still on the device (async scheduling)."""
@@ -184,7 +186,7 @@ class StepBuffers:
         a["block_tables"][n:rows, 0] = self.null_block
         self._tables[n:rows] = [None] * (rows - n)
         feeds = self._placeholders(scheduled, ids, rows, fed)
-        self._copy(rows)
+        self._copy(rows, rows)
         if feeds:
             assert fed is not None
             self._feed(fed.tokens, rows)
@@ -221,7 +223,7 @@ class StepBuffers:
         sampled = int(samples.sum())
         a["sample_rows"][:sampled] = qsl[1:][samples] - 1
         feeds = self._placeholders(s, ids, tokens, fed)
-        self._copy(n)
+        self._copy(n, tokens)
         if feeds:
             assert fed is not None
             self._feed(fed.tokens, tokens)
@@ -292,11 +294,19 @@ class StepBuffers:
         src, ids = d.feed_rows[:rows], d.input_ids[:rows]
         ids.copy_(torch.where(src >= 0, tokens.index_select(0, src.clamp(min=0)), ids))
 
-    def _copy(self, seqs: int) -> None:
+    def _copy(self, seqs: int, tokens: int | None = None) -> None:
+        """Host to device: the prefix up to block-table row ``seqs``, in one copy; where that prefix
+        is large (the token regions sized for long unchunked prompts), the used part of each region."""
         if self._device is self._host:
             return
         end = self.layout.end(seqs)
-        self._device[:end].copy_(self._host[:end], non_blocking=True)
+        if end <= ONE_COPY_BYTES or tokens is None:
+            self._device[:end].copy_(self._host[:end], non_blocking=True)
+        else:
+            t = self.layout.max_tokens * 8
+            spans = [(i * t, i * t + tokens * 8) for i in range(4)] + [(4 * t, end)]
+            for lo, hi in spans:
+                self._device[lo:hi].copy_(self._host[lo:hi], non_blocking=True)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()

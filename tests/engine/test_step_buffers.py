@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvfleet.engine import step_buffers
 from kvfleet.engine.batch import FlatBatch, flatten_plan
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
@@ -93,3 +94,19 @@ def test_a_plan_whose_blocks_cannot_hold_its_tokens_is_refused_as_flatten_plan_r
     plan = SchedulerPlan(scheduled=(ScheduledSeq(s, 0, 9, (0, 1)),))
     with pytest.raises(ValueError, match="2 blocks of 4 cannot hold 9 tokens"):
         StepBuffers(4, 4, BS, 0, CPU, max_tokens=16).fill_plan(plan)
+
+
+@pytest.mark.parametrize("one_copy_bytes", [1 << 30, 0], ids=["one copy", "a copy per region"])
+def test_a_separate_device_buffer_receives_every_region_a_step_reads(
+    one_copy_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on CUDA (the CPU's device views are the host's): copied whole, or region by region."""
+    monkeypatch.setattr(step_buffers, "ONE_COPY_BYTES", one_copy_bytes)
+    buffers = StepBuffers(8, 8, BS, null_block=99, device=CPU, max_tokens=32)
+    buffers._device = torch.zeros_like(buffers._host)
+    buffers.dev = step_buffers._Views(buffers._device, buffers.layout)
+    first, plan = mixed(), decodes()
+    assert_same(buffers.fill_plan(first), flatten_plan(first, BS, CPU))
+    buffers.fill(plan.scheduled, 2)
+    want = flatten_plan(plan, BS, CPU)
+    assert_same(buffers.batch(2, 3, want.sample_seq_ids, want.meta.max_seq_len), want)
