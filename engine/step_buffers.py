@@ -158,11 +158,6 @@ class StepBuffers:
     def null_slot(self) -> int:
         return self.null_block * self.block_size
 
-    def fits(self, scheduled: Sequence[ScheduledSeq]) -> bool:
-        return len(scheduled) <= self.layout.max_seqs and all(
-            len(s.block_ids) <= self.layout.max_blocks for s in scheduled
-        )
-
     def _wait(self) -> None:
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy may still read the host buffer
