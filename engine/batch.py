@@ -1,9 +1,10 @@
 """Flatten a scheduler plan into the one batch the model runs (docs/engine/steps-and-kernels.md).
 
-Where it sits: inside ``ModelRunner.execute``, between the scheduler's plan (ids and
-counts) and the model (tensors). No padding between sequences: the step's tokens lie
-end to end, each with its own position and KV slot, and the attention metadata says
-which rows belong to which sequence.
+Where it sits: between the scheduler's plan (ids and counts) and the model (tensors), as the
+reference: the runner writes the same batch into its one set of persistent step buffers
+(``engine/step_buffers.py``, tested against :func:`flatten_plan`), benches and tests build it fresh
+here. No padding between sequences: the step's tokens lie end to end, each with its own position
+and KV slot, and the attention metadata says which rows belong to which sequence.
 """
 
 from __future__ import annotations

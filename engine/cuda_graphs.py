@@ -7,12 +7,14 @@ once per size and replays it: a Llama-3-8B decode step is ~700 kernel launches, 
 issues slower than an H200 runs them (issue #30: 13% GPU-busy on SmolLM2, 24.7% MBU at batch 1).
 :class:`EagerCalls` (the CPU, ``--enforce-eager``, the torch attention backend) calls the forward:
 the same buffers, padding and views, with capture and replay swapped for a call, so CI runs the
-graph path's code on the CPU.
+graph path's code on the CPU. Which of them runs a step is the step dispatcher's choice
+(``engine/step_dispatch.py``: ``graph`` where the sizes are captured, else ``native`` or ``per_op``
+through the plain call).
 
 Only decode steps are captured: a graph fixes every tensor's shape, and a prefill or mixed step's
 token count, query lengths and prompt-chunk layout change every step (vLLM's answer, piecewise
 graphs, captures the layers between the attention calls for token-count buckets and runs attention
-eagerly; not done here). Those steps run eagerly through :func:`kvfleet.engine.batch.flatten_plan`.
+eagerly; not done here). Those steps run unpadded (``engine/step_dispatch.py`` routes them).
 
 Sizes as vLLM's ``cudagraph_capture_sizes``: 1, 2, 4, then every multiple of 8, up to
 ``max_num_seqs`` (which is captured too) and at most 512; a decode batch larger than the largest
@@ -30,15 +32,17 @@ import torch
 MAX_CAPTURE_SIZE = 512
 
 
-class StepShape(NamedTuple):
-    """What a forward over the static buffers needs besides their values."""
+class PaddedStep(NamedTuple):
+    """What a forward over the static buffers needs besides their values (``StepShape`` in
+    ``engine/sched/step_cost.py`` is another thing: a plan's token counts for the cost model)."""
 
     rows: int  # the padded row count: a captured size
     width: int  # block-table columns the attention reads
     max_seq_len: int
+    native: bool = False  # the layers in one native call (the step dispatcher's route; never captured)
 
 
-Forward = Callable[[StepShape], torch.Tensor]  # float32 logits (rows, vocab), from the static buffers
+Forward = Callable[[PaddedStep], torch.Tensor]  # float32 logits (rows, vocab), from the static buffers
 
 
 def capture_sizes(max_num_seqs: int, requested: Sequence[int] | None = None) -> tuple[int, ...]:
@@ -61,10 +65,10 @@ def padded_size(sizes: Sequence[int], rows: int) -> int | None:
 class GraphRunner(Protocol):
     sizes: tuple[int, ...]  # ascending
 
-    def prepare(self, forward: Forward, full: Callable[[int], StepShape]) -> None:
+    def prepare(self, forward: Forward, full: Callable[[int], PaddedStep]) -> None:
         """Take the forward; a capturing runner captures ``forward(full(rows))`` for every size."""
 
-    def run(self, shape: StepShape) -> torch.Tensor:
+    def run(self, shape: PaddedStep) -> torch.Tensor:
         """The forward's logits over the buffers as they are now, ``shape.rows`` rows."""
 
 
@@ -75,10 +79,10 @@ class EagerCalls:
         self.sizes = tuple(sizes)
         self._forward: Forward | None = None
 
-    def prepare(self, forward: Forward, full: Callable[[int], StepShape]) -> None:
+    def prepare(self, forward: Forward, full: Callable[[int], PaddedStep]) -> None:
         self._forward = forward
 
-    def run(self, shape: StepShape) -> torch.Tensor:
+    def run(self, shape: PaddedStep) -> torch.Tensor:
         assert self._forward is not None, "prepare() first"
         return self._forward(shape)
 
@@ -95,7 +99,7 @@ class CudaGraphs:
     # Invariant: the graphs are captured largest first into one pool, so every smaller graph's
     # intermediates fit in memory the largest already holds; a graph's output is read before the
     # next replay (the sampler's synchronisation), since another graph may reuse its memory.
-    def prepare(self, forward: Forward, full: Callable[[int], StepShape]) -> None:
+    def prepare(self, forward: Forward, full: Callable[[int], PaddedStep]) -> None:
         order = sorted(self.sizes, reverse=True)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -113,6 +117,6 @@ class CudaGraphs:
             self._graphs[rows] = graph
         torch.cuda.synchronize(self.device)
 
-    def run(self, shape: StepShape) -> torch.Tensor:
+    def run(self, shape: PaddedStep) -> torch.Tensor:
         self._graphs[shape.rows].replay()
         return self._outputs[shape.rows]

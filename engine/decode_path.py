@@ -1,10 +1,12 @@
 """The decode-step path of the model runner: static buffers, padding to a served size, a graph runner.
 
-Where it sits: ``ModelRunner.execute`` offers every plan to :meth:`DecodePath.run` first; a pure
+Where it sits: ``ModelRunner.launch`` runs here the steps the step dispatcher
+(``engine/step_dispatch.py``, over :meth:`DecodePath.caps`) padded to one of its sizes: a pure
 decode step (every scheduled sequence one new token and sampling, no LoRA adapter) that fits the
-buffers comes back as logits of its rows, anything else as None and runs the eager path
-(:func:`kvfleet.engine.batch.flatten_plan`). The step's values go into :class:`StepBuffers` with
-one host-to-device copy, the batch is padded up to one of the graph runner's sizes (padding rows
+buffers, on the ``graph`` route or, through the plain call, ``native`` or ``per_op``; the others
+run unpadded (:meth:`StepBuffers.fill_plan`). The step's values go into the runner's one
+:class:`StepBuffers` with one host-to-device copy (none on the CPU, whose views are the host's),
+the batch is padded up to one of the graph runner's sizes (padding rows
 write the null block the runner reserves past the scheduler's blocks), and the graph runner
 (:mod:`kvfleet.engine.cuda_graphs`) replays the captured forward, or on the CPU calls it.
 
@@ -38,14 +40,14 @@ from kvfleet.engine.cuda_graphs import (
     CudaGraphs,
     EagerCalls,
     GraphRunner,
-    StepShape,
+    PaddedStep,
     capture_sizes,
-    padded_size,
 )
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.rope import rope_is_dynamic
 from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.step_buffers import FedTokens, StepBuffers
+from kvfleet.engine.step_dispatch import NativeStep, RunnerCaps
 
 if TYPE_CHECKING:
     from kvfleet.engine.model.llama import LlamaForCausalLM
@@ -65,32 +67,35 @@ class DecodePath:
     ) -> None:
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         self.buffers, self.graphs = buffers, graphs
+        buffers.frozen = isinstance(graphs, CudaGraphs)  # the graphs hold the buffers' addresses
         full_width = buffers.layout.max_blocks
         with torch.inference_mode():
-            graphs.prepare(self._forward, lambda rows: StepShape(rows, full_width, max_model_len))
+            graphs.prepare(self._forward, lambda rows: PaddedStep(rows, full_width, max_model_len))
 
-    def _forward(self, shape: StepShape) -> torch.Tensor:
+    def _forward(self, shape: PaddedStep) -> torch.Tensor:
         batch = self.buffers.batch(shape.rows, shape.width, (), shape.max_seq_len)
         return self.model(
-            batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
-        )
+            batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows,
+            native=shape.native,
+        )  # fmt: skip
 
     def run(
-        self, plan: SchedulerPlan, fed: FedTokens | None = None
-    ) -> tuple[torch.Tensor, tuple[int, ...]] | None:
-        """(logits of the sampling rows, their seq ids), or None: not a step this path takes.
-        ``fed``: the previous step's tokens, for inputs still placeholders on the host."""
+        self, plan: SchedulerPlan, rows: int, native: bool, fed: FedTokens | None = None
+    ) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """(logits of the sampling rows, their seq ids) of a decode step the dispatcher padded to
+        ``rows``, a size of the graph runner; ``native``: its layers in one native call (never on a
+        captured graph). ``fed``: the previous step's tokens, for inputs still placeholders on the host."""
         scheduled = plan.scheduled
-        if not all(s.num_new_tokens == 1 and s.sample and s.seq.lora_name is None for s in scheduled):
-            return None
-        rows = padded_size(self.graphs.sizes, len(scheduled))
-        if rows is None or not self.buffers.fits(scheduled):
-            return None
         self.buffers.fill(scheduled, rows, fed)
         width = max(len(s.block_ids) for s in scheduled)
         max_seq_len = max(s.num_computed_before for s in scheduled) + 1
-        logits = self.graphs.run(StepShape(rows, width, max_seq_len))
+        logits = self.graphs.run(PaddedStep(rows, width, max_seq_len, native))
         return logits[: len(scheduled)], tuple(s.seq.seq_id for s in scheduled)
+
+    def caps(self, native: NativeStep | None, no_native: str) -> RunnerCaps:
+        """The dispatcher's view of this path: its sizes, captured or not, beside the native step."""
+        graphs = isinstance(self.graphs, CudaGraphs)
+        return RunnerCaps(self.graphs.sizes, self.buffers.layout.max_blocks, graphs, native, no_native)
 
 
 @dataclass(frozen=True)
@@ -112,11 +117,15 @@ class DecodeSetup:
         model: LlamaForCausalLM,
         kv_caches: list[torch.Tensor],
         backend: AttentionBackend,
-        null_block: int,
+        buffers: StepBuffers,
     ) -> DecodePath:
-        """The path over the runner's caches, whose block ``null_block`` no sequence owns."""
-        buffers = StepBuffers(self.sizes[-1], self.max_blocks, self.block_size, null_block, self.device)
+        """The path over the runner's caches and step buffers, whose ``null_block`` no sequence owns."""
         return DecodePath(model, kv_caches, backend, buffers, self.runner(), self.max_model_len)
+
+    def buffers(self, null_block: int, max_seqs: int = 0, max_tokens: int = 0) -> StepBuffers:
+        """Step buffers of this path's sizes and block-table width (more sequences and rows if asked)."""
+        seqs = max(self.sizes[-1], max_seqs)
+        return StepBuffers(seqs, self.max_blocks, self.block_size, null_block, self.device, max_tokens)
 
     def measure(self, model: LlamaForCausalLM, backend: AttentionBackend, cache_shape: Sequence[int]) -> int:
         """Device bytes a capture of every size takes (0 without CUDA graphs): captured once over a
@@ -128,7 +137,7 @@ class DecodeSetup:
         shape = (cache_shape[0], 1, *cache_shape[2:])
         dtype = next(model.parameters()).dtype
         caches = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in model.model.layers]
-        path: DecodePath | None = self.build(model, caches, backend, null_block=0)
+        path: DecodePath | None = self.build(model, caches, backend, self.buffers(null_block=0))
         torch.cuda.empty_cache()  # the warm-up's freed blocks: not the graphs' (their pool is held)
         taken = free_before - torch.cuda.mem_get_info(self.device)[0]
         del path, caches

@@ -3,8 +3,8 @@
 Where it sits: ``ModelRunner.launch(plan)`` runs the forward and the sampler's pick and returns a
 :class:`PickedStep`; ``ModelRunner.execute`` reads it at once, ``engine/async_scheduling.py`` only
 after the next step is launched. The next launch takes the tokens still on the device for its
-placeholder inputs (``PLACEHOLDER_TOKEN``): through the static buffers on the decode path
-(``StepBuffers``' ``feed_rows``), with :func:`feed_flat` on the eager path.
+placeholder inputs (``PLACEHOLDER_TOKEN``) through the step buffers' ``feed_rows``
+(``engine/step_buffers.py``), on every route.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import torch
 
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampler import Sampler, SampleRequest
-from kvfleet.engine.sched.plan import SchedulerPlan
-from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
 
 
 @dataclass
@@ -40,21 +38,3 @@ class PickedStep:
         with torch.inference_mode():
             results = self.sampler.read(self.tokens, self.logits, self.requests)
         return dict(zip(self.seq_ids, results, strict=True))
-
-
-def feed_flat(input_ids: torch.Tensor, plan: SchedulerPlan, fed: PickedStep | None) -> None:
-    """Eager path: each placeholder input row of the flat batch takes ``fed``'s token for its sequence."""
-    dst: list[int] = []
-    src: list[int] = []
-    row = 0
-    for seq, start, num_new, _ in plan.scheduled:
-        outputs = seq.output_token_ids
-        if num_new == 1 and outputs and outputs[-1] == PLACEHOLDER_TOKEN and start == seq.num_tokens - 1:
-            assert fed is not None, "a placeholder token without the step that samples it"
-            dst.append(row)
-            src.append(fed.rows_of[seq.seq_id])
-        row += num_new
-    if dst:
-        device = input_ids.device
-        rows = torch.tensor(dst, dtype=torch.int64, device=device)
-        input_ids.index_copy_(0, rows, fed.tokens.index_select(0, torch.tensor(src, device=device)))  # type: ignore[union-attr]

@@ -4,8 +4,11 @@ Where it sits: ``Engine.step()`` calls ``ModelRunner.execute(plan)`` (the ``Runn
 protocol of ``engine/interfaces.py``) after ``Scheduler.schedule()``. The runner owns the
 model and the paged KV cache (one tensor per layer, shape (2, num_blocks, block_size,
 kv_heads, head_dim), plus one null block at the end where the decode path runs,
-``engine/decode_path.py``); decode steps go through that path, the others: it flattens the plan (:mod:`kvfleet.engine.batch`), runs the model
-under ``torch.inference_mode`` and samples.
+``engine/decode_path.py``). Each step takes the route the step dispatcher picks
+(``engine/step_dispatch.py``: ``graph``, ``native`` or ``per_op``, logged at debug level): decode
+steps padded to a size of the decode path run there, the others unpadded; every step's inputs are
+written into the runner's one set of step buffers (``engine/step_buffers.py``); the model runs
+under ``torch.inference_mode`` and the runner samples.
 
 :func:`build_runner` is the one entry point the Engine uses: it resolves the model name, loads
 the model and the tokenizer and reports a :class:`ModelInfo`.
@@ -39,13 +42,13 @@ import torch
 
 from kvfleet.capacity import check_engine_fits, model_shape_from_config
 from kvfleet.engine.attention import get_backend
-from kvfleet.engine.batch import FlatBatch, flatten_plan
+from kvfleet.engine.batch import FlatBatch
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.decode_path import DecodePath, decode_setup
+from kvfleet.engine.decode_path import DecodePath, DecodeSetup, decode_setup
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import cpu_paths_line
-from kvfleet.engine.launched_step import PickedStep, feed_flat
+from kvfleet.engine.launched_step import PickedStep
 from kvfleet.engine.layers.linear.config import resolve_quantization
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
@@ -61,6 +64,8 @@ from kvfleet.engine.parallel.leader import Leader, rank_device, spawn_workers
 from kvfleet.engine.parallel.shard import RankShard, all_shards, lora_slices
 from kvfleet.engine.sampler import Sampler, SampleRequest
 from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.step_buffers import StepBuffers
+from kvfleet.engine.step_dispatch import RunnerCaps, StepDispatcher, StepRoute
 from kvfleet.engine.structured import StructuredOutputs
 
 log = logging.getLogger(__name__)
@@ -189,22 +194,12 @@ class ModelRunner:
         self.max_model_len = resolve_max_model_len(config, self.model_config)
         self.backend = get_backend(backend)
         self.block_size = config.block_size
-        kv_heads = self.model_config.num_kv_heads if self.shard is None else self.shard.kv_heads.size
-        shape = (2, 1, self.block_size, kv_heads, self.model_config.head_dim)
-        setup = decode_setup(config, self.device, backend, self.model_config, self.max_model_len)
-        self._graph_bytes = 0 if setup is None else setup.measure(self.model, self.backend, shape)
-        self._num_blocks = self._count_kv_blocks()
-        null_blocks = 0 if setup is None else 1  # the decode path's padding rows write the last block
-        shape = (2, self._num_blocks + null_blocks, *shape[2:])
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(self.model_config.num_layers)
-        ]
         self.decode: DecodePath | None = None
-        if setup is not None:
-            self.decode = setup.build(self.model, self.kv_caches, self.backend, null_block=self._num_blocks)
+        self._allocate(decode_setup(config, self.device, backend, self.model_config, self.max_model_len))
         self.sampler = Sampler(config.seed, self.device)
         self._last: PickedStep | None = None  # the last launched step: the next one may feed on it
+        self.dispatcher = StepDispatcher(RunnerCaps())  # its capabilities read at the first step
+        self._caps_key: tuple[object, ...] | None = None
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
         if config.lora_enabled:
@@ -215,6 +210,29 @@ class ModelRunner:
                 self.lora.mirror = self.leader.mirror_lora
             self.leader.start(self._num_blocks)  # every worker loaded and allocated: ready to step
             self.model.comm = self.leader.comm
+
+    def _allocate(self, setup: DecodeSetup | None) -> None:
+        """The KV cache (sized after the graphs' memory is measured), the one set of step buffers
+        every step and route fills, and the decode path that pads its steps in them (if any)."""
+        kv_heads = self.model_config.num_kv_heads if self.shard is None else self.shard.kv_heads.size
+        shape = (2, 1, self.block_size, kv_heads, self.model_config.head_dim)
+        self._graph_bytes = 0 if setup is None else setup.measure(self.model, self.backend, shape)
+        self._num_blocks = self._count_kv_blocks()
+        null_blocks = 0 if setup is None else 1  # the decode path's padding rows write the last block
+        shape = (2, self._num_blocks + null_blocks, *shape[2:])
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.model_config.num_layers)
+        ]
+        seqs, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
+        if not self.config.enable_chunked_prefill:  # a step's one prompt may pass the budget, whole
+            tokens = max(tokens, self.max_model_len)
+        if setup is None:
+            width = -(-self.max_model_len // self.block_size) + 1
+            self.inputs = StepBuffers(seqs, width, self.block_size, 0, self.device, tokens)
+        else:
+            self.inputs = setup.buffers(self._num_blocks, seqs, tokens)
+            self.decode = setup.build(self.model, self.kv_caches, self.backend, self.inputs)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -279,17 +297,18 @@ class ModelRunner:
         return {} if plan.is_empty else self.launch(plan).read()
 
     def launch(self, plan: SchedulerPlan) -> PickedStep:
-        """Run the plan and pick its tokens on the device without reading them (``LaunchingRunner``);
-        placeholder inputs take the previous launched step's tokens there."""
+        """Run the plan on the route the step dispatcher picks and pick its tokens on the device
+        without reading them (``LaunchingRunner``); placeholder inputs take the previous launched
+        step's tokens there."""
         fed, self._last = self._last, None
-        if self.decode is not None:  # a decode step: static buffers, a captured graph (decode_path.py)
+        route = self.route(plan)
+        native = route.path == "native"
+        if route.padded:  # a decode step padded to a size of the static buffers (decode_path.py)
+            assert self.decode is not None
             with torch.inference_mode():
-                decoded = self.decode.run(plan, fed)
-                if decoded is not None:
-                    return self._pick(plan, *decoded)
-        batch = flatten_plan(plan, self.block_size, self.device)
+                return self._pick(plan, *self.decode.run(plan, route.rows, native, fed))
         with torch.inference_mode():
-            feed_flat(batch.input_ids, plan, fed)
+            batch = self.inputs.fill_plan(plan, fed)
         slots: dict[str, int] | None = None
         if self.lora is not None and any(s.seq.lora_name is not None for s in plan.scheduled):
             adapters = [s.seq.lora_name for s in plan.scheduled for _ in range(s.num_new_tokens)]
@@ -300,7 +319,30 @@ class ModelRunner:
             lora = batch.meta.lora
             self.leader.send_step(batch, slots, None if lora is None else lora.token_slots)
         with torch.inference_mode():
-            return self._pick(plan, self._forward(batch), batch.sample_seq_ids)
+            return self._pick(plan, self._forward(batch, native), batch.sample_seq_ids)
+
+    def route(self, plan: SchedulerPlan) -> StepRoute:
+        """The plan's route, over capabilities refreshed when what they read changed (the decode path
+        dropped, the weights repacked, the native step turned off)."""
+        fused = self.model.fused_decode()
+        key = (self.decode, fused)
+        if self._caps_key is None or any(a is not b for a, b in zip(key, self._caps_key, strict=True)):
+            self._caps_key = key
+            native = None if fused is None else fused.native_step(self.backend)
+            no_native = self._no_native(fused is None)
+            caps = RunnerCaps(native=native, no_native=no_native)
+            self.dispatcher.caps = caps if self.decode is None else self.decode.caps(native, no_native)
+        return self.dispatcher.pick(plan)
+
+    def _no_native(self, unbuilt: bool) -> str:
+        """Why the runner offers no native one-call step (read only where it offers none)."""
+        if self.model.comm is not None:
+            return "tensor parallelism: the native call holds no all-reduce"
+        if not self.model.use_fused_decode:
+            return "the native call is turned off"
+        if unbuilt:
+            return f"these weights ({self.dtype}, {self.device.type}) do not fit the native call"
+        return f"the {type(self.backend).__name__} runs no native call"
 
     def _pick(self, plan: SchedulerPlan, logits: torch.Tensor, seq_ids: tuple[int, ...]) -> PickedStep:
         """One token per sampling row of ``logits`` (in the order of ``seq_ids``), picked on the device."""
@@ -311,10 +353,11 @@ class ModelRunner:
         self._last = PickedStep(self.sampler, tokens, logits, requests, seq_ids)
         return self._last
 
-    def _forward(self, batch: FlatBatch) -> torch.Tensor:
+    def _forward(self, batch: FlatBatch, native: bool) -> torch.Tensor:
         return self.model(
-            batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows
-        )
+            batch.input_ids, batch.positions, self.kv_caches, batch.meta, self.backend, batch.sample_rows,
+            native=native,
+        )  # fmt: skip
 
 
 def sample_requests(plan: SchedulerPlan) -> list[SampleRequest] | None:

@@ -3,12 +3,12 @@
 Where it sits: beside ``scheduler_overhead.py`` (Scheduler + Engine.step with a null runner), this
 bench builds the real engine on the ``tiny`` checkpoint and times each phase of ``Engine.step()``:
 ``Scheduler.schedule()``, the runner's input preparation (``StepBuffers.fill`` on the decode path,
-``flatten_plan`` on a mixed step), the forward, the sampler, ``Scheduler.update()`` and output
+``StepBuffers.fill_plan`` on a mixed step), the forward, the sampler, ``Scheduler.update()`` and output
 processing (stop checks, detokenisation, deltas). With ``--null-forward`` the forward is replaced by
 a precomputed logits tensor, so the step is all host work: what an H100 would wait on for a 135M
 model (issue #30: the GPU busy 22% of a SmolLM2 offline run). Two workloads: ``decode`` (every
 sequence decoding, the decode path) and ``mixed`` (a new request admitted each step as one finishes:
-the eager ``flatten_plan`` path). ``--profile`` prints cProfile's top functions; ``--async-scheduling``
+the unpadded ``fill_plan`` path). ``--profile`` prints cProfile's top functions; ``--async-scheduling``
 runs the engine with it (on the CPU nothing overlaps: this shows what the mode itself costs the host).
 
     .venv/bin/python -m bench.serving.host_step [--seqs 64 256] [--steps 100] [--null-forward] [--final-only]
@@ -89,7 +89,7 @@ def _null_forward(engine: Engine) -> None:
     logits = torch.randn(8192, vocab, generator=torch.Generator().manual_seed(0))
     if runner.decode is not None:
         runner.decode.graphs.run = lambda shape: logits[: shape.rows]
-    runner._forward = lambda batch: logits[: batch.sample_rows.shape[0]]
+    runner._forward = lambda batch, native: logits[: batch.sample_rows.shape[0]]
 
 
 def instrument(engine: Engine) -> Clock:
@@ -98,12 +98,10 @@ def instrument(engine: Engine) -> Clock:
     clock.wrap(engine.scheduler, "schedule", "schedule")
     clock.wrap(engine.scheduler, "update", "update")
     clock.wrap(engine, "step", "total")
+    clock.wrap(runner.inputs, "fill", "prepare")  # the one step buffers: padded decode steps
+    clock.wrap(runner.inputs, "fill_plan", "prepare")  # and every other step
     if runner.decode is not None:
-        clock.wrap(runner.decode.buffers, "fill", "prepare")
         clock.wrap(runner.decode.graphs, "run", "forward")
-    import kvfleet.engine.runner as runner_module
-
-    clock.wrap(runner_module, "flatten_plan", "prepare")
     clock.wrap(runner, "_forward", "forward")
     clock.wrap(runner, "_pick", "sample")
     clock.wrap(runner.sampler, "read", "sample")

@@ -48,7 +48,7 @@ def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | No
     return allowed
 
 
-class Geometry(NamedTuple):
+class CacheGeometry(NamedTuple):
     """What a layout depends on besides the metadata: the cache's block size, the GQA group, the dtype."""
 
     block_size: int
@@ -69,7 +69,7 @@ class Group:
     num_seqs: int
     query_len: int
     num_blocks: int
-    geo: Geometry
+    geo: CacheGeometry
     # window → (G, 1, Lq * g, nb * block_size) additive mask (0 where key_allowed, -inf elsewhere),
     # built once per step and window: SDPA takes it as is (a bool mask is converted per call).
     _biases: dict[int | None, torch.Tensor] = field(default_factory=dict)
@@ -169,7 +169,7 @@ def _tiles(first_row: int, num_rows: int, seq_len: int, table: list[int]) -> lis
     return spans
 
 
-def _group(spans: list[Span], geo: Geometry) -> Group:
+def _group(spans: list[Span], geo: CacheGeometry) -> Group:
     # Invariant: padded query row i of span s sits at position start_s + min(i, rows_s - 1) and
     # reads query row first_s + min(i, rows_s - 1), so a padding row repeats a real one and is never
     # fully masked; a padding key row reads the sequence's own position-0 slot (stored, so finite)
@@ -212,7 +212,7 @@ def _group(spans: list[Span], geo: Geometry) -> Group:
     )
 
 
-def plan_step(meta: AttentionMetadata, geo: Geometry, sdpa_decodes: bool = True) -> StepLayout:
+def plan_step(meta: AttentionMetadata, geo: CacheGeometry, sdpa_decodes: bool = True) -> StepLayout:
     """Group the step's sequences into padded SDPA calls (decodes and prefill tiles apart).
 
     ``sdpa_decodes=False``: the decoding sequences get no SDPA call; the layout lists them in
@@ -268,11 +268,11 @@ class BatchedAttention:
 
     def __init__(self, sdpa_decodes: bool = True) -> None:
         self.sdpa_decodes = sdpa_decodes
-        self._key: tuple[AttentionMetadata, Geometry] | None = None
+        self._key: tuple[AttentionMetadata, CacheGeometry] | None = None
         self._layout = StepLayout(())
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
-    def layout(self, meta: AttentionMetadata, geo: Geometry) -> StepLayout:
+    def layout(self, meta: AttentionMetadata, geo: CacheGeometry) -> StepLayout:
         # A new step: every layer of one step shares the metadata object (compared by identity).
         if self._key is None or self._key[0] is not meta or self._key[1] != geo:
             self._layout = plan_step(meta, geo, self.sdpa_decodes)
@@ -280,9 +280,9 @@ class BatchedAttention:
         return self._layout
 
     @staticmethod
-    def geometry(q: torch.Tensor, k_cache: torch.Tensor) -> Geometry:
+    def geometry(q: torch.Tensor, k_cache: torch.Tensor) -> CacheGeometry:
         group = q.shape[1] // k_cache.shape[2]
-        return Geometry(k_cache.shape[1], group, torch.promote_types(q.dtype, k_cache.dtype), q.device)
+        return CacheGeometry(k_cache.shape[1], group, torch.promote_types(q.dtype, k_cache.dtype), q.device)
 
     def _buffers(self, k_cache: torch.Tensor, rows: int) -> torch.Tensor:
         """(2, rows, kv_heads * head_dim), contiguous: the K rows then the V rows of one group."""

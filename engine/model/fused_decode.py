@@ -1,8 +1,10 @@
 """Which steps run all their decoder layers in one native call, and with which operands.
 
-Where it sits: ``LlamaForCausalLM.forward`` asks :meth:`FusedDecode.run` first; it returns the
-layer loop's result through ``kernels/native/decode_layers.py`` (``csrc/decode_layers.c``), or None,
-and the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
+Where it sits: the step dispatcher (``engine/step_dispatch.py``) routes a step here from what
+:meth:`FusedDecode.native_step` offers; ``LlamaForCausalLM.forward`` then calls :meth:`FusedDecode.run`,
+which returns the layer loop's result through ``kernels/native/decode_layers.py``
+(``csrc/decode_layers.c``), or, for a caller without a route whose step it cannot take, None, and
+the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
 only takes a step where that path would run exactly those kernels: float32 on the CPU, the
 ``cpu`` attention backend, decode rows and prompt chunks (the chunks only where the backend runs
 them on the native prefill kernel, not SDPA; the last layer past its attention at the sampling rows
@@ -30,14 +32,15 @@ from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
 from kvfleet.engine.kernels.native.decode_layers import (
-    Geometry,
+    LayerGeometry,
     LayerOperands,
     NativeDecodeLayers,
-    StepInputs,
+    NativeStepInputs,
     load_decode_layers,
 )
 from kvfleet.engine.kernels.native.quant_gemm import PATHS
 from kvfleet.engine.kernels.operand import NativeOperand, native_operand
+from kvfleet.engine.step_dispatch import NativeStep
 
 
 def _f32(t: torch.Tensor | None) -> bool:
@@ -116,17 +119,25 @@ class FusedDecode:
         if ops is None or lib is None:
             return None
         attn = first.self_attn
-        geometry = Geometry(
+        geometry = LayerGeometry(
             hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=ops.packed,
             quant_path=PATHS.index(ops.quant_path), max_rows=ops.max_rows,
         )  # fmt: skip
         return cls(NativeDecodeLayers(lib, geometry, ops.layers))
 
+    def native_step(self, backend: AttentionBackend) -> NativeStep | None:
+        """What the step dispatcher may route here over ``backend`` (None: no step: another backend);
+        the plan-level half of :meth:`step_inputs`' checks."""
+        if not isinstance(backend, CpuAttentionBackend):
+            return None
+        g = self.native.geometry
+        return NativeStep(g.max_rows, backend.prefills_natively(g.heads, g.kv_heads, g.head_dim))
+
     def step_inputs(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
         backend: AttentionBackend, sample_rows: torch.Tensor,
-    ) -> StepInputs | None:  # fmt: skip
+    ) -> NativeStepInputs | None:  # fmt: skip
         """The step's inputs where the native call takes it (the caches aside), else None."""
         g, rows = self.native.geometry, x.shape[0]
         if (
@@ -155,7 +166,7 @@ class FusedDecode:
         keep = None if sample_rows.shape[0] == rows else sample_rows.to(torch.int64).contiguous()
         if keep is not None and not _ascending(keep):
             return None
-        return StepInputs(
+        return NativeStepInputs(
             cos, sin, slots, decodes, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills, keep
         )
 

@@ -14,6 +14,7 @@ causal attention) and hands it to the backend with the query.
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
@@ -31,6 +32,8 @@ from kvfleet.engine.model.fused_decode import FusedDecode
 from kvfleet.engine.model.projections import FLOAT_METHOD, ProjectedBlock, store_for_matmul
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
 from kvfleet.engine.model.tp import Collective, ShardSpec, vocab_parallel_embed
+
+log = logging.getLogger(__name__)
 
 
 class RMSNorm(nn.Module):
@@ -323,7 +326,10 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
         sample_rows: torch.Tensor,
+        native: bool | None = None,
     ) -> torch.Tensor:
+        """``native``: the step dispatcher's route (``engine/step_dispatch.py``): the layers in one
+        native call (True) or op by op (False); None (a caller without a route) tries the call."""
         comm = self.comm
         if comm is None:
             x = self.model.embed_tokens(input_ids)
@@ -336,8 +342,10 @@ class LlamaForCausalLM(nn.Module):
         # LoRA every row goes on: the adapter context is per row).
         prune = meta.lora is None and sample_rows.shape[0] < input_ids.shape[0]
         last_layer = len(self.model.layers) - 1
-        fused = self.fused_decode()
+        fused = None if native is False else self.fused_decode()
         done = None if fused is None else fused.run(x, rope, kv_caches, meta, backend, sample_rows)
+        if done is None and native:  # the dispatcher's plan-level checks passed, the call's own did not
+            log.warning("the step dispatcher chose the native call, which refused the step: per-op")
         if done is not None:  # every row decodes and samples (prune is False): all layers in one call
             x, residual = done
         else:

@@ -33,7 +33,7 @@ class StepHeader(NamedTuple):
         return 3 * t + s * self.table_width + s + (s + 1) + self.samples + (t if self.lora is not None else 0)
 
 
-class StepInputs(NamedTuple):
+class WorkerStep(NamedTuple):
     """What a worker's forward reads: the batch, and each row's adapter slot (None: no adapters)."""
 
     batch: FlatBatch
@@ -71,7 +71,7 @@ def pack(
     return header, flat
 
 
-def unpack(header: StepHeader, flat: torch.Tensor) -> StepInputs:
+def unpack(header: StepHeader, flat: torch.Tensor) -> WorkerStep:
     t, s, n = header.rows, header.seqs, header.samples
     sizes = [t, t, t, s * header.table_width, s, s + 1, n] + ([t] if header.lora is not None else [])
     parts = list(torch.split(flat, sizes))
@@ -86,4 +86,4 @@ def unpack(header: StepHeader, flat: torch.Tensor) -> StepInputs:
     )
     batch = FlatBatch(parts[0], parts[1], meta, parts[6], ())
     slots = [int(v) for v in parts[7].tolist()] if header.lora is not None else None
-    return StepInputs(batch, slots)
+    return WorkerStep(batch, slots)

@@ -12,7 +12,7 @@ import torch
 
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.batch import flatten_plan
-from kvfleet.engine.cuda_graphs import StepShape, capture_sizes, padded_size
+from kvfleet.engine.cuda_graphs import PaddedStep, capture_sizes, padded_size
 from kvfleet.engine.decode_path import DecodePath
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence
@@ -69,11 +69,11 @@ class Recorder:
     """Wraps a DecodePath's graph runner: the shapes it ran."""
 
     def __init__(self, path: DecodePath) -> None:
-        self.shapes: list[StepShape] = []
+        self.shapes: list[PaddedStep] = []
         self._run = path.graphs.run
         path.graphs.run = self  # type: ignore[method-assign]
 
-    def __call__(self, shape: StepShape) -> torch.Tensor:
+    def __call__(self, shape: PaddedStep) -> torch.Tensor:
         self.shapes.append(shape)
         return self._run(shape)
 

@@ -78,7 +78,7 @@ class LayerOperands(NamedTuple):
     scales: tuple[torch.Tensor | None, ...] = (None, None, None, None)
 
 
-class Geometry(NamedTuple):
+class LayerGeometry(NamedTuple):
     hidden: int
     heads: int
     kv_heads: int
@@ -90,7 +90,7 @@ class Geometry(NamedTuple):
     max_rows: int | None = None  # the most rows a step may have (the per-op path's kernels change above)
 
 
-class StepInputs(NamedTuple):
+class NativeStepInputs(NamedTuple):
     """The step's per-row inputs, in the dtypes and layouts the attention kernels take."""
 
     cos: torch.Tensor  # (rows, head_dim) float32
@@ -111,7 +111,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 class NativeDecodeLayers:
     """``decode_layers_f32`` over a fixed list of layers; caches bound by :meth:`bind_caches` each step."""
 
-    def __init__(self, lib: ctypes.CDLL, geometry: Geometry, layers: list[LayerOperands]) -> None:
+    def __init__(self, lib: ctypes.CDLL, geometry: LayerGeometry, layers: list[LayerOperands]) -> None:
         self._fn = lib.decode_layers_f32
         self._fn.argtypes = [ctypes.POINTER(_Step), ctypes.POINTER(_Layer), ctypes.c_int64]
         self._fn.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
@@ -134,7 +134,9 @@ class NativeDecodeLayers:
         for slot, cache in zip(self._layers, kv_caches, strict=True):
             slot.k_cache, slot.v_cache = cache[0].data_ptr(), cache[1].data_ptr()
 
-    def run(self, x: torch.Tensor, step: StepInputs, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self, x: torch.Tensor, step: NativeStepInputs, block_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the last layer's MLP output, the residual stream before it) for the embeddings ``x``
         (rows, hidden), at the rows ``step.keep`` (all rows if None): what the per-op path's layer
         loop returns. ``x`` is overwritten."""
