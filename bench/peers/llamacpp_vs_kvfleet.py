@@ -32,7 +32,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -42,12 +41,12 @@ import aiohttp
 
 from bench.common import RESULTS, SIDE_VENVS, cpu_name, omp_threads, resolve_model, side_venv, thread_env
 from bench.peers.llamacpp_report import Cell, loadavg, ratio_lines, table, targets_summary, vllm_lines
-from bench.peers.peers import vllm_server
+from bench.peers.peers import logged_server, vllm_server
 from kvfleet.bench import LoadSpec, parse_distribution, run_load
 from kvfleet.bench.load import LoadResult, plan_requests
 from kvfleet.bench.stats import summarize
 from kvfleet.oslib import free_port
-from kvfleet.testing.processes import engine_process, stop, wait_http
+from kvfleet.testing.processes import engine_process, wait_http
 
 SERVERS = ("llama.cpp", "kvfleet gguf", "kvfleet float32", "vLLM bf16")
 RECORD = "kvfleet-build-flags.txt"  # written by llamacpp_env.sh beside the build
@@ -75,21 +74,13 @@ def llama_server(args: argparse.Namespace, binary: Path, gguf: Path) -> Iterator
     argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.parallel),
             "-c", str(args.ctx_size), "-cb", "--seed", str(args.seed), "--no-webui", *args.llama_args.split()]  # fmt: skip
-    with tempfile.TemporaryDirectory() as cwd, open(Path(cwd) / "llama.log", "wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=thread_env(str(args.threads)), stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            try:
-                wait_http(url + "/health", proc, timeout_s=args.start_timeout)
-                wait_ready(url, proc, args.start_timeout)
-            except RuntimeError:
-                sys.stderr.write((Path(cwd) / "llama.log").read_text(errors="replace")[-4000:])
-                raise
-            yield url
-        finally:
-            stop([proc])
+
+    def ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+        wait_http(url + "/health", proc, timeout_s=args.start_timeout)
+        wait_ready(url, proc, args.start_timeout)
+
+    with logged_server(argv, thread_env(str(args.threads)), port, "llama.log", ready) as url:
+        yield url
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:

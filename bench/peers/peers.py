@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -134,16 +134,33 @@ def vllm_server(
     argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--seed", str(args.seed),
             "--max-model-len", str(args.max_model_len)]  # fmt: skip
-    with tempfile.TemporaryDirectory() as cwd, open(Path(cwd) / "vllm.log", "wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=vllm_env(args, threads), stdout=log, stderr=subprocess.STDOUT
-        )
+
+    def ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+        wait_http(url + "/v1/models", proc, timeout_s=args.start_timeout)
+
+    with logged_server(argv, vllm_env(args, threads), port, "vllm.log", ready) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def logged_server(
+    argv: list[str],
+    env: dict[str, str],
+    port: int,
+    log_name: str,
+    ready: Callable[[str, subprocess.Popen[bytes]], None],
+) -> Iterator[str]:
+    """A peer's server on 127.0.0.1:``port``, run in a scratch folder with its output in ``log_name``
+    there; yields its URL once ``ready(url, proc)`` returns (the log's tail on stderr where that
+    raises ``RuntimeError``); stopped at the end."""
+    with tempfile.TemporaryDirectory() as cwd, open(Path(cwd) / log_name, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{port}"
             try:
-                wait_http(url + "/v1/models", proc, timeout_s=args.start_timeout)
+                ready(url, proc)
             except RuntimeError:
-                sys.stderr.write((Path(cwd) / "vllm.log").read_text(errors="replace")[-4000:])
+                sys.stderr.write((Path(cwd) / log_name).read_text(errors="replace")[-4000:])
                 raise
             yield url
         finally:
