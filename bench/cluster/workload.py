@@ -19,6 +19,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from kvfleet.operator.testing.cluster import manifest
 from kvfleet.protocol import API_GROUP, API_VERSION
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -45,7 +46,7 @@ def workload(isvcs: int, quotas: int, *, gpu_node_tolerations: bool) -> list[dic
         }
         if gpu_node_tolerations:
             spec["placement"] = {"tolerations": [KWOK_TOLERATION]}
-        objs.append(_custom("InferenceService", f"svc-{i:03d}", spec))
+        objs.append(manifest("InferenceService", f"svc-{i:03d}", spec))
     for i in range(quotas):
         name = f"tenant-{i:03d}"
         # data, not stringData: the emulated server stores a Secret as sent (no stringData merge)
@@ -61,17 +62,8 @@ def workload(isvcs: int, quotas: int, *, gpu_node_tolerations: bool) -> list[dic
             "apiKeySecretRef": {"name": f"{name}-key"},
             "limits": {"requestsPerMinute": 600},
         }
-        objs += [secret, _custom("TenantQuota", name, quota)]
+        objs += [secret, manifest("TenantQuota", name, quota)]
     return objs
-
-
-def _custom(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
-        "kind": kind,
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 class Api:
