@@ -20,10 +20,11 @@ from collections.abc import Callable
 import torch
 
 from bench.common import bench_args
+from bench.kernels.smollm2_linears import SHAPES as LAYER_SHAPES
 from kvfleet.engine.kernels import packing
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS, load_linear
 
-SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49152)]  # (in, out)
+SHAPES = LAYER_SHAPES * 30 + [(576, 49152)]  # (in, out): 30 layers, then the tied LM head
 
 
 def ways(

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import bench_args
+from bench.kernels.smollm2_linears import SHAPES, linear_pass
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 
-SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out) of SmolLM2's linears
 LAYERS = 30
 
 
@@ -51,9 +51,7 @@ def main() -> None:
             xs = {k: torch.randn(rows, k) for k in {k for k, _ in SHAPES}}
 
             def plain(xs: dict[int, torch.Tensor] = xs) -> None:
-                for layer in weights:
-                    for w in layer:
-                        F.linear(xs[w.shape[1]], w)
+                linear_pass(weights, xs, F.linear)
 
             def packed(xs: dict[int, torch.Tensor] = xs) -> None:
                 for layer in packs:

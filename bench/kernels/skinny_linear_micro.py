@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import bench_args
+from bench.kernels.smollm2_linears import SHAPES, linear_pass
 from kvfleet.engine.kernels.native.skinny_gemm import load_linear
-
-SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out)
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
@@ -49,14 +48,10 @@ def main() -> None:
         xs = {k: torch.randn(rows, k) for k, _ in SHAPES}
 
         def torch_pass(layers: list[list[torch.Tensor]], xs: dict[int, torch.Tensor] = xs) -> None:
-            for layer in layers:
-                for w in layer:
-                    F.linear(xs[w.shape[1]], w)
+            linear_pass(layers, xs, F.linear)
 
         def native_pass(xs: dict[int, torch.Tensor] = xs) -> None:
-            for layer in weights:
-                for w in layer:
-                    native(xs[w.shape[1]], w, None)
+            linear_pass(weights, xs, native, None)
 
         with torch.inference_mode():
             results = {
