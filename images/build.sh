@@ -65,6 +65,11 @@ if [ -n "${TORCH_INDEX_URL+set}" ]; then
   TORCH_ARGS=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 elif [ -n "$WHEELS" ] && compgen -G "$WHEELS/torch-*+cpu-*.whl" >/dev/null; then
   TORCH_ARGS=(--build-arg "TORCH_INDEX_URL=")
+elif ! curl -fsS -m 15 -o /dev/null https://download.pytorch.org/whl/cpu/torch/ 2>/dev/null; then
+  # No CPU wheel reachable: PyPI's torch is the CUDA build, and its NVIDIA libraries come along (the
+  # CPU image's cost, docs/images.md). Not asking the unreachable index saves pip's retries per package.
+  echo "images: download.pytorch.org is not reachable: the CPU engine takes PyPI's torch (the CUDA build)" >&2
+  TORCH_ARGS=(--build-arg "TORCH_INDEX_URL=")
 fi
 
 debian_mirror() {
