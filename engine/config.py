@@ -105,14 +105,4 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 "target_step_ms sizes prefill chunks: it needs enable_chunked_prefill and stall_free"
             )
-        # int8/fp8 take both (layers/linear: LoRA wraps every method, the quantized loader shards);
-        # gguf's loader does not shard, and its flag keeps refusing LoRA too (tests pin it), though
-        # a GGUF model detected without the flag takes adapters
-        if self.quantization == "gguf" and self.lora_enabled:
-            raise ValueError(f"quantization={self.quantization!r} does not take LoRA adapters (yet)")
-        if self.quantization == "gguf" and self.tensor_parallel_size > 1:
-            raise ValueError(
-                f"quantization={self.quantization!r} runs on one rank (yet): tensor_parallel_size must be 1, "
-                f"got {self.tensor_parallel_size}"
-            )
         return self

@@ -176,11 +176,10 @@ class ModelRunner:
                 log.warning("dtype bfloat16 kept as asked (half the weights' memory), but %s", bf16.note)
         # once, before any worker starts or weight is read: what the checkpoint is, --quantization over it
         gguf = gguf_model(config.model, config.quantization)
-        tp = config.tensor_parallel_size
         self.quantization = resolve_quantization(
-            config.quantization, self.model_path, self.device, self.dtype, gguf, ranks=tp
+            config.quantization, self.model_path, self.device, self.dtype, gguf
         )
-        self.quantization.check_serves(tp)
+        self.quantization.check_serves(self.device, self.dtype)
         self.shard: RankShard | None = None
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:

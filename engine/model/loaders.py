@@ -2,10 +2,10 @@
 
 Where it sits: ``ModelRunner`` resolves one ``QuantizationConfig`` (``layers/linear/config.py``) and
 calls :func:`load_for` with it; the config's ``loader`` names one of :data:`LOADERS`: ``float``
-(``loader.py``: safetensors in the compute dtype, sharded per tensor-parallel rank), ``gguf``
-(``quant_loader.py``: the linears in the file's blocks) or ``quantized`` (``hf_quant_loader.py``:
+(``loader.py``: safetensors in the compute dtype), ``gguf`` (``quant_loader.py``: the linears
+in the file's blocks) or ``quantized`` (``hf_quant_loader.py``:
 int8/fp8 linears, from a compressed-tensors checkpoint or quantised at load). Each hands every
-linear to the config's ``layers/linear`` method.
+linear to the config's ``layers/linear`` method, and each cuts a tensor-parallel rank's part.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _float(r: LoadRequest) -> LlamaForCausalLM:
 
 
 def _gguf(r: LoadRequest) -> LlamaForCausalLM:
-    return load_quantized_model(r.model, r.folder, r.dtype, r.device, r.quant.gguf_file)
+    return load_quantized_model(r.model, r.folder, r.dtype, r.device, r.quant.gguf_file, r.shard)
 
 
 def _quantized(r: LoadRequest) -> LlamaForCausalLM:
@@ -64,8 +64,7 @@ def load_for(
     shard: ShardSpec | None = None,
 ) -> LlamaForCausalLM:
     """The model ``model`` (resolved to ``folder``) loaded as ``quant`` says; ``shard``: this rank's
-    slice under tensor parallelism (the float and the quantized loaders cut it; a GGUF's refuses
-    tp > 1 first, in the config)."""
+    slice under tensor parallelism (every loader cuts it, each linear's method its own weights)."""
     loader = LOADERS.get(quant.loader)
     if loader is None:
         raise ModelLoadError(f"no loader {quant.loader!r} for {quant.source}; loaders: {sorted(LOADERS)}")

@@ -52,6 +52,21 @@ class Collective(Protocol):
         ranks: ``local`` (nobody reads it)."""
 
 
+class Sizes(Protocol):
+    """The unsplit sizes a slice reads (``kvfleet.engine.model.config.ModelConfig`` has them)."""
+
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+
 class SliceSpec(NamedTuple):
     """Read ``span`` of axis ``dim`` of a checkpoint tensor whose axis is ``full`` long."""
 
@@ -83,6 +98,17 @@ def checkpoint_slice(name: str, shard: ShardSpec, head_dim: int, full: dict[str,
     if module == "down_proj" and kind == "weight":
         return SliceSpec(1, _span(shard.intermediate), full["intermediate"])
     return None  # norms, and o_proj's / down_proj's bias (held whole, by rank 0 only)
+
+
+def slice_for(name: str, shard: ShardSpec, config: Sizes) -> SliceSpec | None:
+    """:func:`checkpoint_slice` of tensor ``name`` (its Hugging Face name) for a model of ``config``."""
+    full = {
+        "q": config.num_heads * config.head_dim,
+        "kv": config.num_kv_heads * config.head_dim,
+        "intermediate": config.intermediate_size,
+        "vocab": config.vocab_size,
+    }
+    return checkpoint_slice(name, shard, config.head_dim, full)
 
 
 def vocab_parallel_embed(

@@ -74,15 +74,16 @@ class QuantizationConfig:
     def linear_method(self, dtype: torch.dtype) -> LinearMethod:
         return get_method(self.method, dtype)
 
-    def check_serves(self, tensor_parallel_size: int) -> None:
-        """Refuse what this config cannot serve yet, naming its source: GGUF blocks on more than one
-        rank (the float and the quantized loaders shard, each method cutting its own weights:
-        ``LinearMethod.shard``). LoRA wraps every method: its delta is added to the matmul's output,
-        whatever kernel made it (``lora/context.py``)."""
-        if self.loader == "gguf" and tensor_parallel_size > 1:
+    def check_serves(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Refuse, before a tensor-parallel worker starts, what this config cannot serve on ``device``
+        in ``dtype``, naming its source: GGUF blocks run on the CPU kernels in float32 only. Every
+        loader shards (each method cutting its own weights: ``LinearMethod.shard``), and LoRA wraps
+        every method: its delta is added to the matmul's output, whatever kernel made it
+        (``lora/context.py``)."""
+        if self.loader == "gguf" and (device.type != "cpu" or dtype != torch.float32):
             raise ModelLoadError(
-                f"quantization {self.method!r} ({self.source}) runs on one rank (yet): "
-                f"tensor_parallel_size must be 1, got {tensor_parallel_size}"
+                f"quantization {self.method!r} ({self.source}) runs on the CPU kernels in float32; "
+                f"got device {device}, dtype {dtype}"
             )
 
 
@@ -104,11 +105,10 @@ def resolve_quantization(
     device: torch.device,
     dtype: torch.dtype,
     gguf: GgufModel | None = None,
-    ranks: int = 1,
 ) -> QuantizationConfig:
     """The config for ``--quantization flag`` (None: inferred) on a model resolved to ``folder`` (a
     Hugging Face folder; a GGUF's conversion) that names ``gguf``, computing in ``dtype`` on
-    ``device`` over ``ranks`` tensor-parallel ranks."""
+    ``device`` (over any number of tensor-parallel ranks: every loader shards)."""
     # Invariant: the flag decides only where it names what the checkpoint is, or the checkpoint is
     # float; a GGUF model named by path without the flag is served in its blocks where they run.
     if flag == "gguf":
@@ -121,7 +121,7 @@ def resolve_quantization(
     if flag not in (None, "int8", "fp8"):
         raise ModelLoadError(f"--quantization {flag!r} is not served; gguf, int8 and fp8 are")
     if flag is None and gguf is not None and gguf.by_path:
-        return _detected_gguf(gguf.file, device, dtype, ranks)
+        return _detected_gguf(gguf.file, device, dtype)
     scheme = checkpoint_quantization(folder)
     if flag is None and scheme is None:
         return FLOAT
@@ -130,21 +130,20 @@ def resolve_quantization(
     return QuantizationConfig(method, scheme or "float", source)
 
 
-def _detected_gguf(path: Path, device: torch.device, dtype: torch.dtype, ranks: int) -> QuantizationConfig:
+def _detected_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> QuantizationConfig:
     """A GGUF ``--model`` without the flag: in its blocks where any layer linear is in a block format
-    the kernel takes and it runs here (the CPU, float32, one rank); a float GGUF (F32, F16) is a
-    float checkpoint, and elsewhere its conversion is served in floats, as before the detection."""
+    the kernel takes and it runs here (the CPU, float32, on any number of ranks); a float GGUF (F32,
+    F16) is a float checkpoint, and elsewhere its conversion is served in floats, as before the
+    detection."""
     if not gguf_holds_blocks(path):
         return FLOAT
-    if device.type == "cpu" and dtype == torch.float32 and ranks == 1:
+    if device.type == "cpu" and dtype == torch.float32:
         return QuantizationConfig("gguf", "gguf", f"GGUF file {path.name}", path)
     log.warning(
-        "GGUF file %s on %s in %s over %d ranks: its blocks run on the CPU kernels in float32 on one "
-        "rank only; dequantised at load",
+        "GGUF file %s on %s in %s: its blocks run on the CPU kernels in float32 only; dequantised at load",
         path.name,
         device,
         dtype,
-        ranks,
     )
     return FLOAT
 

@@ -114,9 +114,8 @@ class GgufMethod(LinearMethod):
         per_block, size = BLOCK_LAYOUTS[weight.ggml_type]
         start, stop = span.start or 0, weight.in_features if span.stop is None else span.stop
         if start % per_block or stop % per_block:
-            raise ModelLoadError(
-                f"GGUF type {weight.ggml_type}: columns {start}:{stop} cut its blocks of {per_block}"
-            )
+            kind = GGMLQuantizationType(weight.ggml_type).name
+            raise ModelLoadError(f"columns {start}:{stop} cut its blocks of {per_block} (GGUF type {kind})")
         rows = weight.blocks.reshape(weight.out_features, -1, size)[:, start // per_block : stop // per_block]
         return QuantWeight(rows.reshape(weight.out_features, -1).contiguous(), weight.ggml_type, stop - start)
 

@@ -1,8 +1,8 @@
 """The engine's one quantization config (engine/layers/linear/config.py): inferred from the
 checkpoint as vLLM infers it (a GGUF file in its blocks, a compressed-tensors or fp8 config.json in
 its scheme, anything else float), ``--quantization`` overriding where it can, a combination that
-cannot be served refused naming it, and the runner refusing what a detected quantization cannot
-do before it starts a tensor-parallel worker."""
+cannot be served refused naming it, and the runner resolving it (and refusing what it cannot
+serve) before it starts a tensor-parallel worker."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from kvfleet.engine.layers.linear.config import FLOAT
 from kvfleet.engine.layers.linear.gguf_blocks import QuantEmbedding
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.quant_loader import gguf_model
+from kvfleet.engine.model.sources import resolve_model
 from kvfleet.engine.model.tiny import ensure_tiny_model
 from kvfleet.engine.model.tiny_gguf import write_gguf
 from kvfleet.engine.runner import ModelRunner
@@ -124,30 +125,47 @@ def test_a_combination_that_cannot_be_served_is_refused_naming_it(tmp_path: Path
         resolve(None, folder_with(tmp_path / "awq", {"quant_method": "awq"}))
 
 
-def test_gguf_blocks_refuse_tensor_parallelism_naming_their_source(tmp_path: Path) -> None:
+def test_gguf_blocks_off_the_cpu_or_in_another_dtype_are_refused_naming_their_source(tmp_path: Path) -> None:
     path = tiny_gguf(tmp_path, gguf.GGMLQuantizationType.Q8_0)
     quant = resolve("gguf", path, ensure_tiny_model())
-    with pytest.raises(ModelLoadError, match=r"'gguf' \(--quantization gguf\).*must be 1, got 2"):
-        quant.check_serves(2)
-    quant.check_serves(1)
-    resolve(None, folder_with(tmp_path, ct_config("int"))).check_serves(2)  # the quantized loader shards
-    FLOAT.check_serves(2)
-
-
-def test_a_gguf_model_over_several_ranks_is_served_in_floats_as_before(tmp_path: Path) -> None:
-    path = tiny_gguf(tmp_path, gguf.GGMLQuantizationType.Q8_0)
-    gguf_file = gguf_model(str(path), None)
-    assert resolve_quantization(None, ensure_tiny_model(), CPU, F32, gguf_file, ranks=2) == FLOAT
+    with pytest.raises(
+        ModelLoadError, match=r"'gguf' \(--quantization gguf\) runs on the CPU kernels in float32"
+    ):
+        quant.check_serves(torch.device("cuda"), F32)
+    with pytest.raises(ModelLoadError, match="got device cpu, dtype torch.bfloat16"):
+        quant.check_serves(CPU, torch.bfloat16)
+    quant.check_serves(CPU, F32)
+    FLOAT.check_serves(torch.device("cuda"), torch.bfloat16)
 
 
 class Started(Exception):
     pass
 
 
-def test_the_runner_resolves_the_config_before_it_starts_a_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def gguf_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A quantised GGUF ``--model`` and the folder the runner is handed (its conversion)."""
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path, gguf.GGMLQuantizationType.Q8_0)
+    return str(path), resolve_model(str(path))
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "want"),
+    [
+        ("compressed-tensors int8", ("int8", "int8", "compressed-tensors int8 checkpoint")),
+        ("fp8", ("float", "fp8", "fp8 checkpoint (quant_method fp8)")),  # fp8 on the CPU: dequantised
+        ("gguf", ("gguf", "gguf", "GGUF file tiny-Q8_0.gguf")),  # its blocks, on every rank
+    ],
+)
+def test_the_runner_resolves_the_checkpoints_quantization_before_it_starts_a_worker(
+    checkpoint: str, want: tuple[str, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = folder_with(tmp_path, ct_config("int"))
+    if checkpoint == "gguf":
+        model, folder = gguf_conversion(tmp_path, monkeypatch)
+    else:
+        fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        folder = folder_with(tmp_path, fp8 if checkpoint == "fp8" else ct_config("int"))
+        model = str(folder)
     seen: list[QuantizationConfig] = []
 
     def start(self: ModelRunner, backend: str) -> None:
@@ -156,10 +174,8 @@ def test_the_runner_resolves_the_config_before_it_starts_a_worker(
 
     monkeypatch.setattr(ModelRunner, "_start_workers", start)
     with pytest.raises(Started):
-        ModelRunner(EngineConfig(model=str(folder), tensor_parallel_size=2, num_kv_blocks=8), folder)
-    assert [(q.method, q.stored, q.source) for q in seen] == [
-        ("int8", "int8", "compressed-tensors int8 checkpoint")
-    ]
+        ModelRunner(EngineConfig(model=model, tensor_parallel_size=2, num_kv_blocks=8), folder)
+    assert [(q.method, q.stored, q.source) for q in seen] == [want]
 
 
 def test_a_gguf_model_without_the_flag_runs_in_its_blocks(
@@ -175,9 +191,8 @@ def test_a_gguf_model_without_the_flag_runs_in_its_blocks(
     assert len(out.outputs[0].token_ids) == 3
 
 
-def test_int8_and_fp8_flags_take_lora_and_several_ranks_and_gguf_still_refuses_them() -> None:
-    for flag in ("int8", "fp8"):
+def test_every_quantization_flag_takes_lora_and_several_ranks() -> None:
+    """gguf was refused both until its loader sharded (LoRA wraps every method's kernel)."""
+    for flag in ("int8", "fp8", "gguf"):
         config = EngineConfig(model="tiny", quantization=flag, enable_lora=True, tensor_parallel_size=2)
-        assert config.quantization == flag
-    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
-        EngineConfig(model="tiny", quantization="gguf", tensor_parallel_size=2)
+        assert (config.quantization, config.lora_enabled, config.tensor_parallel_size) == (flag, True, 2)

@@ -6,13 +6,13 @@ float32 model's weights (the only difference left is the kernel's int8 activatio
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 
 import pytest
 import torch
-from pydantic import ValidationError
 
-from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine import LLM, SamplingParams, cli
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.quant_linear import QuantLinear, dequantised
 from kvfleet.engine.model.config import ModelLoadError
@@ -28,14 +28,14 @@ def test_int8_and_fp8_are_accepted_by_the_config() -> None:
         assert EngineConfig(quantization=kind).quantization == kind
 
 
-def test_quantization_does_not_take_lora() -> None:
-    with pytest.raises(ValidationError, match="LoRA"):
-        EngineConfig(model="smollm2", quantization="gguf", enable_lora=True)
-
-
-def test_quantization_runs_on_one_rank_and_says_so() -> None:
-    with pytest.raises(ValidationError, match="tensor_parallel_size must be 1, got 2"):
-        EngineConfig(model="smollm2", quantization="gguf", tensor_parallel_size=2)
+def test_the_gguf_flag_takes_lora_and_several_ranks_from_the_command_line() -> None:
+    """Once refused (the GGUF loader did not shard): LoRA wraps every method and every loader shards
+    (served: tests/engine/parallel/test_tp_gguf.py, tests/engine/layers/test_lora_over_methods.py)."""
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    flags = ["--model", "smollm2", "--quantization", "gguf", "--enable-lora", "--tensor-parallel-size", "2"]
+    config = cli.engine_config(parser.parse_args(flags))
+    assert (config.quantization, config.lora_enabled, config.tensor_parallel_size) == ("gguf", True, 2)
 
 
 def test_a_hugging_face_folder_is_not_a_gguf_source() -> None:

@@ -1,0 +1,110 @@
+"""A GGUF model over two ranks, with and without a LoRA adapter: the GGUF loader cuts each rank's part
+as the float loader does (q/k/v, gate/up and the vocabulary by whole rows of blocks, o_proj/down_proj
+by input columns at block boundaries), and the adapters' shards add their deltas to whatever kernel
+ran each matmul.
+
+Each rank's partial sums are the single rank's up to float summation order
+(tests/engine/layers/test_tp_over_methods.py), but the next matmul quantises its activations to int8
+per 32, so a last-bit difference can move one int8 rounding: the greedy tokens are compared
+(a divergence only on a near-tie, ``compare.py``) and each chosen token's logprob within
+LOGPROB_TOL, not bit for bit. The same blocks served against their dequantised float32 weights
+differ by as much (0.02 nats on the tiny model's first prompt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import quantize
+from safetensors.numpy import load_file
+
+from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine.kernels.native.quant_gemm import QuantWeight, load_quant
+from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding
+from kvfleet.engine.model.errors import ModelLoadError
+from kvfleet.engine.model.quant_loader import RankCut
+from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.model.tiny_gguf import write_gguf
+from kvfleet.engine.outputs import RequestOutput
+from kvfleet.engine.parallel.shard import rank_shard
+
+from ..lora.conftest import make_adapter
+from .compare import assert_same_greedy
+
+LOGPROB_TOL = 0.05  # nats: int8 activation roundings moved by float summation order (module docstring)
+PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 1, 2, 3], [256, *range(40, 69)], [256, 200, 17, 90, 33]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+
+pytestmark = pytest.mark.skipif(load_quant() is None, reason="the native library does not build here")
+
+
+@pytest.fixture
+def q8_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))  # the conversion's cache
+    weights = load_file(str(ensure_tiny_model() / "model.safetensors"))
+    return write_gguf(tmp_path / "tiny-Q8_0.gguf", weights, qtype=gguf.GGMLQuantizationType.Q8_0)
+
+
+def serve(model: Path, tp: int, lora: str | None = None, **kw: object) -> list[RequestOutput]:
+    llm = LLM(str(model), tensor_parallel_size=tp, num_kv_blocks=64, **kw)  # type: ignore[arg-type]
+    try:
+        runner = llm.engine.runner
+        assert runner.quantization.method == "gguf"  # in its blocks on every rank, not dequantised
+        embed = runner.model.model.embed_tokens
+        assert isinstance(embed, QuantEmbedding) and embed.num_embeddings == (259 if tp == 1 else 130)
+        return llm.generate(PROMPTS, GREEDY, lora=lora) if lora else llm.generate(PROMPTS, GREEDY)
+    finally:
+        llm.close()
+
+
+def assert_logprobs_close(one: list[RequestOutput], two: list[RequestOutput]) -> float:
+    """Each chosen token's logprob at tp=2 within LOGPROB_TOL of tp=1's; the largest gap."""
+    gaps = []
+    for a, b in zip(one, two, strict=True):
+        assert a.outputs[0].logprobs is not None and b.outputs[0].logprobs is not None
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            gaps.append(abs(la.top[0][1] - lb.top[0][1]))
+    assert max(gaps) <= LOGPROB_TOL, f"logprobs {max(gaps):.3g} apart, over {LOGPROB_TOL}"
+    return max(gaps)
+
+
+def test_a_gguf_model_over_two_ranks_keeps_the_single_ranks_greedy_tokens(q8_gguf: Path) -> None:
+    one, two = serve(q8_gguf, 1), serve(q8_gguf, 2)  # detected from the file: no --quantization
+    assert_same_greedy(one, two, "gguf tp=2")
+    print(
+        f"\ngguf Q8_0 tp=2 against tp=1: chosen logprobs at most {assert_logprobs_close(one, two):.2e} apart"
+    )
+
+
+def test_an_adapter_over_gguf_blocks_on_two_ranks_keeps_the_single_ranks_tokens(
+    q8_gguf: Path, tmp_path: Path
+) -> None:
+    adapter = make_adapter(ensure_tiny_model(), tmp_path / "adapter", 4, 8, False, TARGETS, seed=1)
+    kw = {"quantization": "gguf", "lora_modules": {"a": str(adapter)}}
+    one, two = serve(q8_gguf, 1, "a", **kw), serve(q8_gguf, 2, "a", **kw)
+    assert_same_greedy(one, two, "gguf + LoRA tp=2")
+    assert_logprobs_close(one, two)
+    base = serve(q8_gguf, 2, None, **kw)
+    tokens = [list(o.outputs[0].token_ids) for o in two]
+    assert tokens != [list(o.outputs[0].token_ids) for o in base], "the adapter changes the tokens"
+
+
+def test_a_rank_boundary_inside_a_gguf_block_is_refused_naming_the_tensor() -> None:
+    # intermediate 96 over two ranks: down_proj's columns 0:48 and 48:96 cut its second block of 32
+    config = SimpleNamespace(num_heads=2, num_kv_heads=2, head_dim=16, intermediate_size=96, vocab_size=64)
+    down = np.random.default_rng(0).standard_normal((32, 96)).astype(np.float32)
+    blocks = QuantWeight(torch.from_numpy(quantize(down, gguf.GGMLQuantizationType.Q8_0)), 8, 96)
+    cut = RankCut(GgufMethod(), config, rank_shard(config, 2, 0))  # type: ignore[arg-type]
+    with pytest.raises(
+        ModelLoadError,
+        match=r"blk\.0\.ffn_down\.weight cannot be split over tensor_parallel_size=2: rank 0's "
+        r"columns 0:48 cut its blocks of 32 \(GGUF type Q8_0\)",
+    ):
+        cut.weight("blk.0.ffn_down.weight", blocks)
+    up = QuantWeight(blocks.blocks[:, :0].new_zeros(96, 34), 8, 32)  # (96 out, 32 in): rows cut whole
+    assert cut.weight("blk.0.ffn_up.weight", up).out_features == 48
