@@ -6,7 +6,8 @@ For a compressed-tensors int8 checkpoint and a GGUF file (both detected, no flag
 LoRA-enabled engine: base requests get the tokens of the same checkpoint served without LoRA, and
 adapter requests the tokens of that checkpoint with each matmul wrapped in a plain torch reference
 (its kernel's output plus ``x Aᵀ B`` per targeted projection, B scaled as PEFT scales it), equal up
-to float summation order (the greedy tokens are compared)."""
+to float summation order (the greedy tokens are compared). ``--quantization gguf`` with an adapter
+also gives the adapter's tokens over the same weights dequantised to float32 (the file's conversion)."""
 
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV
 from kvfleet.engine.lora.weights import LoraWeights, load_weights
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.projections import Matmuls
+from kvfleet.engine.model.sources import resolve_model
 from kvfleet.engine.model.tiny import ensure_tiny_model
 from kvfleet.engine.model.tiny_gguf import write_gguf
+from kvfleet.engine.outputs import RequestOutput
 
 from ..lora.conftest import make_adapter
 
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 1, 2, 3], [256, *range(40, 69)]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+QUANT_TIE = 0.05  # nats: top-2 logprobs closer than this may swap under int8 activations per 32
 
 pytestmark = pytest.mark.skipif(
     load_int8() is None or load_quant() is None, reason="the native library does not build here"
@@ -137,3 +141,33 @@ def test_an_adapter_over_a_quantised_method_is_its_kernel_plus_the_torch_delta(
     with_adapter = tokens(lora, "a")
     assert with_adapter == tokens(reference, None)
     assert with_adapter != base, "the adapter changes the tokens: the test can tell them apart"
+
+
+def test_an_adapter_over_gguf_blocks_gives_the_adapter_over_their_dequantised_floats_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--quantization gguf`` with LoRA (once refused) against the same adapter over the file's
+    float32 conversion (the same weights, dequantised): equal greedy tokens, a divergence allowed
+    only where the float model's top two are within the blocks' own error (int8 activations per 32:
+    0.02 nats on the first prompt), and the adapter's tokens differ from the base model's."""
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))
+    path = gguf_checkpoint(tmp_path / "g")
+    adapter = make_adapter(ensure_tiny_model(), tmp_path / "adapter", 4, 8, False, TARGETS, seed=1)
+    sampling = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+
+    def serve(model: Path, **kw: object) -> tuple[LLM, list[RequestOutput]]:
+        llm = LLM(str(model), num_kv_blocks=64, lora_modules={"a": str(adapter)}, **kw)  # type: ignore[arg-type]
+        return llm, llm.generate(PROMPTS, sampling, lora="a")
+
+    blocks, over_blocks = serve(path, quantization="gguf")
+    assert blocks.engine.runner.quantization.method == "gguf"
+    floats, over_floats = serve(resolve_model(str(path)))
+    assert floats.engine.runner.quantization.method == "float"
+    for i, (got, want) in enumerate(zip(over_blocks, over_floats, strict=True)):
+        have, ref = got.outputs[0].token_ids, want.outputs[0].token_ids
+        if have != ref:
+            step = next(s for s, (a, b) in enumerate(zip(have, ref, strict=False)) if a != b)
+            top = want.outputs[0].logprobs[step].top  # type: ignore[index]
+            assert top[0][1] - top[1][1] < QUANT_TIE, f"prompt {i} diverges at step {step}, not a near-tie"
+    base = [list(o.outputs[0].token_ids) for o in blocks.generate(PROMPTS, sampling)]
+    assert [list(o.outputs[0].token_ids) for o in over_blocks] != base, "the adapter changes the tokens"
