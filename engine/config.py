@@ -82,7 +82,8 @@ class EngineConfig(BaseModel):
     # vLLM's flag, over what the checkpoint says (layers/linear/config.py, resolved once by the runner):
     # None infers it (a quantised GGUF --model in its blocks on the CPU, a compressed-tensors or fp8
     # checkpoint in its scheme, else float); gguf serves smollm2's or a .gguf's blocks; int8 (CPU) and
-    # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (model/hf_quant_loader.py)
+    # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (model/hf_quant_loader.py);
+    # each takes LoRA adapters and tensor_parallel_size > 1 (every loader shards)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 
     @property

@@ -25,8 +25,8 @@ own shard, so all ranks load at once; its KV cache holds its own KV heads, and t
 decides (rank 0 holds the most KV heads, the first ranks getting the extra ones) is every rank's.
 Each step it sends the flat batch to the workers before its forward; it alone samples. On the CPU
 each rank runs torch with its share of the threads. At tp=1 none of this runs. The quantization
-config is resolved first, once, and handed to every worker: float and int8/fp8 models shard
-(``layers/linear``: each method cuts its own weights); GGUF blocks run on one rank.
+config is resolved first, once, and handed to every worker: float, int8/fp8 and GGUF models shard
+(``layers/linear``: each method cuts its own weights).
 """
 
 from __future__ import annotations
