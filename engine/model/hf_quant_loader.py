@@ -53,7 +53,7 @@ from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCau
 from kvfleet.engine.model.loader import load_config, weight_files
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.resident import resident_weight_bytes
-from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
+from kvfleet.engine.model.tp import ShardSpec, SliceSpec, slice_for
 
 log = logging.getLogger(__name__)
 Weight = Int8Weight | Fp8Weight | torch.Tensor
@@ -159,16 +159,7 @@ class _Plan:
 
     def slice_of(self, name: str, config: ModelConfig) -> SliceSpec | None:
         """This rank's slice of checkpoint tensor ``name`` (``tp.checkpoint_slice``); None: all of it."""
-        if self.shard is None:
-            return None
-        c = config
-        full = {
-            "q": c.num_heads * c.head_dim,
-            "kv": c.num_kv_heads * c.head_dim,
-            "intermediate": c.intermediate_size,
-            "vocab": c.vocab_size,
-        }
-        return checkpoint_slice(name, self.shard, c.head_dim, full)
+        return None if self.shard is None else slice_for(name, self.shard, config)
 
     def weight(self, name: str, config: ModelConfig) -> Weight:
         """``name.weight`` as its method serves it, then this rank's rows or columns of it (quantised

@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
-from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
+from kvfleet.engine.model.tp import ShardSpec, SliceSpec, slice_for
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -112,14 +112,7 @@ def _tensor_names(path: Path) -> list[str]:
 def _slices(model: LlamaForCausalLM, names: list[str], shard: ShardSpec | None) -> dict[str, SliceSpec]:
     if shard is None:
         return {}
-    c = model.config
-    full = {
-        "q": c.num_heads * c.head_dim,
-        "kv": c.num_kv_heads * c.head_dim,
-        "intermediate": c.intermediate_size,
-        "vocab": c.vocab_size,
-    }
-    found = {name: checkpoint_slice(name, shard, c.head_dim, full) for name in names}
+    found = {name: slice_for(name, shard, model.config) for name in names}
     return {name: spec for name, spec in found.items() if spec is not None}
 
 

@@ -2,8 +2,9 @@
 
 Where it sits: ``engine/parallel/`` computes each rank's :class:`ShardSpec` (``parallel/shard.py``)
 and implements :class:`Collective` over torch.distributed (``parallel/group.py``); the model
-(``llama.py``) builds its linears at the shard's sizes and calls the collectives, and the loader
-(``loader.py``) reads only the shard's slice of each checkpoint tensor (:func:`checkpoint_slice`).
+(``llama.py``) builds its linears at the shard's sizes and calls the collectives, and each loader
+(``loader.py``, ``hf_quant_loader.py``, ``quant_loader.py``) keeps only the shard's slice of each
+checkpoint tensor (:func:`checkpoint_slice`, by a model's sizes :func:`slice_for`).
 The model package never imports ``engine/parallel``: it sees only these Protocols. ``None`` for
 both (tp=1) is the unsharded model, unchanged.
 """
