@@ -43,11 +43,19 @@ TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
 pytestmark = pytest.mark.skipif(load_quant() is None, reason="the native library does not build here")
 
 
-@pytest.fixture
-def q8_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def write_q8(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool = False) -> Path:
+    """The tiny model as a Q8_0 GGUF; ``tied``: without ``output.weight`` (the head reads the embedding)."""
     monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))  # the conversion's cache
     weights = load_file(str(ensure_tiny_model() / "model.safetensors"))
-    return write_gguf(tmp_path / "tiny-Q8_0.gguf", weights, qtype=gguf.GGMLQuantizationType.Q8_0)
+    if tied:
+        del weights["lm_head.weight"]
+    name = "tiny-tied-Q8_0.gguf" if tied else "tiny-Q8_0.gguf"
+    return write_gguf(tmp_path / name, weights, qtype=gguf.GGMLQuantizationType.Q8_0)
+
+
+@pytest.fixture
+def q8_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return write_q8(tmp_path, monkeypatch)
 
 
 def serve(model: Path, tp: int, lora: str | None = None, **kw: object) -> list[RequestOutput]:
@@ -73,12 +81,15 @@ def assert_logprobs_close(one: list[RequestOutput], two: list[RequestOutput]) ->
     return max(gaps)
 
 
-def test_a_gguf_model_over_two_ranks_keeps_the_single_ranks_greedy_tokens(q8_gguf: Path) -> None:
-    one, two = serve(q8_gguf, 1), serve(q8_gguf, 2)  # detected from the file: no --quantization
-    assert_same_greedy(one, two, "gguf tp=2")
-    print(
-        f"\ngguf Q8_0 tp=2 against tp=1: chosen logprobs at most {assert_logprobs_close(one, two):.2e} apart"
-    )
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_gguf_model_over_two_ranks_keeps_the_single_ranks_greedy_tokens(
+    tied: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_q8(tmp_path, monkeypatch, tied)  # a tied head reads its rank's embedding rows
+    one, two = serve(path, 1), serve(path, 2)  # detected from the file: no --quantization
+    assert_same_greedy(one, two, f"gguf {path.name} tp=2")
+    gap = assert_logprobs_close(one, two)
+    print(f"\n{path.name} tp=2 against tp=1: chosen logprobs at most {gap:.2e} apart")
 
 
 def test_an_adapter_over_gguf_blocks_on_two_ranks_keeps_the_single_ranks_tokens(
