@@ -12,7 +12,9 @@ chat request in an error is named as the Responses field (:func:`responses_param
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -83,12 +85,24 @@ class FunctionCallOutputItem(BaseModel):
     status: ITEM_STATUS | None = None
 
 
+class ReasoningText(BaseModel):
+    model_config = FORBID_EXTRA
+
+    type: Literal["summary_text", "reasoning_text"]
+    text: str
+
+
 class ReasoningItem(BaseModel):
     """A reasoning item sent back; a model without reasoning has none to continue, so it is dropped."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = FORBID_EXTRA
 
     type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: ITEM_STATUS | None = None
 
 
 InputItem = Annotated[
@@ -282,3 +296,38 @@ def responses_message(message: str) -> str:
     if not sep or " " in head:
         return message
     return f"{responses_param(head)}: {rest}"
+
+
+def engine_tag(host: str) -> str:
+    """The engine's tag in the ids of the responses it stores: a hash of the host the router reaches it at."""
+    return hashlib.sha256(host.encode()).hexdigest()[:8]
+
+
+def new_response_id(host: str | None) -> str:
+    """``resp_<uuid>_<engine tag>``: a router finds the engine holding a stored response from its id alone
+    (every router replica alike, with no shared state); ``resp_<uuid>`` when the host is unknown."""
+    base = f"resp_{uuid.uuid4().hex}"
+    return f"{base}_{engine_tag(host)}" if host else base
+
+
+def engine_tag_of(response_id: str) -> str | None:
+    """The engine tag of a response id this engine made (None: an id without one, such as vLLM's)."""
+    head, sep, tag = response_id.rpartition("_")
+    if not sep or not head.startswith("resp_") or len(tag) != 8:
+        return None
+    return tag if all(c in "0123456789abcdef" for c in tag) else None
+
+
+class ResponseObject(BaseModel):
+    """What ``POST /v1/responses`` and ``GET /v1/responses/{id}`` answer (documented loosely: the output
+    items are OpenAI's; the engine builds them in ``engine/server/responses_shaping.py``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "incomplete", "cancelled", "failed"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None

@@ -29,7 +29,12 @@ from kvfleet.engine.server.sse import GENERATION_RESPONSES, GenerationStream, ge
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.engine.server.tool_calling import constrain, plan_tools
 from kvfleet.openai_api import APIError
-from kvfleet.openai_api.responses_request import ResponsesRequest, responses_message, responses_param
+from kvfleet.openai_api.responses_request import (
+    ResponsesRequest,
+    new_response_id,
+    responses_message,
+    responses_param,
+)
 from kvfleet.openai_responses import ErrorResponse
 
 router = APIRouter(tags=["responses"])
@@ -94,7 +99,7 @@ async def create_response(body: ResponsesRequest, state: State, request: Request
         gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
         max_tokens = gen.resolve_max_tokens(body.max_output_tokens, len(ids), state.model.max_model_len)
         params = constrain(plan, gen.sampling_params(chat, max_tokens, None, state.tokenizer.vocab_size))
-    shaper = ResponseShaper(body, plan)
+    shaper = ResponseShaper(body, plan, new_response_id(request.headers.get("host")))
     conversation = [*past, *body.input_messages()]
     submission = gen.Submission(shaper.id, [ids], [params], body.priority, lora)
 
