@@ -11,6 +11,7 @@ engine that holds its predecessor (:mod:`kvfleet.router.responses`).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from collections import OrderedDict
@@ -82,3 +83,30 @@ class ResponseStore:
             if first.expires_at > now:
                 return
             self._entries.popitem(last=False)
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Responses API store (store: true, previous_response_id)")
+    g.add_argument(
+        "--responses-store-max",
+        type=int,
+        default=DEFAULT_MAX_STORED,
+        help="at most this many stored responses; past it, the oldest is evicted (default %(default)s)",
+    )
+    g.add_argument(
+        "--responses-store-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="seconds a stored response is kept (default %(default)s)",
+    )
+
+
+def store_from_args(args: argparse.Namespace) -> ResponseStore:
+    """The store the flags ask for; a bound under 1 or a TTL of 0 is a ValueError naming both flags."""
+    try:
+        return ResponseStore(args.responses_store_max, args.responses_store_ttl)
+    except ValueError:
+        raise ValueError(
+            "need --responses-store-max >= 1 and --responses-store-ttl > 0, got "
+            f"{args.responses_store_max} and {args.responses_store_ttl}"
+        ) from None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
 
-from kvfleet.engine.server.response_store import ResponseStore
+from kvfleet.engine import cli
+from kvfleet.engine.server.response_store import ResponseStore, store_from_args
 
 
 class Clock:
@@ -71,3 +73,23 @@ async def test_evicting_a_running_background_response_cancels_its_task() -> None
 def test_a_store_without_room_or_time_is_refused(max_entries: int, ttl_s: float) -> None:
     with pytest.raises(ValueError, match="max_entries >= 1 and ttl_s > 0"):
         ResponseStore(max_entries, ttl_s)
+
+
+def test_the_engine_refuses_a_store_flag_without_room_naming_both_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--simulate", "--responses-store-max", "0"])
+    assert cli.run(args) == 2
+    assert (
+        "need --responses-store-max >= 1 and --responses-store-ttl > 0, got 0 and 3600.0"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_engine_flags_size_the_store() -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    store = store_from_args(parser.parse_args(["--responses-store-max", "7", "--responses-store-ttl", "60"]))
+    assert (store.max_entries, store.ttl_s) == (7, 60.0)
