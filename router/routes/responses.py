@@ -10,6 +10,7 @@ and ``DELETE`` of a stored response are authenticated and passed to that engine 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import APIRouter, Request, Response
@@ -56,7 +57,7 @@ async def _to_engine(state: State, method: str, response_id: str, suffix: str = 
         answer = await state.client.request(method, f"{url}{RESPONSES}/{response_id}{suffix}")
     except httpx.HTTPError as exc:
         raise RouterError(502, "engine_unreachable", f"the engine could not be reached: {exc}") from None
-    headers = {HEADER_ENGINE: url.split("//", 1)[-1]}
+    headers = {HEADER_ENGINE: urlsplit(url).netloc}
     return Response(
         answer.content, status_code=answer.status_code, headers=headers, media_type="application/json"
     )
