@@ -62,6 +62,8 @@ def call_item(
 
 def history_of(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The output items as the assistant turn of a chat (what a follow-up's prompt continues)."""
+    if not output:  # nothing said (a background response not finished, or cancelled): no turn
+        return []
     text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
     calls = [
         {"id": i["call_id"], "function": {"name": i["name"], "arguments": i["arguments"]}}

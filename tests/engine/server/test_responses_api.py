@@ -123,6 +123,20 @@ def test_a_background_response_is_followed_by_get_and_stopped_by_cancel(slow_ser
         slow_server.wait_until(lambda: c.responses.retrieve(done.id).status != "queued"
                                and c.responses.retrieve(done.id).status != "in_progress", "it finishing")  # fmt: skip
         assert c.responses.retrieve(done.id).output_text == "abc"
+        follow = c.responses.create(
+            model="tiny", input="Again", previous_response_id=done.id, max_output_tokens=1
+        )
+        chat = c.chat.completions.create(
+            model="tiny",
+            messages=[
+                {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "abc"},
+                {"role": "user", "content": "Again"},
+            ],  # fmt: skip
+            max_tokens=1,
+        )
+        assert follow.usage is not None and chat.usage is not None
+        assert follow.usage.input_tokens == chat.usage.prompt_tokens
 
 
 def test_a_deleted_response_is_gone(client: openai.OpenAI) -> None:
@@ -158,3 +172,18 @@ def test_bad_input_is_a_400_naming_the_field(
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+
+
+def test_sampling_settings_and_reasoning_are_taken_and_echoed(client: openai.OpenAI) -> None:
+    done = client.responses.create(
+        model="tiny", input="Hello", max_output_tokens=3, temperature=0.5, top_p=0.9, reasoning={"effort": "low"},
+        metadata={"run": "7"},
+    )  # fmt: skip
+    assert (done.temperature, done.top_p, done.max_output_tokens, done.metadata) == (
+        0.5,
+        0.9,
+        3,
+        {"run": "7"},
+    )
+    assert done.reasoning is not None and done.reasoning.effort == "low"  # a model without reasoning: no-op
+    assert done.output_text == "abc"
