@@ -29,6 +29,8 @@ class StoredResponse:
     history: list[dict[str, Any]]  # the chat messages up to and including its output
     expires_at: float
     task: asyncio.Task[None] | None = field(default=None, repr=False)  # a background response still running
+    # The request's cache_salt (through the router: its tenant's); only a follow-up with the same continues it.
+    owner: str | None = None
 
 
 class ResponseStore:
@@ -56,11 +58,15 @@ class ResponseStore:
         return len(self._entries)
 
     def put(
-        self, response_id: str, response: dict[str, Any], history: list[dict[str, Any]]
+        self,
+        response_id: str,
+        response: dict[str, Any],
+        history: list[dict[str, Any]],
+        owner: str | None = None,
     ) -> StoredResponse:
         self._expire()
         self._entries.pop(response_id, None)
-        stored = StoredResponse(response, history, self.clock() + self.ttl_s)
+        stored = StoredResponse(response, history, self.clock() + self.ttl_s, owner=owner)
         self._entries[response_id] = stored
         while len(self._entries) > self.max_entries:
             _, evicted = self._entries.popitem(last=False)

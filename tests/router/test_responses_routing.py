@@ -23,6 +23,7 @@ from kvfleet.testing.processes import SimFlags, free_port, sim_engines
 from .fakes import served
 
 KEY = "sk-alice-0123456789"
+BOB = "sk-bob-9876543210"
 SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=2.0, max_model_len=2048)
 
 
@@ -35,7 +36,8 @@ def fleet() -> Iterator[list[str]]:
 @contextlib.asynccontextmanager
 async def router(urls: list[str], **cfg: Any) -> AsyncIterator[tuple[str, Any]]:
     tenant = TenantEntry.model_validate({"tenant": "alice", "apiKey": KEY, "limits": cfg.pop("limits", {})})
-    config = RouterConfig(engines=urls, tenants=[tenant], load_interval_s=0.05, load_stale_s=5.0, **cfg)
+    bob = TenantEntry.model_validate({"tenant": "bob", "apiKey": BOB})
+    config = RouterConfig(engines=urls, tenants=[tenant, bob], load_interval_s=0.05, load_stale_s=5.0, **cfg)
     app = build_app(config)
     async with served(app, free_port()) as url:
         state = app.state.router
@@ -134,3 +136,19 @@ async def test_a_follow_up_whose_predecessor_is_not_stored_is_a_404_naming_it(fl
         with pytest.raises(openai.NotFoundError) as caught:
             await one.responses.create(model="tiny", input="x", previous_response_id=raw.parse().id)
         assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+async def test_another_tenant_cannot_continue_a_stored_response(fleet: list[str]) -> None:
+    async with router(fleet) as (url, _):
+        alice = _client(url)
+        bob = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=BOB, max_retries=0)
+        first = await alice.responses.create(model="tiny", input="a secret", max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError) as caught:
+            await bob.responses.create(
+                model="tiny", input="x", previous_response_id=first.id, max_output_tokens=2
+            )
+        assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+        follow = await alice.responses.create(
+            model="tiny", input="x", previous_response_id=first.id, max_output_tokens=2
+        )
+        assert follow.previous_response_id == first.id

@@ -70,11 +70,13 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
     )
 
 
-def history(state: ServerState, previous_response_id: str | None) -> list[dict[str, Any]]:
+def history(state: ServerState, previous_response_id: str | None, owner: str | None) -> list[dict[str, Any]]:
+    """The stored conversation a follow-up continues; only a request of the same ``cache_salt`` (through
+    the router: the same tenant) may continue it, to any other it does not exist."""
     if previous_response_id is None:
         return []
     stored = state.responses.get(previous_response_id)
-    if stored is None:
+    if stored is None or stored.owner != owner:
         raise not_found(previous_response_id, "previous_response_id")
     if stored.response["status"] in ("in_progress", "queued"):
         raise APIError(
@@ -89,7 +91,7 @@ def history(state: ServerState, previous_response_id: str | None) -> list[dict[s
 async def create_response(body: ResponsesRequest, state: State, request: Request) -> Any:
     lora = state.check_accepting(body.model)
     with _named_as_responses():
-        past = history(state, body.previous_response_id)
+        past = history(state, body.previous_response_id, body.cache_salt)
         try:
             chat = body.chat_request(past)
         except ValueError as exc:  # a pydantic ValidationError of the translated chat request
@@ -106,7 +108,8 @@ async def create_response(body: ResponsesRequest, state: State, request: Request
     def keep(response: dict[str, Any]) -> StoredResponse | None:
         if not body.store:
             return None
-        return state.responses.put(shaper.id, response, [*conversation, *history_of(response["output"])])
+        turn = history_of(response["output"])
+        return state.responses.put(shaper.id, response, [*conversation, *turn], body.cache_salt)
 
     if body.background:
         with _named_as_responses():
