@@ -18,6 +18,7 @@ import pytest
 from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.router.requests import CHAT, RESPONSES, parse_request
 from kvfleet.testing.processes import SimFlags, free_port, sim_engines
 
 from .fakes import served
@@ -152,3 +153,19 @@ async def test_another_tenant_cannot_continue_a_stored_response(fleet: list[str]
             model="tiny", input="x", previous_response_id=first.id, max_output_tokens=2
         )
         assert follow.previous_response_id == first.id
+
+
+def test_a_response_request_is_estimated_and_limited_as_the_chat_it_amounts_to() -> None:
+    items = [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c1", "name": "f",
+             "arguments": "{}"}, {"type": "function_call_output", "call_id": "c1", "output": "42"}]  # fmt: skip
+    resp = parse_request(RESPONSES, json.dumps({"model": "tiny", "input": items, "instructions": "be brief",
+                                                "max_output_tokens": 9}).encode(), 100)  # fmt: skip
+    chat = parse_request(CHAT, json.dumps({"model": "tiny", "max_tokens": 9, "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]}).encode(), 100)  # fmt: skip
+    assert (resp.prompt, resp.max_tokens) == (chat.prompt, chat.max_tokens)
+    assert resp.prompt_tokens_estimate(4.0) == chat.prompt_tokens_estimate(4.0)
+    assert parse_request(RESPONSES, b'{"model": "tiny", "input": "x"}', 100).max_tokens == 100  # the default
+    streamed = parse_request(RESPONSES, b'{"model": "tiny", "input": "x", "stream": true}', 100)
+    assert "stream_options" not in streamed.upstream_body()  # a Responses stream reports its usage itself
