@@ -23,7 +23,7 @@ from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.metrics import record_slis, sli_targets
 from kvfleet.router.quota import Charge, QuotaUnavailable
-from kvfleet.router.requests import RESPONSES, ParsedRequest
+from kvfleet.router.requests import CHAT, RESPONSES, ParsedRequest
 from kvfleet.router.tenants import Tenant
 from kvfleet.router.tracing import RequestTrace, genai_attributes
 from kvfleet.router.usage import seconds
@@ -227,7 +227,7 @@ class Exchange:
             max_tokens=self.req.max_tokens,
             usage=(self.prompt_tokens(), self.completion_tokens()) if self.placement is not None else None,
             finish_reason=self.finish_reason,
-            operation="chat" if self.req.path.endswith("chat/completions") else "text_completion",
+            operation="chat" if self.req.path in (CHAT, RESPONSES) else "text_completion",
         )
 
     def _record_success(self) -> None:
