@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvfleet.engine.model.errors import ModelLoadError
+from kvfleet.engine.server.response_store import add_store_arguments, store_from_args
 from kvfleet.flags import same_named
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _lora_arguments(parser)
     _sim_arguments(parser)
     _tool_arguments(parser)
+    add_store_arguments(parser)
 
 
 def _tool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -391,6 +393,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        responses = store_from_args(args)
         settings_from_env("kvfleet-engine")  # a bad OTEL_* variable is refused before the model loads
         adapters = sim_adapters(args)
         state = build_server_state(args)
@@ -398,6 +401,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvfleet engine: {_one_line(exc)}", file=sys.stderr)
         return 2
     state.stream_stall_timeout_s = args.stream_stall_timeout
+    state.responses = responses
     from kvfleet.engine.server.app import create_app
     from kvfleet.engine.server.serve import serve
 

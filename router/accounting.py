@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvfleet.router import responses
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.metrics import record_slis, sli_targets
 from kvfleet.router.quota import Charge, QuotaUnavailable
-from kvfleet.router.requests import ParsedRequest
+from kvfleet.router.requests import CHAT, RESPONSES, ParsedRequest
 from kvfleet.router.tenants import Tenant
 from kvfleet.router.tracing import RequestTrace, genai_attributes
 from kvfleet.router.usage import seconds
@@ -103,6 +104,9 @@ class Exchange:
             return event
         if not isinstance(obj, dict):
             return event
+        if self.req.path == RESPONSES:
+            self._on_responses_event(responses.read_event(obj))
+            return event
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
             if not obj.get("choices") and not self.req.client_wants_usage:
@@ -110,17 +114,29 @@ class Exchange:
         if self.finish_reason is None:
             self.finish_reason = finish_reason(obj)
         if _has_content(obj):
-            now = time.perf_counter()
-            if self.first_at is None:
-                self.first_at = now
-            elif self.last_at is not None:
-                self.gaps.append(now - self.last_at)  # observed once, at the end
-            self.last_at = now
-            self.content_chunks += 1
+            self._content_chunk()
         return event
+
+    def _on_responses_event(self, got: responses.ResponsesEvent) -> None:
+        if got.done:
+            self.saw_done, self.usage, self.finish_reason = True, got.usage, got.status
+        if got.content:
+            self._content_chunk()
+
+    def _content_chunk(self) -> None:
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+        elif self.last_at is not None:
+            self.gaps.append(now - self.last_at)  # observed once, at the end
+        self.last_at = now
+        self.content_chunks += 1
 
     def on_whole(self, body: Any) -> None:
         """Observe a whole (non-streamed) JSON response: its usage and finish reason."""
+        if self.req.path == RESPONSES and isinstance(body, dict):  # Responses: input/output tokens, status
+            self.usage, self.finish_reason = responses.chat_usage(body.get("usage")), body.get("status")
+            return
         usage = body.get("usage") if isinstance(body, dict) else None
         self.usage = usage if isinstance(usage, dict) else None
         if isinstance(body, dict):
@@ -211,7 +227,7 @@ class Exchange:
             max_tokens=self.req.max_tokens,
             usage=(self.prompt_tokens(), self.completion_tokens()) if self.placement is not None else None,
             finish_reason=self.finish_reason,
-            operation="chat" if self.req.path.endswith("chat/completions") else "text_completion",
+            operation="chat" if self.req.path in (CHAT, RESPONSES) else "text_completion",
         )
 
     def _record_success(self) -> None:

@@ -37,7 +37,7 @@ from kvfleet.router.fleet import Fleet, poll_forever
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.openapi import install_openapi
 from kvfleet.router.quota import Clock, MemoryQuotaStore, QuotaStore
-from kvfleet.router.routes import completions, health, metrics, models
+from kvfleet.router.routes import completions, health, metrics, models, responses
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import TenantRegistry
 from kvfleet.router.usage import UsageLog
@@ -144,7 +144,7 @@ def build_app(
     app = FastAPI(title="kvfleet router", lifespan=lifespan)
     install_error_handlers(app)
     app.add_exception_handler(RouterError, router_error_handler)
-    for module in (completions, models, health, metrics):
+    for module in (completions, responses, models, health, metrics):
         app.include_router(module.router)
     app.add_middleware(RequestGuard, max_body_bytes=config.max_request_bytes, on_error=_count_unexpected(app))
     install_openapi(app)

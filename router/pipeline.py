@@ -36,6 +36,7 @@ from kvfleet.router.fleet import Placement, first_poll_done
 from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
 from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import ParsedRequest, parse_request
+from kvfleet.router.responses import pinned_exclusions
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
 from kvfleet.router.tracing import AUTHENTICATED, CHECKED, PLACED, QUOTA, RequestTrace
@@ -128,6 +129,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     adapter = model if fleet.is_adapter(model) else None
     namespace = cache_namespace(cache_salt=ex.req.cache_salt, adapter=adapter)
     hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, namespace)
+    pinned = pinned_exclusions(state, ex.req)  # a Responses follow-up: only its predecessor's engine
     kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
     # engines can appear when the autoscaler may add them, or when the InferenceService wants some:
@@ -141,7 +143,12 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
             state.autoscaler.poke()  # held in the queue while the autoscaler scales from zero
     if not state.config.admission:
         placed = fleet.place(
-            model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate, allow_saturated=True
+            model,
+            hashes,
+            tokens=kv_tokens,
+            prompt_tokens=ex.prompt_estimate,
+            exclude=pinned,
+            allow_saturated=True,
         )
         if placed is None:
             raise _no_ready_engine(model)
@@ -153,7 +160,10 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         weight=spec.weight,
         tokens=ex.prompt_estimate,
         place=lambda: _timed(
-            ex, lambda: fleet.place(model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate)
+            ex,
+            lambda: fleet.place(
+                model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate, exclude=pinned
+            ),
         ),
         max_queued=spec.limits.max_queued_requests,
     )

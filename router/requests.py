@@ -21,11 +21,13 @@ import orjson
 
 from kvfleet import openai_api
 from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_api.responses_request import ResponsesRequest
 from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class ParsedRequest:
     prompt: str
     raw: bytes = b""
     cache_salt: str | None = None  # what the engine is sent; the pipeline sets it (the client's until then)
+    previous_response_id: str | None = None  # a Responses follow-up: placed where its predecessor is stored
 
     def prompt_tokens_estimate(self, chars_per_token: float) -> int:
         return max(1, math.ceil(len(self.prompt) / chars_per_token))
@@ -54,7 +57,7 @@ class ParsedRequest:
             body.pop("cache_salt", None)
         else:
             body["cache_salt"] = self.cache_salt
-        if self.stream:
+        if self.stream and self.path != RESPONSES:  # a Responses stream ends with its usage anyway
             body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
         return body
 
@@ -62,11 +65,17 @@ class ParsedRequest:
         """The bytes to send the engine: the client's own, unless usage or the salt must change."""
         if self.raw and not self.rewritten:
             return self.raw
-        return orjson.dumps(self.upstream_body())
+        body = self.upstream_body()
+        try:
+            return orjson.dumps(body)
+        except TypeError:  # an integer past 64 bits in a free-form object (a schema, an item): json writes it
+            return json.dumps(body, ensure_ascii=False).encode()
 
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
+    if path == RESPONSES:
+        return _parse_responses(raw, default_max_tokens)
     parsed: ChatCompletionRequest | CompletionRequest
     model: type[ChatCompletionRequest] | type[CompletionRequest] = (
         ChatCompletionRequest if path == CHAT else CompletionRequest
@@ -93,4 +102,33 @@ def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedReque
         prompt=prompt_text(body),
         raw=raw,
         cache_salt=parsed.cache_salt,
+    )
+
+
+def _parse_responses(raw: bytes, default_max_tokens: int) -> ParsedRequest:
+    """A Responses request (:mod:`kvfleet.openai_api.responses_request`), its prompt read as the chat it
+    amounts to; its stream ends with the usage (``response.completed``), so its body is never rewritten
+    for it."""
+    try:
+        parsed = openai_api.parse_request(ResponsesRequest, raw)
+        body = json.loads(raw)
+    except openai_api.APIError as exc:
+        raise RouterError(
+            exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
+        ) from None
+    messages = parsed.input_messages()
+    if parsed.instructions:
+        messages.insert(0, {"role": "system", "content": parsed.instructions})
+    max_tokens = parsed.max_output_tokens
+    return ParsedRequest(
+        path=RESPONSES,
+        model=parsed.model,
+        body=body,
+        stream=parsed.stream,
+        client_wants_usage=True,
+        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+        prompt=prompt_text({"messages": messages}),
+        raw=raw,
+        cache_salt=parsed.cache_salt,
+        previous_response_id=parsed.previous_response_id,
     )

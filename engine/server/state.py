@@ -19,6 +19,7 @@ from kvfleet.engine.async_engine import AsyncEngine
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.outputs import EngineStats
 from kvfleet.engine.server.metrics import ServerMetrics
+from kvfleet.engine.server.response_store import ResponseStore
 from kvfleet.openai_api import APIError, model_not_found
 from kvfleet.streaming import DEFAULT_STALL_TIMEOUT_S
 
@@ -88,6 +89,7 @@ class ServerState:
     stream_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S  # a client reading nothing this long: aborted
     tools: ToolSettings = field(default_factory=ToolSettings)
     tracing: EngineTracing | None = None  # the OTEL_* variables turned tracing on (engine/server/tracing.py)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # POST /v1/responses's store: true
 
     @property
     def stats(self) -> EngineStats:

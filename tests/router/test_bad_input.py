@@ -22,6 +22,7 @@ AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
 LIMIT = 64 * 1024  # the router's --max-request-bytes here
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 GOOD = b'{"model": "tiny", "prompt": "x", "max_tokens": 2}'
 
 
@@ -76,6 +77,12 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools.0.function", "field required"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}', 400, "response_format", "json_schema is required"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "frobnicate": 1}', 400, "frobnicate", "not a field this server knows"),
+        (RESPONSES, b'{"model": "tiny", "input": []}', 400, "input", "input: the input is empty"),
+        (RESPONSES, b'{"model": "tiny", "input": "x", "text": {"format": {"type": "json_schema"}}}', 400, "text.format", "name and schema are required"),
+        (RESPONSES, b'{"model": "tiny", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}', 400, "input.0.function_call.call_id", "field required"),
+        (RESPONSES, b'{"model": "tiny", "input": "' + b"x" * 400 + b'"}', 400, "input", "maximum context length is 256"),
+        (RESPONSES, b'{"model": "tiny", "input": "x", "previous_response_id": "resp_gone"}', 404, "previous_response_id", "no stored response 'resp_gone'"),
+        (RESPONSES, b'{"model": "tiny", "input": "x", "previous_response_id": "resp_' + b"0" * 32 + b'_00000000"}', 404, "previous_response_id", "is not in the fleet"),
     ],
 )  # fmt: skip
 def test_every_kind_of_bad_request_is_a_4xx_naming_what_is_wrong(
@@ -143,4 +150,5 @@ def test_no_api_key_reaches_the_log_even_at_debug(fleet: Fleet) -> None:
 
 def test_every_router_operation_answers_as_its_openapi_document_says(fleet: Fleet) -> None:
     paths = check_every_operation(fleet.url, "tiny", 20, headers={"Authorization": f"Bearer {KEY}"})
-    assert paths >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model_id}"}
+    assert paths >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model_id}", "/v1/responses",
+                     "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"}  # fmt: skip

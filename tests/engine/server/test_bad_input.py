@@ -230,3 +230,31 @@ def test_one_model_is_retrieved_by_its_id_and_an_unknown_one_is_a_404(fast_serve
         assert card["created"] == c.get("/v1/models").json()["data"][0]["created"]
         err = _error(c.get("/v1/models/gpt-4"), 404)
     assert (err["code"], err["param"]) == ("model_not_found", "model")
+
+
+RESPONSES_BAD: list[tuple[Any, str]] = [
+    ({"input": "x"}, "model"),
+    ({"model": "tiny"}, "input"),
+    ({"model": "tiny", "input": [{"role": "robot", "content": "x"}]}, "input.0.message.role"),
+    ({"model": "tiny", "input": "x", "max_output_tokens": "5"}, "max_output_tokens"),
+    ({"model": "tiny", "input": "x" * 300}, "input"),
+    ({"model": "tiny", "input": "x", "tools": [{"type": "function", "name": "a b"}]}, "tools.0.name"),
+    ({"model": "tiny", "input": "x", "previous_response_id": "resp_gone"}, "previous_response_id"),
+]
+
+
+def test_bad_responses_requests_name_the_field_and_leave_a_stream_in_flight_whole(
+    slow_server: LiveServer,
+) -> None:
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 12, "stream": True}
+    with slow_server.client() as c, c.stream("POST", "/v1/responses", json=body) as stream:
+        assert stream.status_code == 200
+        for bad, param in RESPONSES_BAD:
+            resp = _post(slow_server, "/v1/responses", json=bad)
+            assert resp.status_code in (400, 404), resp.text
+            error = _error(resp, resp.status_code)
+            assert error["param"] == param, error
+        text = "".join(stream.iter_text())
+    assert text.count("response.output_text.delta") >= 2  # event: and type: of each delta
+    assert text.rstrip().endswith("}") and '"type":"response.completed"' in text
+    assert '"text":"abcdefghijkl"' in text
