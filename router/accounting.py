@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvfleet.router import anthropic
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.metrics import record_slis, sli_targets
@@ -103,6 +104,8 @@ class Exchange:
             return event
         if not isinstance(obj, dict):
             return event
+        if self.req.path in anthropic.PATHS:
+            return self._on_anthropic(event, obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
             if not obj.get("choices") and not self.req.client_wants_usage:
@@ -110,14 +113,26 @@ class Exchange:
         if self.finish_reason is None:
             self.finish_reason = finish_reason(obj)
         if _has_content(obj):
-            now = time.perf_counter()
-            if self.first_at is None:
-                self.first_at = now
-            elif self.last_at is not None:
-                self.gaps.append(now - self.last_at)  # observed once, at the end
-            self.last_at = now
-            self.content_chunks += 1
+            self._content()
         return event
+
+    def _on_anthropic(self, event: bytes, obj: dict[str, Any]) -> bytes:
+        """One event of an Anthropic stream (kvfleet.router.anthropic): its usage, stop reason and content."""
+        self.usage = anthropic.stream_usage(obj, self.usage)
+        self.saw_done = self.saw_done or obj.get("type") == anthropic.STOP_EVENT
+        self.finish_reason = self.finish_reason or anthropic.stop_reason(obj)
+        if anthropic.is_content(obj):
+            self._content()
+        return event
+
+    def _content(self) -> None:
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+        elif self.last_at is not None:
+            self.gaps.append(now - self.last_at)  # observed once, at the end
+        self.last_at = now
+        self.content_chunks += 1
 
     def on_whole(self, body: Any) -> None:
         """Observe a whole (non-streamed) JSON response: its usage and finish reason."""
@@ -125,6 +140,9 @@ class Exchange:
         self.usage = usage if isinstance(usage, dict) else None
         if isinstance(body, dict):
             self.finish_reason = finish_reason(body)
+        if isinstance(body, dict) and self.req.path in anthropic.PATHS:
+            self.usage = anthropic.whole_usage(body)
+            self.finish_reason = anthropic.stop_reason(body)
 
     def completion_tokens(self) -> int:
         if self.usage is not None:

@@ -5,7 +5,7 @@ Where it sits: both transports call :func:`admit`, the one entry: the HTTP route
 :mod:`kvfleet.router.proxy`) and the Envoy gateway (:mod:`kvfleet.router.gateway.router_gate`,
 where Envoy carries the bytes). The steps, in order (docs/architecture.md §6):
 
-1. authenticate: ``Authorization: Bearer <key>`` → tenant (:mod:`kvfleet.router.tenants`);
+1. authenticate: ``Authorization: Bearer <key>`` (or ``x-api-key``) → tenant (:mod:`kvfleet.router.tenants`);
 2. parse and validate the body (:mod:`kvfleet.router.requests`);
 3. checks: the tenant may use the model, the fleet serves it, per-request token limits;
 4. quota: requests/min, tokens/min, concurrency (:mod:`kvfleet.router.quota`);
@@ -47,6 +47,13 @@ _REASON = {
     "tokensPerMinute": "tokens_per_minute",
     "maxConcurrentRequests": "max_concurrent_requests",
 }
+
+
+def credentials(headers: Mapping[str, str]) -> str | None:
+    """The ``Authorization`` header, or Anthropic's ``x-api-key: <key>`` read as ``Bearer <key>``."""
+    authorization = headers.get("authorization")
+    key = headers.get("x-api-key")
+    return f"Bearer {key}" if authorization is None and key else authorization
 
 
 def authenticate(state: RouterState, authorization: str | None) -> Tenant:

@@ -54,7 +54,7 @@ class ParsedRequest:
             body.pop("cache_salt", None)
         else:
             body["cache_salt"] = self.cache_salt
-        if self.stream:
+        if self.stream and self.path in (COMPLETIONS, CHAT):  # Anthropic's streams carry their usage
             body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
         return body
 
@@ -67,6 +67,10 @@ class ParsedRequest:
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
+    from kvfleet.router import anthropic  # Anthropic's routes (kvfleet.router.anthropic imports this module)
+
+    if path in anthropic.PATHS:
+        return anthropic.parse_anthropic(path, raw)
     parsed: ChatCompletionRequest | CompletionRequest
     model: type[ChatCompletionRequest] | type[CompletionRequest] = (
         ChatCompletionRequest if path == CHAT else CompletionRequest
