@@ -1,6 +1,6 @@
 """The Anthropic Messages routes as the router reads them: parsed before quota, their usage in OpenAI's terms.
 
-Where it sits: :func:`kvfleet.router.requests.parse_request` hands a ``/v1/messages`` or
+Where it sits: the admission pipeline (:mod:`kvfleet.router.pipeline`) hands a ``/v1/messages`` or
 ``/v1/messages/count_tokens`` body to :func:`parse_anthropic`, validated by the engine's own
 models (:mod:`kvfleet.anthropic_api`); from there the pipeline admits, queues and charges it as
 it does a chat completion, and the relay forwards the client's bytes. The accounting

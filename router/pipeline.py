@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from kvfleet.router import anthropic
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
@@ -214,6 +215,8 @@ def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequ
 
 def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> ParsedRequest:
     try:
+        if path in anthropic.PATHS:
+            return anthropic.parse_anthropic(path, body)
         return parse_request(path, body, state.config.default_max_tokens)
     except RouterError as err:
         state.metrics.reject("unknown", tenant.name, err.code, err.status)

@@ -67,10 +67,6 @@ class ParsedRequest:
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
-    from kvfleet.router import anthropic  # Anthropic's routes (kvfleet.router.anthropic imports this module)
-
-    if path in anthropic.PATHS:
-        return anthropic.parse_anthropic(path, raw)
     parsed: ChatCompletionRequest | CompletionRequest
     model: type[ChatCompletionRequest] | type[CompletionRequest] = (
         ChatCompletionRequest if path == CHAT else CompletionRequest
