@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from kvfleet.router import anthropic
+from kvfleet.router import anthropic, tokenize
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.metrics import record_slis, sli_targets
@@ -140,6 +140,8 @@ class Exchange:
         self.usage = usage if isinstance(usage, dict) else None
         if isinstance(body, dict):
             self.finish_reason = finish_reason(body)
+        if isinstance(body, dict) and self.req.path in tokenize.PATHS:
+            self.usage = tokenize.whole_usage(self.req.path, body, self.req.body)
         if isinstance(body, dict) and self.req.path in anthropic.PATHS:
             self.usage = anthropic.whole_usage(body)
             self.finish_reason = anthropic.stop_reason(body)

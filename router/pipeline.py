@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from kvfleet.router import anthropic
+from kvfleet.router import anthropic, tokenize
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
@@ -209,6 +209,8 @@ async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
 
 def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequest:
     """The request with the ``cache_salt`` its engine gets (:func:`~kvfleet.router.prefix.engine_cache_salt`)."""
+    if req.path in tokenize.PATHS or req.path == anthropic.COUNT_TOKENS:
+        return req  # nothing is cached: the engine takes no cache_salt there
     shared = shares_prefix_cache(state.fleet.service_for(req.model), state.config.shared_prefix_cache)
     return dataclasses.replace(req, cache_salt=engine_cache_salt(tenant.name, req.cache_salt, shared))
 
@@ -217,6 +219,8 @@ def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> Parsed
     try:
         if path in anthropic.PATHS:
             return anthropic.parse_anthropic(path, body)
+        if path in tokenize.PATHS:
+            return tokenize.parse_tokenizer_request(path, body)
         return parse_request(path, body, state.config.default_max_tokens)
     except RouterError as err:
         state.metrics.reject("unknown", tenant.name, err.code, err.status)

@@ -23,7 +23,7 @@ from kvfleet.engine.client import CoreTransport
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
-from kvfleet.engine.server.routes import chat, completions, lora, messages, models, ops
+from kvfleet.engine.server.routes import chat, completions, lora, messages, models, ops, tokenize
 from kvfleet.engine.server.state import ServedModel, ServerState
 from kvfleet.engine.server.tracing import install_tracing
 from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
@@ -68,7 +68,7 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     app.add_middleware(IgnoreUnknownFields, report=IgnoredFields(state.metrics.count_ignored_field))
     app.add_middleware(AnthropicErrors)  # /v1/messages errors in Anthropic's shape
-    for module in (completions, chat, models, ops, lora, messages):
+    for module in (completions, chat, models, ops, lora, messages, tokenize):
         app.include_router(module.router)
     install_tracing(app, state)  # OTEL_* variables; nothing when they leave tracing off
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -112,3 +112,25 @@ async def test_a_tool_round_trip_through_the_router_on_the_real_tiny_model() -> 
     assert [b.type for b in answer.content] == [
         "text"
     ] and answer.usage.input_tokens > called.usage.input_tokens
+
+
+async def test_tokenize_and_detokenize_pass_through_and_are_charged_as_prompt_tokens(
+    engine: list[str], tmp_path: Path
+) -> None:
+    log = tmp_path / "usage.jsonl"
+    async with in_process_router(engine, usage_log=str(log)) as (url, state):
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as c:
+            counted = await c.post("/tokenize", json={"model": "tiny", "prompt": "hello"})
+            back = await c.post("/detokenize", json={"model": "tiny", "tokens": counted.json()["tokens"][1:]})
+            no_model = await c.post("/tokenize", json={"prompt": "hello"})
+            outside = await c.post("/detokenize", json={"model": "tiny", "tokens": [10**6]})
+        assert counted.status_code == 200 and counted.json()["count"] == 6  # <s> and five bytes
+        assert back.json() == {"prompt": "hello"}
+        assert (no_model.status_code, no_model.json()["error"]["param"]) == (400, "model")
+        assert (outside.status_code, outside.json()["error"]["param"]) == (
+            400,
+            "tokens.0",
+        )  # the engine's 400
+        assert _tokens(state) == (6 + 5, 0)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["status"], r["prompt_tokens"]) for r in records] == [(200, 6), (200, 5), (400, 0)]
