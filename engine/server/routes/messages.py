@@ -26,7 +26,7 @@ from kvfleet.anthropic_api import COUNT_TOKENS, MESSAGES, CountTokensRequest, Me
 from kvfleet.engine.outputs import CompletionOutput
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.chat_prompt import chat_prompt_ids
-from kvfleet.engine.server.sse import GENERATION_RESPONSES, GenerationStream, generation_response
+from kvfleet.engine.server.sse import GenerationStream, generation_response
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.engine.server.tool_calling import ToolPlan, constrain, plan_tools
 from kvfleet.engine.server.tool_parsers.base import ArgumentsDelta, CallStart, StreamEvent, ToolStream
@@ -72,12 +72,34 @@ class TokenCount(BaseModel):
     input_tokens: int
 
 
+class AnthropicError(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    type: Literal["error"] = "error"
+    error: AnthropicError
+
+
+_ERROR: dict[str, Any] = {"model": AnthropicErrorResponse}
+# What the OpenAPI document says (schemathesis checks the server against it): Anthropic's error shape.
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "JSON, or Anthropic's SSE events when stream"},
+    400: {**_ERROR, "description": "bad input, naming the field"},
+    404: {**_ERROR, "description": "unknown model"},
+    503: {**_ERROR, "description": "draining or not ready"},
+}
+
+
 def _prompt(state: ServerState, chat: ChatCompletionRequest) -> tuple[list[int], ToolPlan]:
     plan = plan_tools(chat, state.tools)
     return chat_prompt_ids(state, chat.message_dicts(), plan.tools), plan
 
 
-@router.post(COUNT_TOKENS, response_model=TokenCount, responses=GENERATION_RESPONSES)
+@router.post(
+    COUNT_TOKENS, response_model=TokenCount, responses={k: v for k, v in RESPONSES.items() if k != 200}
+)
 async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
     """The prompt tokens ``/v1/messages`` would submit for the same system, messages and tools."""
     chat = body.chat_request()
@@ -86,7 +108,7 @@ async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
     return TokenCount(input_tokens=len(chat_prompt_ids(state, chat.message_dicts(), tools)))
 
 
-@router.post(MESSAGES, response_model=MessageResponse, responses=GENERATION_RESPONSES)
+@router.post(MESSAGES, response_model=MessageResponse, responses=RESPONSES)
 async def create_message(
     body: MessagesRequest, state: State, request: Request
 ) -> MessageResponse | GenerationStream:
