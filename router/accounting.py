@@ -162,6 +162,13 @@ class Exchange:
     def cut_off_error(self) -> RouterError:
         return RouterError(502, "engine_failed", "the engine stopped before the response was complete")
 
+    def cut_off_events(self) -> bytes:
+        """What ends a stream the engine cut off: an error event in the route's own shape."""
+        err = self.cut_off_error()
+        if self.req.path in anthropic.PATHS:
+            return anthropic.error_event(err.status, err.message)
+        return err.sse() + b"data: [DONE]\n\n"
+
     async def engine_failed(self) -> None:
         if self.placement is not None:
             self.state.fleet.mark_failed(self.placement.url)

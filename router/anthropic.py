@@ -17,7 +17,13 @@ from typing import Any
 import orjson
 
 from kvfleet import openai_api
-from kvfleet.anthropic_api import COUNT_TOKENS, MESSAGES, CountTokensRequest, MessagesRequest
+from kvfleet.anthropic_api import (
+    COUNT_TOKENS,
+    MESSAGES,
+    CountTokensRequest,
+    MessagesRequest,
+    anthropic_error_body,
+)
 from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
 from kvfleet.router.requests import ParsedRequest
@@ -45,12 +51,11 @@ def parse_anthropic(path: str, raw: bytes) -> ParsedRequest:
     system = (
         parsed.system if isinstance(parsed.system, str) else "\n".join(b.text for b in parsed.system or [])
     )
-    is_message = isinstance(parsed, MessagesRequest)
     return ParsedRequest(
         path=path,
         model=parsed.model,
         body=body,
-        stream=is_message and parsed.stream,
+        stream=isinstance(parsed, MessagesRequest) and parsed.stream,
         client_wants_usage=True,  # Anthropic's stream always carries its usage: nothing to add or strip
         max_tokens=parsed.max_tokens if isinstance(parsed, MessagesRequest) else 0,
         prompt=f"system\n{system}\n{prompt_text(body)}" if system else prompt_text(body),
@@ -100,16 +105,10 @@ def stop_reason(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def error_event(status: int, message: str) -> bytes:
+    """Anthropic's terminal ``error`` event of a stream."""
+    return b"event: error\ndata: " + orjson.dumps(anthropic_error_body(status, message)) + b"\n\n"
+
+
 def is_content(obj: dict[str, Any]) -> bool:
     return obj.get("type") == "content_block_delta"
-
-
-__all__ = [
-    "PATHS",
-    "STOP_EVENT",
-    "is_content",
-    "parse_anthropic",
-    "stop_reason",
-    "stream_usage",
-    "whole_usage",
-]

@@ -4,6 +4,7 @@ message, a streamed message and a token count are admitted, charged and accounte
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,25 @@ async def test_tokenize_and_detokenize_pass_through_and_are_charged_as_prompt_to
         assert _tokens(state) == (6 + 5, 0)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["status"], r["prompt_tokens"]) for r in records] == [(200, 6), (200, 5), (400, 0)]
+
+
+async def test_an_engine_killed_mid_message_ends_the_stream_with_anthropics_error_event() -> None:
+    with sim_engines(
+        1, SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=40.0, max_model_len=2048)
+    ) as fleet:
+        async with (
+            in_process_router([u for u, _ in fleet]) as (url, state),
+            httpx.AsyncClient(base_url=url, timeout=30, headers={"x-api-key": KEY}) as http,
+        ):
+            body = {"model": "tiny", "messages": HI, "stream": True, "max_tokens": 200}
+            async with http.stream("POST", "/v1/messages", json=body) as r:
+                lines = r.aiter_lines()
+                assert await anext(lines) == "event: message_start"
+                fleet[0].process.send_signal(signal.SIGKILL)
+                rest = [line async for line in lines if line]
+            assert rest[-2:] == [
+                "event: error",
+                'data: {"type":"error","error":{"type":"api_error",'
+                '"message":"the engine stopped before the response was complete"}}',
+            ]
+            assert state.quota.in_flight("alice") == 0

@@ -22,7 +22,14 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from kvfleet.anthropic_api import COUNT_TOKENS, MESSAGES, CountTokensRequest, MessagesRequest
+from kvfleet.anthropic_api import (
+    COUNT_TOKENS,
+    MESSAGES,
+    CountTokensRequest,
+    MessagesRequest,
+    anthropic_error_body,
+)
+from kvfleet.engine.async_engine import EngineDeadError
 from kvfleet.engine.outputs import CompletionOutput
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.chat_prompt import chat_prompt_ids
@@ -181,18 +188,20 @@ class MessageShaper:
         blocks = _Blocks()
         reason: str | None = None
         matched: str | int | None = None
-        async for _, delta in gen.merged(sub.streams):
-            for s in delta.seqs:
-                usage.output_tokens += len(s.new_token_ids)
-                final = s.finish_reason is not None
-                reason, matched = s.finish_reason or reason, s.stop_reason if final else matched
-                if stream is None:
-                    for event in blocks.text(s.new_text):
+        try:
+            async for _, delta in gen.merged(sub.streams):
+                for s in delta.seqs:
+                    usage.output_tokens += len(s.new_token_ids)
+                    final = s.finish_reason is not None
+                    reason, matched = s.finish_reason or reason, s.stop_reason if final else matched
+                    events = (
+                        blocks.text(s.new_text) if stream is None else _fed(blocks, stream, s.new_text, final)
+                    )
+                    for event in events:
                         yield event
-                    continue
-                for parsed in stream.feed(s.new_text, final=final):
-                    for event in blocks.feed(parsed):
-                        yield event
+        except EngineDeadError as exc:  # the core died mid-stream: Anthropic's terminal error event
+            yield _event("error", {"error": anthropic_error_body(503, str(exc))["error"]})
+            return
         for event in blocks.close():
             yield event
         stop, sequence = _stop(reason, matched, stream is not None and stream.called)
@@ -201,6 +210,10 @@ class MessageShaper:
             {"delta": {"stop_reason": stop, "stop_sequence": sequence}, "usage": usage.model_dump()},
         )
         yield _event("message_stop", {})
+
+
+def _fed(blocks: _Blocks, stream: ToolStream, text: str, final: bool) -> list[str]:
+    return [event for parsed in stream.feed(text, final=final) for event in blocks.feed(parsed)]
 
 
 class _Blocks:

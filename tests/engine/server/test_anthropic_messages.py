@@ -6,6 +6,9 @@ tool round trip, whose forced ``tool_choice`` is grammar-constrained so its inpu
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -146,3 +149,22 @@ def test_a_tool_round_trip_calls_the_named_tool_then_answers_from_its_result(
     assert answer.stop_reason in ("end_turn", "max_tokens")
     assert [b.type for b in answer.content] == ["text"]
     assert answer.usage.input_tokens == counted.input_tokens > called.usage.input_tokens
+
+
+def test_a_core_that_dies_mid_stream_ends_it_with_anthropics_error_event(slow_server: LiveServer) -> None:
+    body = {
+        "model": "tiny",
+        "max_tokens": 100,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    with slow_server.client() as c, c.stream("POST", "/v1/messages", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines) == "event: message_start"
+        pid = slow_server.state.engine.core.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        rest = [line for line in lines if line]
+    assert rest[-2] == "event: error" and "data: [DONE]" not in rest
+    error = json.loads(rest[-1].removeprefix("data: "))
+    assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
