@@ -14,9 +14,11 @@ named events (``message_start``, ``content_block_start``/``_delta``/``_stop`` wi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -37,7 +39,7 @@ from kvfleet.engine.server.sse import GenerationStream, generation_response
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.engine.server.tool_calling import ToolPlan, constrain, plan_tools
 from kvfleet.engine.server.tool_parsers.base import ArgumentsDelta, CallStart, StreamEvent, ToolStream
-from kvfleet.openai_api import ChatCompletionRequest
+from kvfleet.openai_api import APIError, ChatCompletionRequest
 
 router = APIRouter(tags=["anthropic"])
 
@@ -99,6 +101,26 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+# The chat path's field names for what the Messages API calls otherwise (its 400s name the client's field).
+_FIELDS = (
+    (re.compile(r"^tools\.(\d+)\.function\.parameters"), r"tools.\1.input_schema"),
+    (re.compile(r"^stop(?=$|\.)"), "stop_sequences"),
+)
+
+
+@contextlib.contextmanager
+def _messages_field_names() -> Iterator[None]:
+    try:
+        yield
+    except APIError as exc:
+        for pattern, name in _FIELDS:
+            if exc.param is not None and pattern.match(exc.param):
+                renamed = pattern.sub(name, exc.param)
+                exc.message = exc.message.replace(exc.param, renamed, 1)
+                exc.param = renamed
+        raise
+
+
 def _prompt(state: ServerState, chat: ChatCompletionRequest) -> tuple[list[int], ToolPlan]:
     plan = plan_tools(chat, state.tools)
     return chat_prompt_ids(state, chat.message_dicts(), plan.tools), plan
@@ -109,7 +131,8 @@ def _prompt(state: ServerState, chat: ChatCompletionRequest) -> tuple[list[int],
 )
 async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
     """The prompt tokens ``/v1/messages`` would submit for the same system, messages and tools."""
-    chat = body.chat_request()
+    with _messages_field_names():
+        chat = body.chat_request()
     state.check_accepting(chat.model)
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
     return TokenCount(input_tokens=len(chat_prompt_ids(state, chat.message_dicts(), tools)))
@@ -119,17 +142,18 @@ async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
 async def create_message(
     body: MessagesRequest, state: State, request: Request
 ) -> MessageResponse | GenerationStream:
-    chat = body.chat_request()
-    lora = state.check_accepting(chat.model)
-    ids, plan = _prompt(state, chat)
-    gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
-    max_tokens = gen.resolve_max_tokens(body.max_tokens, len(ids), state.model.max_model_len)
-    params = gen.sampling_params(chat, max_tokens, None, state.tokenizer.vocab_size)
+    with _messages_field_names():
+        chat = body.chat_request()
+        lora = state.check_accepting(chat.model)
+        ids, plan = _prompt(state, chat)
+        gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
+        max_tokens = gen.resolve_max_tokens(body.max_tokens, len(ids), state.model.max_model_len)
+        params = constrain(plan, gen.sampling_params(chat, max_tokens, None, state.tokenizer.vocab_size))
     shaper = MessageShaper(body, f"msg_{uuid.uuid4().hex}", plan)
     return await generation_response(
         state,
         request,
-        gen.Submission(shaper.id, [ids], [constrain(plan, params)], 0, lora),
+        gen.Submission(shaper.id, [ids], [params], 0, lora),
         stream=body.stream,
         stream_body=shaper.events,
         collect=shaper.collect,
