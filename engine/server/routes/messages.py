@@ -209,7 +209,7 @@ class MessageShaper:
         start = self._message([], (None, None), usage).model_dump(exclude_none=True)
         yield _event("message_start", {"message": {**start, "stop_reason": None, "stop_sequence": None}})
         stream: ToolStream | None = None if self.plan.parser is None else self.plan.parser.stream()
-        blocks = _Blocks()
+        blocks = StreamBlocks()
         reason: str | None = None
         matched: str | int | None = None
         try:
@@ -219,7 +219,9 @@ class MessageShaper:
                     final = s.finish_reason is not None
                     reason, matched = s.finish_reason or reason, s.stop_reason if final else matched
                     events = (
-                        blocks.text(s.new_text) if stream is None else _fed(blocks, stream, s.new_text, final)
+                        blocks.text(s.new_text)
+                        if stream is None
+                        else tool_events(blocks, stream, s.new_text, final)
                     )
                     for event in events:
                         yield event
@@ -236,11 +238,11 @@ class MessageShaper:
         yield _event("message_stop", {})
 
 
-def _fed(blocks: _Blocks, stream: ToolStream, text: str, final: bool) -> list[str]:
+def tool_events(blocks: StreamBlocks, stream: ToolStream, text: str, final: bool) -> list[str]:
     return [event for parsed in stream.feed(text, final=final) for event in blocks.feed(parsed)]
 
 
-class _Blocks:
+class StreamBlocks:
     """The content blocks of a stream, numbered as they open."""
 
     def __init__(self) -> None:
