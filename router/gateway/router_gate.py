@@ -166,7 +166,7 @@ class RouterGate:
 
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
         method, path = headers.get(":method", ""), headers.get(":path", "").split("?", 1)[0]
-        state, authorization = self.state, headers.get("authorization")
+        state, authorization = self.state, pipeline.credentials(headers)
         try:
             if method == "POST" and path in (COMPLETIONS, CHAT):
                 ex = await pipeline.admit(state, authorization, path, body, headers)

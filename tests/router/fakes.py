@@ -29,6 +29,7 @@ class FakeEngine:
     load: dict[str, Any] = field(default_factory=dict)
     load_delay_s: float = 0.0  # how long GET /load takes (a busy engine)
     received: list[dict[str, Any]] = field(default_factory=list)
+    received_headers: list[dict[str, str]] = field(default_factory=list)
     active: int = 0
     peak: int = 0
     aborted: int = 0
@@ -77,6 +78,7 @@ class FakeEngine:
     async def handle(self, request: Request) -> Response:
         body = await request.json()
         self.received.append(body)
+        self.received_headers.append(dict(request.headers))
         if self.mode == "dead":
             error = {"message": "the engine is not running: core died", "type": "service_unavailable"}
             return JSONResponse({"error": {**error, "param": None, "code": "engine_dead"}}, status_code=503)

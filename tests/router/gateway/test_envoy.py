@@ -181,6 +181,18 @@ async def test_a_bad_key_is_answered_401_by_envoy_and_reaches_no_engine(stack: S
     assert stack.received() == before
 
 
+async def test_an_x_api_key_is_the_tenants_key_through_envoy_and_stays_at_the_gateway(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.envoy.url, timeout=10) as http:
+        r = await http.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": "x", "max_tokens": 2},
+            headers={"x-api-key": ALPHA},
+        )
+    assert r.status_code == 200, r.text
+    headers = stack.engines[r.headers["x-kvfleet-engine"]].received_headers[-1]
+    assert "x-api-key" not in headers and "authorization" not in headers
+
+
 async def test_bad_input_is_refused_naming_the_field_before_the_tenants_one_request_is_spent(
     stack: Stack,
 ) -> None:
