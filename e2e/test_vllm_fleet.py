@@ -13,9 +13,10 @@ import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -79,6 +80,21 @@ def test_a_chat_stream_through_the_openai_client_reaches_a_vllm_engine(stack: St
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = next(c.usage for c in chunks if c.usage is not None)
     assert text and usage.completion_tokens == 8
+
+
+def test_the_anthropic_client_through_the_router_gets_vllms_messages_and_token_counts(stack: Stack) -> None:
+    client = anthropic.Anthropic(base_url=stack.url, api_key=ALICE, max_retries=0, timeout=120.0)
+    hi: Any = [{"role": "user", "content": "Say hello."}]
+    msg = client.messages.create(model=SERVED_NAME, messages=hi, max_tokens=8, extra_body={"temperature": 0})
+    assert msg.content[0].type == "text" and msg.usage.output_tokens <= 8
+    with client.messages.stream(model=SERVED_NAME, messages=hi, max_tokens=8) as stream:
+        kinds = [e.type for e in stream]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert client.messages.count_tokens(model=SERVED_NAME, messages=hi).input_tokens == msg.usage.input_tokens
+    tokenized = httpx.post(
+        f"{stack.url}/tokenize", json={"model": SERVED_NAME, "prompt": "hello"}, headers={"x-api-key": ALICE}
+    )
+    assert tokenized.status_code == 200 and tokenized.json()["count"] >= 1
 
 
 def test_a_tenant_over_its_requests_per_minute_gets_429_with_retry_after(stack: Stack) -> None:

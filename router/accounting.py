@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from kvfleet.router import responses
+from kvfleet.router import anthropic, responses, tokenize
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.metrics import record_slis, sli_targets
@@ -107,6 +107,8 @@ class Exchange:
         if self.req.path == RESPONSES:
             self._on_responses_event(responses.read_event(obj))
             return event
+        if self.req.path in anthropic.PATHS:
+            return self._on_anthropic(event, obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
             if not obj.get("choices") and not self.req.client_wants_usage:
@@ -114,16 +116,25 @@ class Exchange:
         if self.finish_reason is None:
             self.finish_reason = finish_reason(obj)
         if _has_content(obj):
-            self._content_chunk()
+            self._content()
         return event
 
     def _on_responses_event(self, got: responses.ResponsesEvent) -> None:
         if got.done:
             self.saw_done, self.usage, self.finish_reason = True, got.usage, got.status
         if got.content:
-            self._content_chunk()
+            self._content()
 
-    def _content_chunk(self) -> None:
+    def _on_anthropic(self, event: bytes, obj: dict[str, Any]) -> bytes:
+        """One event of an Anthropic stream (kvfleet.router.anthropic): its usage, stop reason and content."""
+        self.usage = anthropic.stream_usage(obj, self.usage)
+        self.saw_done = self.saw_done or obj.get("type") == anthropic.STOP_EVENT
+        self.finish_reason = self.finish_reason or anthropic.stop_reason(obj)
+        if anthropic.is_content(obj):
+            self._content()
+        return event
+
+    def _content(self) -> None:
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
@@ -141,6 +152,11 @@ class Exchange:
         self.usage = usage if isinstance(usage, dict) else None
         if isinstance(body, dict):
             self.finish_reason = finish_reason(body)
+        if isinstance(body, dict) and self.req.path in tokenize.PATHS:
+            self.usage = tokenize.whole_usage(self.req.path, body, self.req.body)
+        if isinstance(body, dict) and self.req.path in anthropic.PATHS:
+            self.usage = anthropic.whole_usage(body)
+            self.finish_reason = anthropic.stop_reason(body)
 
     def completion_tokens(self) -> int:
         if self.usage is not None:
@@ -157,6 +173,13 @@ class Exchange:
 
     def cut_off_error(self) -> RouterError:
         return RouterError(502, "engine_failed", "the engine stopped before the response was complete")
+
+    def cut_off_events(self) -> bytes:
+        """What ends a stream the engine cut off: an error event in the route's own shape."""
+        err = self.cut_off_error()
+        if self.req.path in anthropic.PATHS:
+            return anthropic.error_event(err.status, err.message)
+        return err.sse() + b"data: [DONE]\n\n"
 
     async def engine_failed(self) -> None:
         if self.placement is not None:

@@ -28,6 +28,7 @@ import aiohttp
 import httpx
 from fastapi import FastAPI
 
+from kvfleet.anthropic_api import AnthropicErrors
 from kvfleet.http_guard import RequestGuard, install_error_handlers
 from kvfleet.router.autoscaler import Autoscaler, ScaleInputs, Scaler
 from kvfleet.router.config import RouterConfig
@@ -37,7 +38,7 @@ from kvfleet.router.fleet import Fleet, poll_forever
 from kvfleet.router.metrics import RouterMetrics
 from kvfleet.router.openapi import install_openapi
 from kvfleet.router.quota import Clock, MemoryQuotaStore, QuotaStore
-from kvfleet.router.routes import completions, health, metrics, models, responses
+from kvfleet.router.routes import completions, health, messages, metrics, models, responses
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import TenantRegistry
 from kvfleet.router.usage import UsageLog
@@ -144,9 +145,10 @@ def build_app(
     app = FastAPI(title="kvfleet router", lifespan=lifespan)
     install_error_handlers(app)
     app.add_exception_handler(RouterError, router_error_handler)
-    for module in (completions, responses, models, health, metrics):
+    for module in (completions, responses, models, health, metrics, messages):
         app.include_router(module.router)
     app.add_middleware(RequestGuard, max_body_bytes=config.max_request_bytes, on_error=_count_unexpected(app))
+    app.add_middleware(AnthropicErrors)  # /v1/messages errors in Anthropic's shape
     install_openapi(app)
     return app
 

@@ -21,8 +21,13 @@ async def get_state(request: Request) -> RouterState:
 State = Annotated[RouterState, Depends(get_state)]
 
 
-async def authenticated(state: State, authorization: Annotated[str | None, Header()] = None) -> Tenant:
-    return pipeline.authenticate(state, authorization)
+async def authenticated(
+    state: State,
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> Tenant:
+    headers = {k: v for k, v in (("authorization", authorization), ("x-api-key", x_api_key)) if v is not None}
+    return pipeline.authenticate(state, pipeline.credentials(headers))
 
 
 AuthTenant = Annotated[Tenant, Depends(authenticated)]

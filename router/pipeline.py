@@ -5,7 +5,7 @@ Where it sits: both transports call :func:`admit`, the one entry: the HTTP route
 :mod:`kvfleet.router.proxy`) and the Envoy gateway (:mod:`kvfleet.router.gateway.router_gate`,
 where Envoy carries the bytes). The steps, in order (docs/architecture.md §6):
 
-1. authenticate: ``Authorization: Bearer <key>`` → tenant (:mod:`kvfleet.router.tenants`);
+1. authenticate: ``Authorization: Bearer <key>`` (or ``x-api-key``) → tenant (:mod:`kvfleet.router.tenants`);
 2. parse and validate the body (:mod:`kvfleet.router.requests`);
 3. checks: the tenant may use the model, the fleet serves it, per-request token limits;
 4. quota: requests/min, tokens/min, concurrency (:mod:`kvfleet.router.quota`);
@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from kvfleet.router import anthropic, tokenize
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
@@ -48,6 +49,13 @@ _REASON = {
     "tokensPerMinute": "tokens_per_minute",
     "maxConcurrentRequests": "max_concurrent_requests",
 }
+
+
+def credentials(headers: Mapping[str, str]) -> str | None:
+    """The ``Authorization`` header, or Anthropic's ``x-api-key: <key>`` read as ``Bearer <key>``."""
+    authorization = headers.get("authorization")
+    key = headers.get("x-api-key")
+    return f"Bearer {key}" if authorization is None and key else authorization
 
 
 def authenticate(state: RouterState, authorization: str | None) -> Tenant:
@@ -211,12 +219,18 @@ async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
 
 def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequest:
     """The request with the ``cache_salt`` its engine gets (:func:`~kvfleet.router.prefix.engine_cache_salt`)."""
+    if req.path in tokenize.PATHS or req.path == anthropic.COUNT_TOKENS:
+        return req  # nothing is cached: the engine takes no cache_salt there
     shared = shares_prefix_cache(state.fleet.service_for(req.model), state.config.shared_prefix_cache)
     return dataclasses.replace(req, cache_salt=engine_cache_salt(tenant.name, req.cache_salt, shared))
 
 
 def _parse(state: RouterState, tenant: Tenant, path: str, body: bytes) -> ParsedRequest:
     try:
+        if path in anthropic.PATHS:
+            return anthropic.parse_anthropic(path, body)
+        if path in tokenize.PATHS:
+            return tokenize.parse_tokenizer_request(path, body)
         return parse_request(path, body, state.config.default_max_tokens)
     except RouterError as err:
         state.metrics.reject("unknown", tenant.name, err.code, err.status)

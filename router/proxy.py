@@ -167,10 +167,10 @@ async def relay_stream(ex: Exchange, upstream: aiohttp.ClientResponse) -> AsyncI
                 yield out
         outcome = "ok" if ex.saw_done else "engine_failed"
         if not ex.saw_done:
-            yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
+            yield ex.cut_off_events()
     except (aiohttp.ClientError, TimeoutError):
         outcome = "engine_failed"
-        yield ex.cut_off_error().sse() + b"data: [DONE]\n\n"
+        yield ex.cut_off_events()
     except Exception:  # a bug mid-stream: counted as the 500 it is, not as a client that left
         outcome = "internal_error"
         raise

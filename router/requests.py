@@ -57,7 +57,8 @@ class ParsedRequest:
             body.pop("cache_salt", None)
         else:
             body["cache_salt"] = self.cache_salt
-        if self.stream and self.path != RESPONSES:  # a Responses stream ends with its usage anyway
+        # Responses and Anthropic streams carry their usage already
+        if self.stream and self.path in (COMPLETIONS, CHAT):
             body["stream_options"] = {**(self.body.get("stream_options") or {}), "include_usage": True}
         return body
 

@@ -17,12 +17,13 @@ from typing import Any
 from fastapi import FastAPI
 
 from kvfleet import __version__
+from kvfleet.anthropic_api import AnthropicErrors
 from kvfleet.engine.async_engine import AsyncEngine
 from kvfleet.engine.client import CoreTransport
 from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
-from kvfleet.engine.server.routes import chat, completions, lora, models, ops, responses
+from kvfleet.engine.server.routes import chat, completions, lora, messages, models, ops, responses, tokenize
 from kvfleet.engine.server.state import ServedModel, ServerState
 from kvfleet.engine.server.tracing import install_tracing
 from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
@@ -66,7 +67,8 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     install_error_handlers(app)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     app.add_middleware(IgnoreUnknownFields, report=IgnoredFields(state.metrics.count_ignored_field))
-    for module in (completions, chat, models, ops, lora, responses):
+    app.add_middleware(AnthropicErrors)  # /v1/messages errors in Anthropic's shape
+    for module in (completions, chat, models, ops, lora, responses, messages, tokenize):
         app.include_router(module.router)
     install_tracing(app, state)  # OTEL_* variables; nothing when they leave tracing off
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

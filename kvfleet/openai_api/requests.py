@@ -7,7 +7,7 @@ the router (before spending quota) and the engine server (before building ``Samp
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -248,8 +248,9 @@ class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool = True  # a chat's default is False (its template writes them), as vLLM's
     add_generation_prompt: bool = True
+    return_token_strs: bool = False
 
     @model_validator(mode="after")
     def _one_of_prompt_or_messages(self) -> TokenizeRequest:
@@ -258,3 +259,10 @@ class TokenizeRequest(_Request):
         if self.messages is not None and not self.messages:
             raise ValueError("messages: must contain at least one message")
         return self
+
+
+class DetokenizeRequest(_Request):
+    """``POST /detokenize`` (vLLM's shape): token ids back to text."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]

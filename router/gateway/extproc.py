@@ -84,7 +84,7 @@ def immediate(reply: Reply) -> ProcessingResponse:
 def route_to(admitted: Admitted) -> CommonResponse:
     """Send the request to the admitted engine (and the router's body, when it has one).
 
-    The tenant's key stays at the gateway: engines never see ``authorization``.
+    The tenant's key stays at the gateway: engines never see ``authorization`` or ``x-api-key``.
     """
     body = admitted.upstream_body
     headers = {
@@ -95,7 +95,7 @@ def route_to(admitted: Admitted) -> CommonResponse:
     if body is not None:
         headers["content-length"] = str(len(body))  # Envoy refuses a replaced body of another length
     return CommonResponse(
-        header_mutation=set_headers(headers, remove=("authorization",)),
+        header_mutation=set_headers(headers, remove=("authorization", "x-api-key")),
         body_mutation=None if body is None else BodyMutation(body=body),
         clear_route_cache=True,
     )

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from kvfleet.anthropic_api import anthropic_error_body
 from kvfleet.protocol import HEADER_ENGINE
-from kvfleet.router import pipeline
+from kvfleet.router import anthropic, pipeline, tokenize
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
@@ -34,6 +35,15 @@ from kvfleet.router.state import RouterState
 from kvfleet.sse import SseReader
 
 UPSTREAM_TIME = "x-envoy-upstream-service-time"  # present only on responses an upstream sent
+PROXIED = (COMPLETIONS, CHAT, *anthropic.PATHS, *tokenize.PATHS)  # the POST routes Envoy carries
+
+
+def anthropic_reply(err: RouterError) -> Reply:
+    """A refusal on an Anthropic route, in Anthropic's error shape (as the router's own routes send it)."""
+    reply = reply_for(err)
+    return Reply(
+        reply.status, json.dumps(anthropic_error_body(err.status, err.message)).encode(), reply.headers
+    )
 
 
 @dataclass
@@ -166,9 +176,9 @@ class RouterGate:
 
     async def admit(self, headers: Mapping[str, str], body: bytes) -> Admitted | Reply:
         method, path = headers.get(":method", ""), headers.get(":path", "").split("?", 1)[0]
-        state, authorization = self.state, headers.get("authorization")
+        state, authorization = self.state, pipeline.credentials(headers)
         try:
-            if method == "POST" and path in (COMPLETIONS, CHAT):
+            if method == "POST" and path in PROXIED:
                 ex = await pipeline.admit(state, authorization, path, body, headers)
                 assert ex.placement is not None  # admit returns only once placed
                 return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))
@@ -176,5 +186,5 @@ class RouterGate:
             if method == "GET" and path == "/v1/models":
                 return Reply.json(200, pipeline.models_listing(state, tenant))
         except RouterError as err:
-            return reply_for(err)
+            return anthropic_reply(err) if path in anthropic.PATHS else reply_for(err)
         return reply_for(RouterError(404, "not_found", f"no route for {method} {path} at the gateway"))

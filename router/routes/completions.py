@@ -21,7 +21,7 @@ router = APIRouter(tags=["openai"])
 async def _forward(path: str, request: Request) -> Response:
     state: RouterState = request.app.state.router
     ex = await pipeline.admit(
-        state, request.headers.get("authorization"), path, await request.body(), request.headers
+        state, pipeline.credentials(request.headers), path, await request.body(), request.headers
     )
     return await proxy.serve(state, ex)
 

@@ -29,6 +29,7 @@ class FakeEngine:
     load: dict[str, Any] = field(default_factory=dict)
     load_delay_s: float = 0.0  # how long GET /load takes (a busy engine)
     received: list[dict[str, Any]] = field(default_factory=list)
+    received_headers: list[dict[str, str]] = field(default_factory=list)
     active: int = 0
     peak: int = 0
     aborted: int = 0
@@ -48,7 +49,37 @@ class FakeEngine:
         app.get("/load")(self.get_load)
         app.post("/v1/completions")(self.handle)
         app.post("/v1/chat/completions")(self.handle)
+        app.post("/v1/messages")(self.message)
         return app
+
+    async def message(self, request: Request) -> Response:
+        """Anthropic's ``/v1/messages``: the tokens as one text block, whole or as its stream events."""
+        body = await request.json()
+        self.received.append(body)
+        self.received_headers.append(dict(request.headers))
+        usage = {"input_tokens": 7, "output_tokens": len(self.tokens)}
+        head = {"id": "msg_x", "type": "message", "role": "assistant", "model": self.model}
+        if not body.get("stream"):
+            text = [{"type": "text", "text": "".join(self.tokens)}]
+            return JSONResponse({**head, "content": text, "stop_reason": "end_turn", "usage": usage})
+
+        def event(kind: str, **payload: Any) -> bytes:
+            return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload})}\n\n".encode()
+
+        async def events() -> AsyncIterator[bytes]:
+            yield event(
+                "message_start", message={**head, "content": [], "usage": {**usage, "output_tokens": 0}}
+            )
+            yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+            for token in self.tokens:
+                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": token})
+            yield event("content_block_stop", index=0)
+            yield event(
+                "message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": len(self.tokens)}
+            )
+            yield event("message_stop")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def get_load(self) -> dict[str, Any]:
         await asyncio.sleep(self.load_delay_s)
@@ -77,6 +108,7 @@ class FakeEngine:
     async def handle(self, request: Request) -> Response:
         body = await request.json()
         self.received.append(body)
+        self.received_headers.append(dict(request.headers))
         if self.mode == "dead":
             error = {"message": "the engine is not running: core died", "type": "service_unavailable"}
             return JSONResponse({"error": {**error, "param": None, "code": "engine_dead"}}, status_code=503)

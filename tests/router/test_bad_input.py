@@ -152,3 +152,65 @@ def test_every_router_operation_answers_as_its_openapi_document_says(fleet: Flee
     paths = check_every_operation(fleet.url, "tiny", 20, headers={"Authorization": f"Bearer {KEY}"})
     assert paths >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model_id}", "/v1/responses",
                      "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"}  # fmt: skip
+
+
+MESSAGES = "/v1/messages"
+HI = '"messages": [{"role": "user", "content": "x"}]'
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "status", "kind", "message"),
+    [
+        (MESSAGES, b'{"model": "tiny", ', 400, "invalid_request_error", "the request body is not valid JSON"),
+        (MESSAGES, b'{"model": "tiny", "prompt": "\xff"}', 400, "invalid_request_error", "not valid UTF-8"),
+        (MESSAGES, f'{{"model": "tiny", {HI}}}'.encode(), 400, "invalid_request_error", "max_tokens: field required"),
+        (MESSAGES, f'{{"model": "tiny", {HI}, "max_tokens": 2, "top_k": "5"}}'.encode(), 400, "invalid_request_error", "top_k: Input should be a valid integer"),
+        (MESSAGES, f'{{"model": "tiny", {HI}, "max_tokens": 2, "tool_choice": {{"type": "any"}}}}'.encode(), 400, "invalid_request_error", "tool_choice: needs tools"),
+        (MESSAGES, f'{{"model": "tiny", {HI}, "max_tokens": 2, "tool_choice": {{"type": "auto"}}, "tools": [{{"name": "f", "input_schema": {{}}}}]}}'.encode(), 400, "invalid_request_error", 'tool_choice: "auto" tool choice requires --enable-auto-tool-choice'),
+        (MESSAGES, b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image"}]}]}', 400, "invalid_request_error", "messages.0.content"),
+        (MESSAGES, f'{{"model": "tiny", {HI}, "max_tokens": 999}}'.encode(), 400, "invalid_request_error", "maximum context length is 256"),
+        (MESSAGES, f'{{"model": "nope", {HI}, "max_tokens": 2}}'.encode(), 404, "not_found_error", "model 'nope' is not served here"),
+        (f"{MESSAGES}/count_tokens", f'{{"model": "tiny", {HI}, "system": 5}}'.encode(), 400, "invalid_request_error", "system"),
+    ],
+)  # fmt: skip
+def test_every_kind_of_bad_message_is_a_4xx_in_anthropics_error_shape(
+    fleet: Fleet, path: str, raw: bytes, status: int, kind: str, message: str
+) -> None:
+    with httpx.Client(base_url=fleet.url, timeout=10) as c:
+        resp = c.post(path, content=raw, headers={"x-api-key": KEY, "content-type": "application/json"})
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error" and body["error"]["type"] == kind
+    assert message in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/tokenize", b'{"model": "tiny"}', "prompt"),
+        ("/tokenize", b'{"prompt": "x"}', "model"),
+        ("/tokenize", b'{"model": "tiny", "prompt": "\\ud800"}', "prompt"),
+        ("/detokenize", b'{"model": "tiny", "tokens": ["a"]}', "tokens.0"),
+        ("/detokenize", b'{"model": "tiny", "tokens": [100000]}', "tokens.0"),
+    ],
+)
+def test_bad_tokenizer_requests_are_400s_naming_the_field(
+    fleet: Fleet, path: str, raw: bytes, param: str
+) -> None:
+    assert _error(_post(fleet, path, raw), 400)["param"] == param
+
+
+def test_bad_messages_leave_a_stream_in_flight_undisturbed(fleet: Fleet) -> None:
+    headers = {"x-api-key": KEY}
+    body = {"model": "tiny", "max_tokens": 40, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    with (
+        httpx.Client(base_url=fleet.url, timeout=30) as c,
+        c.stream("POST", MESSAGES, json=body, headers=headers) as s,
+    ):
+        assert s.status_code == 200
+        lines = s.iter_lines()
+        first = next(lines)
+        for raw in (b'{"model": ', b'{"model": "tiny", "max_tokens": -1}', b"[]"):
+            assert c.post(MESSAGES, content=raw, headers=headers).status_code == 400
+        rest = list(lines)
+    assert first == "event: message_start" and "event: message_stop" in rest

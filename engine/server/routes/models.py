@@ -1,19 +1,17 @@
-"""``GET /v1/models``, ``GET /v1/models/{id}`` and ``POST /tokenize``: what the server serves and how it counts tokens.
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: what the server serves.
 
-Where it sits: read-only views of the ``ServedModel`` and the tokenizer; clients (and the
-router's admission estimates) use ``/tokenize`` to count a prompt's tokens exactly as the
-generation routes will.
+Where it sits: read-only views of the ``ServedModel`` and its adapters; how it counts tokens
+(``/tokenize``, ``/detokenize``) is :mod:`kvfleet.engine.server.routes.tokenize`.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from kvfleet.engine.server.chat_prompt import chat_prompt_ids
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
 from kvfleet.engine.server.state import ServerState, State
-from kvfleet.openai_api import TokenizeRequest, model_not_found
-from kvfleet.openai_responses import ModelCard, ModelList, TokenizeResponse
+from kvfleet.openai_api import model_not_found
+from kvfleet.openai_responses import ModelCard, ModelList
 
 router = APIRouter(tags=["models"])
 
@@ -44,18 +42,3 @@ def _cards(state: ServerState) -> list[ModelCard]:
         for name, path in state.adapters.items()
     ]
     return [base, *adapters]
-
-
-@router.post(
-    "/tokenize",
-    response_model=TokenizeResponse,
-    responses={k: v for k, v in GENERATION_RESPONSES.items() if k in (400, 404)},
-)
-async def tokenize(body: TokenizeRequest, state: State) -> TokenizeResponse:
-    if body.model is not None and body.model != state.model.name and body.model not in state.adapters:
-        raise model_not_found(body.model, state.model.name)
-    if body.prompt is not None:
-        ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-    else:
-        ids = chat_prompt_ids(state, [m.template_dict() for m in body.messages or []])
-    return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=state.model.max_model_len)

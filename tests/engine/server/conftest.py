@@ -111,6 +111,13 @@ def tiny_server() -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="module")
+def long_tiny_server() -> Iterator[LiveServer]:
+    """The real tiny model with room for a tools prompt (its byte tokenizer makes one 700 tokens)."""
+    yield from _serve("--model", "tiny", "--num-kv-blocks", "256", "--max-model-len", "2048",
+                      "--max-num-seqs", "2", simulate=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
 def smollm2_server() -> Iterator[LiveServer]:
     """Real SmolLM2-135M-Instruct (torch, CPU) behind the server."""
     yield from _serve(

@@ -155,6 +155,7 @@ def test_an_error_keeps_the_keep_alive_connection_for_the_next_request(
             "messages.0.content",
         ),
         ("/tokenize", b'{"prompt": "\\udbff\\udbff"}', "prompt"),
+        ("/tokenize", b'{"messages": [{"role": "user", "content": "\\udbff"}]}', "messages.0.content"),
     ],
 )
 def test_a_lone_surrogate_is_a_400_naming_the_field(
@@ -258,3 +259,45 @@ def test_bad_responses_requests_name_the_field_and_leave_a_stream_in_flight_whol
     assert text.count("response.output_text.delta") >= 2  # event: and type: of each delta
     assert text.rstrip().endswith("}") and '"type":"response.completed"' in text
     assert '"text":"abcdefghijkl"' in text
+
+
+def _anthropic_error(resp: httpx.Response, status: int, kind: str) -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    assert body["error"]["type"] == kind
+    message: str = body["error"]["message"]
+    return message
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "kind", "message"),
+    [
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}', 400,
+         "invalid_request_error", "messages.0.content: invalid unicode: a lone UTF-16 surrogate"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": "\xff"}', 400, "invalid_request_error",
+         "the request body is not valid UTF-8"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "system", "content": "x"}]}', 400,
+         "invalid_request_error", "messages.0.role: Input should be 'user' or 'assistant'"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "stop_sequences": "x"}',
+         400, "invalid_request_error", "stop_sequences: Input should be a valid list"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "a b",'
+         b' "input_schema": {}}]}', 400, "invalid_request_error", "tools.0.name: String should match pattern"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f",'
+         b' "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}}', 400, "invalid_request_error",
+         "tool_choice: the tool 'g' is not in tools"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f",'
+         b' "input_schema": {"type": 5}}], "tool_choice": {"type": "any"}}', 400, "invalid_request_error",
+         "tools.0.input_schema: not a valid JSON schema"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "stop_sequences": [""]}',
+         400, "invalid_request_error", "stop_sequences"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "top_p": 0}', 400,
+         "invalid_request_error", "top_p: Input should be greater than 0"),
+        (b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "' + b"x" * (8 << 20) + b'"}]}',
+         413, "request_too_large", "the request body is too large"),
+    ],
+)  # fmt: skip
+def test_a_bad_message_is_an_error_in_anthropics_shape_naming_the_field(
+    fast_server: LiveServer, raw: bytes, status: int, kind: str, message: str
+) -> None:
+    assert message in _anthropic_error(_post(fast_server, "/v1/messages", content=raw), status, kind)

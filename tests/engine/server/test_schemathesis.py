@@ -15,4 +15,5 @@ EXAMPLES_PER_OPERATION = 20
 def test_every_operation_answers_as_its_openapi_document_says(fast_server: LiveServer) -> None:
     paths = check_every_operation(fast_server.url, "tiny", EXAMPLES_PER_OPERATION)
     assert paths >= {"/v1/completions", "/v1/chat/completions", "/tokenize", "/load", "/v1/models/{model_id}",
-                     "/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"}  # fmt: skip
+                     "/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
+                     "/detokenize", "/v1/messages", "/v1/messages/count_tokens"}  # fmt: skip

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -179,6 +180,41 @@ async def test_a_bad_key_is_answered_401_by_envoy_and_reaches_no_engine(stack: S
         "code": "invalid_api_key",
     }
     assert stack.received() == before
+
+
+async def test_an_x_api_key_is_the_tenants_key_through_envoy_and_stays_at_the_gateway(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.envoy.url, timeout=10) as http:
+        r = await http.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": "x", "max_tokens": 2},
+            headers={"x-api-key": ALPHA},
+        )
+    assert r.status_code == 200, r.text
+    headers = stack.engines[r.headers["x-kvfleet-engine"]].received_headers[-1]
+    assert "x-api-key" not in headers and "authorization" not in headers
+
+
+async def test_the_anthropic_client_through_envoy_is_admitted_and_accounted_like_chat(stack: Stack) -> None:
+    m = stack.state.metrics
+    generated = m.generation_tokens.labels(model="tiny", tenant="alpha")._value.get()
+    client = anthropic.AsyncAnthropic(base_url=stack.envoy.url, api_key=ALPHA, max_retries=0)
+    msg = await client.messages.create(
+        model="tiny", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+    )
+    async with client.messages.stream(
+        model="tiny", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+    ) as s:
+        text = "".join([t async for t in s.text_stream])
+    assert [b.text for b in msg.content if b.type == "text"] == [text] == ["Hello world"]
+    assert m.generation_tokens.labels(model="tiny", tenant="alpha")._value.get() == generated + 6
+    assert stack.state.quota.in_flight("alpha") == 0
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        await client.messages.create(model="tiny", max_tokens=0, messages=[{"role": "user", "content": "hi"}])
+    assert bad.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error",
+                  "message": "max_tokens: Input should be greater than or equal to 1 (got 0)"},
+    }  # fmt: skip
 
 
 async def test_bad_input_is_refused_naming_the_field_before_the_tenants_one_request_is_spent(

@@ -108,7 +108,7 @@ async def test_an_admitted_request_goes_to_its_models_cluster_engine_first_witho
     assert body.response.body_mutation is None
     assert _set(replies[1], "request_body") == ROUTED
     assert body.response.header_mutation is not None
-    assert body.response.header_mutation.remove_headers == ["authorization"]
+    assert body.response.header_mutation.remove_headers == ["authorization", "x-api-key"]
 
 
 async def test_a_body_the_router_rewrites_goes_upstream_with_its_own_length() -> None:
