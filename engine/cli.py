@@ -21,12 +21,12 @@ from kvfleet.flags import same_named
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 if TYPE_CHECKING:
-    from kvfleet.engine.client import CoreTransport
+    from kvfleet.engine.client.core_client import CoreTransport
     from kvfleet.engine.config import EngineConfig
-    from kvfleet.engine.engine import Engine
-    from kvfleet.engine.interfaces import Tokenizer
+    from kvfleet.engine.core.engine import Engine
     from kvfleet.engine.server.state import ServerState, ToolSettings
     from kvfleet.engine.sim_lora import SimAdapters
+    from kvfleet.engine.tokenizer.base import Tokenizer
 
 _UNITS = {
     "": 1,
@@ -160,7 +160,7 @@ def _scheduling_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--async-scheduling",
         action="store_true",
-        help="schedule and launch the next step before reading this one's tokens (engine/async_scheduling.py)",
+        help="schedule and launch the next step before reading this one's tokens (engine/core/async_scheduling.py)",
     )
 
 
@@ -216,7 +216,7 @@ def _execution_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="decode steps without CUDA graphs (engine/cuda_graphs.py)",
+        help="decode steps without CUDA graphs (engine/runner/cuda_graphs.py)",
     )
     e.add_argument(
         "--cuda-graph-sizes",
@@ -318,7 +318,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         from kvfleet.engine.sim import build_simulated
 
         return build_simulated(args, engine_config(args))
-    from kvfleet.engine.engine import Engine
+    from kvfleet.engine.core.engine import Engine
 
     return Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
 
@@ -326,11 +326,11 @@ def build_engine(args: argparse.Namespace) -> Engine:
 def api_tokenizer(args: argparse.Namespace) -> Tokenizer:
     """The tokenizer the API process encodes with: the checkpoint's, without loading the model (no torch)."""
     if args.simulate:
-        from kvfleet.engine.byte_tokenizer import ByteTokenizer
+        from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
 
         return ByteTokenizer()
-    from kvfleet.engine.model.sources import resolve_model
-    from kvfleet.engine.model.tokenizer import HFTokenizer
+    from kvfleet.engine.loader.sources import resolve_model
+    from kvfleet.engine.tokenizer.hf import HFTokenizer
 
     return HFTokenizer(resolve_model(args.model))
 
@@ -342,13 +342,13 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
     tools = tool_settings(args)  # a bad flag fails before any spawn
     core: CoreTransport
     if args.engine_core == "thread":
-        from kvfleet.engine.client import ThreadCore
+        from kvfleet.engine.client.core_client import ThreadCore
 
         engine = build_engine(args)
         core, tokenizer = ThreadCore(engine), engine.tokenizer
         name, max_model_len = engine.model_name, engine.max_model_len
     else:
-        from kvfleet.engine.client import ProcessCore
+        from kvfleet.engine.client.core_client import ProcessCore
 
         tokenizer = api_tokenizer(args)  # a missing or broken checkpoint fails here, before any spawn
         process = ProcessCore(functools.partial(build_engine, args))

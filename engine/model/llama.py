@@ -28,9 +28,10 @@ from kvfleet.engine.kernels.packing.base import PackedWeight
 from kvfleet.engine.layers.linear.packed import PackedFloatMethod
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
-from kvfleet.engine.model.fused_decode import FusedDecode
+from kvfleet.engine.model.fused_layers import FusedDecode
 from kvfleet.engine.model.projections import FLOAT_METHOD, ProjectedBlock, store_for_matmul
-from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
+from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies
+from kvfleet.engine.model.rope_scaling import rope_is_dynamic
 from kvfleet.engine.model.tp import Collective, ShardSpec, vocab_parallel_embed
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
         self._lm_head: Linear | None = None  # resolved on first use; pack() and prepack() drop it
         self.fixed_lm_head: Linear | None = None  # resolved by a quantised loader's method: wins
-        # Decode steps through one native call where it applies (fused_decode.py); built on first
+        # Decode steps through one native call where it applies (model/fused_layers.py); built on first
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
         self._fused: tuple[FusedDecode | None] | None = None
@@ -328,7 +329,7 @@ class LlamaForCausalLM(nn.Module):
         sample_rows: torch.Tensor,
         native: bool | None = None,
     ) -> torch.Tensor:
-        """``native``: the step dispatcher's route (``engine/step_dispatch.py``): the layers in one
+        """``native``: the step dispatcher's route (``engine/runner/step_dispatch.py``): the layers in one
         native call (True) or op by op (False); None (a caller without a route) tries the call."""
         comm = self.comm
         if comm is None:

@@ -3,7 +3,7 @@
 Where it sits: ``engine/parallel/`` computes each rank's :class:`ShardSpec` (``parallel/shard.py``)
 and implements :class:`Collective` over torch.distributed (``parallel/group.py``); the model
 (``llama.py``) builds its linears at the shard's sizes and calls the collectives, and the loader
-(``loader.py``) reads only the shard's slice of each checkpoint tensor (:func:`checkpoint_slice`).
+(``loader/hf_loader.py``) reads only the shard's slice of each checkpoint tensor (:func:`checkpoint_slice`).
 The model package never imports ``engine/parallel``: it sees only these Protocols. ``None`` for
 both (tp=1) is the unsharded model, unchanged.
 """

@@ -1,6 +1,6 @@
 """Which heads, columns and vocabulary rows each tensor-parallel rank holds: pure functions, no torch.
 
-Where it sits: the loader (``engine/model/loader.py``) builds each rank's model at its shard's
+Where it sits: the loader (``engine/loader/hf_loader.py``) builds each rank's model at its shard's
 sizes and copies only those slices of the checkpoint; the LoRA manager slices adapters alike;
 the runner sizes each rank's KV cache by its KV heads. Megatron / vLLM's split:
 

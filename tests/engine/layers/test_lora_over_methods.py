@@ -29,8 +29,8 @@ from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV
 from kvfleet.engine.lora.weights import LoraWeights, load_weights
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.projections import Matmuls
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.model.tiny_gguf import write_gguf
+from kvfleet.engine.testing.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from ..lora.conftest import make_adapter
 
