@@ -1,6 +1,6 @@
 """Simulated mode (``kvfleet engine --simulate``): the real scheduler and KV accounting, a timing model for the model.
 
-Where it sits: :class:`SimRunner` implements the ``Runner`` protocol of
+Where it sits: :class:`SimRunner` subclasses the ``Runner`` base class of
 ``engine/runner/base.py``; ``Engine`` drives it exactly as it drives the real model runner,
 so batching, chunked prefill, prefix caching, preemption and ``/load`` behave as on a GPU.
 Only ``execute`` differs: it sleeps for the step time the :class:`TimingModel` predicts

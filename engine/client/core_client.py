@@ -29,9 +29,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kvfleet.engine.core.loop import CoreLoop, EngineFactory, EngineLike, core_main
+from kvfleet.engine.core.loop import CoreLoop, EngineFactory, core_main
 from kvfleet.engine.core.messages import (
     Command,
     Hello,
@@ -44,6 +44,9 @@ from kvfleet.engine.core.messages import (
 from kvfleet.engine.link import AsyncLink, BlockingLink, LinkClosed
 from kvfleet.engine.outputs import EngineStats
 from kvfleet.oslib import describe_exit
+
+if TYPE_CHECKING:  # the engine core's side: named for the type checker only
+    from kvfleet.engine.core.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class ThreadCore:
     """The core loop in a thread of this process; batches reach the event loop via call_soon_threadsafe."""
 
     def __init__(
-        self, engine: EngineLike, *, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
+        self, engine: Engine, *, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
     ) -> None:
         self.core = CoreLoop(engine, clock, idle_wait_s)
         self.initial_stats = engine.stats()

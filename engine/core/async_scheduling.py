@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kvfleet.engine.outputs import ReqDelta, SampleResult
-from kvfleet.engine.sched.plan import SchedulerPlan
-from kvfleet.engine.sched.scheduler import Sampled, Scheduler
+from kvfleet.engine.sched.scheduler import Sampled
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
 
-if TYPE_CHECKING:  # the real runner imports torch; the engine core names it only for the type checker
+if (
+    TYPE_CHECKING
+):  # the engine imports this module, the real runner imports torch: named for the type checker only
+    from kvfleet.engine.core.engine import Engine
     from kvfleet.engine.runner.launched_step import PickedStep
     from kvfleet.engine.runner.model_runner import ModelRunner
 
@@ -49,27 +51,6 @@ class _Placeholders(dict[int, SampleResult]):
 
     def get(self, key: int, default: object = None) -> SampleResult:  # type: ignore[override]
         return _PLACEHOLDER
-
-
-class Engine(Protocol):
-    """What this module needs of ``engine.Engine`` (a protocol: the engine imports this module)."""
-
-    @property
-    def runner(self) -> object: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
-
-    @property
-    def reads_host_tokens(self) -> bool: ...
-
-    def sync_step(self) -> list[ReqDelta]: ...
-
-    def idle(self) -> None: ...
-
-    def observe(self, plan: SchedulerPlan, started: float) -> None: ...
-
-    def process(self, sampled: list[Sampled]) -> list[ReqDelta]: ...
 
 
 class AsyncSteps:

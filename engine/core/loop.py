@@ -36,7 +36,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from kvfleet.engine.core.messages import (
     AbortCmd,
@@ -52,35 +52,16 @@ from kvfleet.engine.core.messages import (
 )
 from kvfleet.engine.link import BlockingLink
 from kvfleet.engine.lora.config import LoraError
-from kvfleet.engine.outputs import EngineStats, ReqDelta
+from kvfleet.engine.outputs import ReqDelta
 from kvfleet.engine.sampling_params import RequestError
+
+if TYPE_CHECKING:  # the engine imports torch's side (its runner): named for the type checker only
+    from kvfleet.engine.core.engine import Engine
 
 log = logging.getLogger(__name__)
 
 
-class EngineLike(Protocol):
-    """What the core needs of ``kvfleet.engine.Engine`` (only ever called from the core's loop)."""
-
-    def add(self, cmd: AddCmd) -> list[int]: ...
-
-    def verdict_deferred(self, request_id: str) -> bool: ...
-
-    def take_verdicts(self) -> list[tuple[str, RequestError | None]]: ...
-
-    def load_lora(self, name: str, path: str) -> None: ...
-
-    def unload_lora(self, name: str) -> None: ...
-
-    def abort(self, request_id: str) -> ReqDelta | None: ...
-
-    def step(self) -> list[ReqDelta]: ...
-
-    def has_unfinished_requests(self) -> bool: ...
-
-    def stats(self) -> EngineStats: ...
-
-
-EngineFactory = Callable[[], EngineLike]  # picklable: a module-level function or a functools.partial of one
+EngineFactory = Callable[[], "Engine"]  # picklable: a module-level function or a functools.partial of one
 
 Receive = Callable[[float], list[Command]]  # waits up to that many seconds; what arrived, maybe nothing
 Send = Callable[[StepBatch], None]
@@ -90,7 +71,7 @@ class CoreLoop:
     """The engine with its inbox applied between steps: :meth:`run` is the loop every transport runs."""
 
     def __init__(
-        self, engine: EngineLike, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
+        self, engine: Engine, clock: Callable[[], float] = time.monotonic, idle_wait_s: float = 0.5
     ) -> None:
         self.engine = engine
         self._clock = clock

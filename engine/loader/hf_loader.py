@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
-from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
+from kvfleet.engine.model.tp import SliceSpec, checkpoint_slice
+
+if TYPE_CHECKING:  # engine/parallel loads weights through this package: named for the type checker only
+    from kvfleet.engine.parallel.shard import RankShard
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -34,7 +38,7 @@ def load_config(folder: Path) -> ModelConfig:
 
 
 def load_model(
-    folder: Path, dtype: torch.dtype, device: torch.device, shard: ShardSpec | None = None
+    folder: Path, dtype: torch.dtype, device: torch.device, shard: RankShard | None = None
 ) -> LlamaForCausalLM:
     config = load_config(folder)
     with torch.device("meta"):
@@ -109,7 +113,7 @@ def _tensor_names(path: Path) -> list[str]:
         raise ModelLoadError(f"{path}: not a readable safetensors file ({e})") from e
 
 
-def _slices(model: LlamaForCausalLM, names: list[str], shard: ShardSpec | None) -> dict[str, SliceSpec]:
+def _slices(model: LlamaForCausalLM, names: list[str], shard: RankShard | None) -> dict[str, SliceSpec]:
     if shard is None:
         return {}
     c = model.config
@@ -123,7 +127,7 @@ def _slices(model: LlamaForCausalLM, names: list[str], shard: ShardSpec | None) 
     return {name: spec for name, spec in found.items() if spec is not None}
 
 
-def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path], shard: ShardSpec | None = None) -> None:
+def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path], shard: RankShard | None = None) -> None:
     # Invariant: every parameter of the model is written exactly once from a tensor of its shape.
     params = dict(model.named_parameters(remove_duplicate=False))
     if model.config.tie_word_embeddings:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -53,7 +54,10 @@ from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.projections import Matmuls
-from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
+from kvfleet.engine.model.tp import SliceSpec, checkpoint_slice
+
+if TYPE_CHECKING:  # engine/parallel loads weights through this package: named for the type checker only
+    from kvfleet.engine.parallel.shard import RankShard
 
 log = logging.getLogger(__name__)
 Weight = Int8Weight | Fp8Weight | torch.Tensor
@@ -152,7 +156,7 @@ class _Plan:
         quant: QuantizationConfig,
         dtype: torch.dtype,
         device: torch.device,
-        shard: ShardSpec | None = None,
+        shard: RankShard | None = None,
     ) -> None:
         self.tensors, self.quant, self.dtype, self.device = tensors, quant, dtype, device
         self.shard = shard
@@ -219,7 +223,7 @@ def load_hf_with(
     folder: Path,
     dtype: torch.dtype,
     device: torch.device,
-    shard: ShardSpec | None = None,
+    shard: RankShard | None = None,
 ) -> LlamaForCausalLM:
     """The model of Hugging Face ``folder`` with its linears served as ``quant`` resolved them;
     ``shard``: this tensor-parallel rank's part (each linear's method cuts its rows or columns)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -22,7 +22,9 @@ from kvfleet.engine.loader.hf_loader import load_model
 from kvfleet.engine.loader.hf_quant import load_hf_with
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
-from kvfleet.engine.model.tp import ShardSpec
+
+if TYPE_CHECKING:  # engine/parallel loads weights through this package: named for the type checker only
+    from kvfleet.engine.parallel.shard import RankShard
 
 
 class LoadRequest(NamedTuple):
@@ -34,7 +36,7 @@ class LoadRequest(NamedTuple):
     folder: Path
     dtype: torch.dtype
     device: torch.device
-    shard: ShardSpec | None
+    shard: RankShard | None
 
 
 Loader = Callable[[LoadRequest], LlamaForCausalLM]
@@ -61,7 +63,7 @@ def load_for(
     folder: Path,
     dtype: torch.dtype,
     device: torch.device,
-    shard: ShardSpec | None = None,
+    shard: RankShard | None = None,
 ) -> LlamaForCausalLM:
     """The model ``model`` (resolved to ``folder``) loaded as ``quant`` says; ``shard``: this rank's
     slice under tensor parallelism (the float and the quantized loaders cut it; a GGUF's refuses

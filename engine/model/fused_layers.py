@@ -1,7 +1,7 @@
 """Which steps run all their decoder layers in one native call, and with which operands.
 
 Where it sits: the step dispatcher (``engine/runner/step_dispatch.py``) routes a step here from what
-:meth:`FusedDecode.native_step` offers; ``LlamaForCausalLM.forward`` then calls :meth:`FusedDecode.run`,
+:meth:`FusedLayers.native_step` offers; ``LlamaForCausalLM.forward`` then calls :meth:`FusedLayers.run`,
 which returns the layer loop's result through ``kernels/native/decode_layers.py``
 (``csrc/decode_layers.c``), or, for a caller without a route whose step it cannot take, None, and
 the per-op loop runs. The call runs the per-op path's own kernels in its order, so it
@@ -107,14 +107,14 @@ def _ascending(rows: torch.Tensor) -> bool:
     return rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all())
 
 
-class FusedDecode:
+class FusedLayers:
     """The model's layers bound to the native call, and the per-step test of whether it applies."""
 
     def __init__(self, native: NativeDecodeLayers) -> None:
         self.native = native
 
     @classmethod
-    def build(cls, layers: Sequence[Any], hidden: int, intermediate: int) -> FusedDecode | None:
+    def build(cls, layers: Sequence[Any], hidden: int, intermediate: int) -> FusedLayers | None:
         """For a Llama model's decoder ``layers`` as packed now (of ``hidden`` and ``intermediate``
         sizes), or None where they do not fit the native call. The layers are read by their
         attributes only (``engine/model/llama.py``'s ``DecoderLayer``): this module never imports

@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kvfleet.engine.model.rope_scaling import RopeFields, scaling_of, yarn_factor
+from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.rope_scaling import scaling_of, yarn_factor
 
 
 class RopeFrequencies(NamedTuple):
@@ -31,15 +32,15 @@ def _base_inv_freq(theta: Any, dim: int) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
-def _default(config: RopeFields) -> RopeFrequencies:
+def _default(config: ModelConfig) -> RopeFrequencies:
     return RopeFrequencies(_base_inv_freq(config.rope_theta, config.head_dim), 1.0)
 
 
-def _linear(config: RopeFields) -> RopeFrequencies:
+def _linear(config: ModelConfig) -> RopeFrequencies:
     return RopeFrequencies(_default(config).inv_freq / scaling_of(config)["factor"], 1.0)
 
 
-def _llama3(config: RopeFields) -> RopeFrequencies:
+def _llama3(config: ModelConfig) -> RopeFrequencies:
     # Invariant: wavelengths shorter than old_len/high_freq_factor keep their frequency, longer
     # than old_len/low_freq_factor are divided by factor, and those between blend smoothly.
     scaling = scaling_of(config)
@@ -56,14 +57,14 @@ def _llama3(config: RopeFields) -> RopeFrequencies:
     return RopeFrequencies(torch.where(medium, smoothed, scaled), 1.0)
 
 
-def _dynamic(config: RopeFields) -> RopeFrequencies:
+def _dynamic(config: ModelConfig) -> RopeFrequencies:
     """At load transformers evaluates the NTK formula at max_position_embeddings (Python floats)."""
     dim, length, factor = config.head_dim, config.max_position_embeddings, scaling_of(config)["factor"]
     base = config.rope_theta * ((factor * length / length) - (factor - 1)) ** (dim / (dim - 2))
     return RopeFrequencies(_base_inv_freq(base, dim), 1.0)
 
 
-def dynamic_inv_freq(config: RopeFields, seq_len: int) -> torch.Tensor:
+def dynamic_inv_freq(config: ModelConfig, seq_len: int) -> torch.Tensor:
     """NTK-aware frequencies for a sequence of ``seq_len`` tokens, past max_position_embeddings.
 
     transformers recomputes them in the forward whose largest position is ``seq_len - 1``,
@@ -102,7 +103,7 @@ def _yarn_correction_range(scaling: dict[str, Any], dim: int, base: float) -> tu
     return max(low, 0), min(high, dim - 1)
 
 
-def _yarn(config: RopeFields) -> RopeFrequencies:
+def _yarn(config: ModelConfig) -> RopeFrequencies:
     # Invariant: dimensions below the correction range keep their frequency (extrapolate),
     # those above are divided by factor (interpolate), a linear ramp blends those between.
     scaling, dim, base = scaling_of(config), config.head_dim, config.rope_theta
@@ -119,7 +120,7 @@ def _yarn(config: RopeFields) -> RopeFrequencies:
 
 
 # Each type's frequencies at load, by the names rope_scaling.ROPE_TYPES lists.
-_FREQUENCIES: dict[str, Callable[[RopeFields], RopeFrequencies]] = {
+_FREQUENCIES: dict[str, Callable[[ModelConfig], RopeFrequencies]] = {
     "default": _default,
     "linear": _linear,
     "dynamic": _dynamic,
@@ -128,7 +129,7 @@ _FREQUENCIES: dict[str, Callable[[RopeFields], RopeFrequencies]] = {
 }
 
 
-def rope_frequencies(config: RopeFields) -> RopeFrequencies:
+def rope_frequencies(config: ModelConfig) -> RopeFrequencies:
     """The frequencies and cos/sin scale the model starts with (float32, on the CPU).
 
     On the CPU even inside a ``torch.device("meta")`` block (the loader's): meta tensors compute

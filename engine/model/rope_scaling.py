@@ -9,47 +9,37 @@ frequencies (torch) under the same names. This half imports no torch, so neither
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-
-class RopeFields(Protocol):
-    """What the rope reads of ``kvfleet.engine.model.config.ModelConfig`` (which imports this module)."""
-
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def max_position_embeddings(self) -> int: ...
-    @property
-    def rope_theta(self) -> float: ...
-    @property
-    def rope_scaling(self) -> dict[str, Any] | None: ...
+if TYPE_CHECKING:  # config.py imports this module: named for the type checker only
+    from kvfleet.engine.model.config import ModelConfig
 
 
 class RopeScaling(NamedTuple):
     required: tuple[str, ...]  # fields of rope_scaling that must be present
-    context_len: Callable[[RopeFields], int]  # the context served (vLLM's derivation)
+    context_len: Callable[[ModelConfig], int]  # the context served (vLLM's derivation)
     dynamic: bool = False  # frequencies depend on the sequence's length (rope.dynamic_inv_freq)
 
 
-def scaling_of(config: RopeFields) -> dict[str, Any]:
+def scaling_of(config: ModelConfig) -> dict[str, Any]:
     return config.rope_scaling or {}
 
 
-def _positions_only(config: RopeFields) -> int:
+def _positions_only(config: ModelConfig) -> int:
     return config.max_position_embeddings
 
 
-def _stretched(config: RopeFields) -> int:
+def _stretched(config: ModelConfig) -> int:
     return int(config.max_position_embeddings * float(scaling_of(config)["factor"]))
 
 
-def yarn_factor(config: RopeFields) -> float:
+def yarn_factor(config: ModelConfig) -> float:
     factor = scaling_of(config).get("factor")
     old_len = scaling_of(config)["original_max_position_embeddings"]
     return float(factor) if factor is not None else config.max_position_embeddings / old_len
 
 
-def _yarn_context_len(config: RopeFields) -> int:
+def _yarn_context_len(config: ModelConfig) -> int:
     return int(scaling_of(config)["original_max_position_embeddings"] * yarn_factor(config))
 
 
@@ -69,15 +59,15 @@ def rope_type(name: str) -> RopeScaling | None:
     return _ROPE_TYPES.get(name)
 
 
-def rope_type_name(config: RopeFields) -> str:
+def rope_type_name(config: ModelConfig) -> str:
     return str(scaling_of(config).get("rope_type", "default"))
 
 
-def rope_is_dynamic(config: RopeFields) -> bool:
+def rope_is_dynamic(config: ModelConfig) -> bool:
     return _ROPE_TYPES[rope_type_name(config)].dynamic
 
 
-def rope_context_len(config: RopeFields) -> int:
+def rope_context_len(config: ModelConfig) -> int:
     """The longest context the checkpoint's rope serves: linear and dynamic stretch
     max_position_embeddings by factor, yarn stretches original_max_position_embeddings."""
     return _ROPE_TYPES[rope_type_name(config)].context_len(config)

@@ -299,7 +299,7 @@ class ModelRunner(Runner):
 
     def launch(self, plan: SchedulerPlan) -> PickedStep:
         """Run the plan on the route the step dispatcher picks and pick its tokens on the device
-        without reading them (``LaunchingRunner``); placeholder inputs take the previous launched
+        without reading them (async scheduling); placeholder inputs take the previous launched
         step's tokens there."""
         fed, self._last = self._last, None
         route = self.route(plan)

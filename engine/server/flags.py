@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _tool_arguments(parser.add_argument_group("tool calling"))
 
 
+def _choice(group: Group, flag: str, choices: list[str], text: str) -> None:
+    """A flag that takes one of ``choices``, the first being its default."""
+    group.add_argument(flag, default=choices[0], choices=choices, help=text)
+
+
 def _server_arguments(g: Group) -> None:
     from kvfleet.streaming import add_stream_arguments
 
@@ -92,11 +97,11 @@ def _server_arguments(g: Group) -> None:
         help="A request body larger than this gets a 413 before it is read. Accepts sizes such as 8MiB. "
         "Default: 8MiB.",
     )
-    g.add_argument(
+    _choice(
+        g,
         "--engine-core",
-        default="process",
-        choices=["process", "thread"],
-        help="Where the engine loop runs: in a process of its own (the default, so tokenization and HTTP "
+        ["process", "thread"],
+        "Where the engine loop runs: in a process of its own (the default, so tokenization and HTTP "
         "never wait on a step) or in a thread of the HTTP server's process.",
     )
 
@@ -208,12 +213,11 @@ def _cache_arguments(e: Group) -> None:
 
 
 def _execution_arguments(e: Group) -> None:
-    e.add_argument(
+    _choice(
+        e,
         "--dtype",
-        default="auto",
-        choices=["auto", "float32", "float16", "bfloat16"],
-        help="The data type of the weights and activations. 'auto' is float32 on a CPU and bfloat16 on a "
-        "GPU.",
+        ["auto", "float32", "float16", "bfloat16"],
+        "The data type of the weights and activations. 'auto' is float32 on a CPU and bfloat16 on a GPU.",
     )
     e.add_argument(
         "--device", default="auto", help="The device to run on: cuda, cpu or auto (cuda where present)."
@@ -225,12 +229,11 @@ def _execution_arguments(e: Group) -> None:
         help="The seed of the sampler's random generator, which draws the tokens of requests that send "
         "no seed of their own.",
     )
-    e.add_argument(
+    _choice(
+        e,
         "--attention",
-        default="auto",
-        choices=["auto", "torch", "triton", "cpu"],
-        help="The attention backend. 'auto' takes the native cpu kernel on a CPU where it builds, else "
-        "torch.",
+        ["auto", "torch", "triton", "cpu"],
+        "The attention backend. 'auto' takes the native cpu kernel on a CPU where it builds, else torch.",
     )
     e.add_argument(
         "--no-prepack-weights",
@@ -238,11 +241,11 @@ def _execution_arguments(e: Group) -> None:
         help="CPU float32: do not keep the linear layers packed for a GEMM library, which saves about one "
         "copy of their memory and costs speed.",
     )
-    e.add_argument(
+    _choice(
+        e,
         "--weight-packing",
-        default="auto",
-        choices=["auto", "mkl", "onednn", "native"],
-        help="CPU float32: the GEMM library the packed linear layers run on. 'auto' takes the faster one "
+        ["auto", "mkl", "onednn", "native"],
+        "CPU float32: the GEMM library the packed linear layers run on. 'auto' takes the faster one "
         "on this machine, timed at load.",
     )
     e.add_argument(

@@ -133,7 +133,7 @@ def test_the_runner_takes_each_route_it_logs_and_the_native_call_never_refuses_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from kvfleet.engine import LLM
-    from kvfleet.engine.model.fused_layers import FusedDecode
+    from kvfleet.engine.model.fused_layers import FusedLayers as FusedDecode
 
     taken: list[bool] = []
     run = FusedDecode.run

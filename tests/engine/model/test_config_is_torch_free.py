@@ -34,21 +34,24 @@ def _probe(config: dict[str, object], tmp_path: Path) -> dict[str, object]:
     return json.loads(out.stdout)
 
 
+# A Qwen2 checkpoint's config.json, its rope stretched fourfold by yarn.
+CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+}
+
+
 def test_parsing_a_checkpoint_config_with_yarn_rope_imports_no_torch(tmp_path: Path) -> None:
-    config = {
-        "architectures": ["Qwen2ForCausalLM"],
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096,
-        "rope_theta": 10000.0,
-        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
-    }
-    seen = _probe(config, tmp_path)
+    seen = _probe(CONFIG, tmp_path)
     assert seen == {"torch": False, "max_model_len": 16384, "context": 16384, "layers": 3}
 
 
@@ -57,19 +60,7 @@ def test_kv_bytes_per_token_still_takes_a_torch_dtype() -> None:
 
     from kvfleet.engine.model.config import ModelConfig
 
-    config = ModelConfig(
-        architecture="LlamaForCausalLM",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=3,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=2048,
-    )
+    config = ModelConfig.from_dict(CONFIG)  # head_dim 64 / 4 heads = 16
     # K and V, per layer, per KV head, per head dim: 2 * 3 * 2 * 16 elements
     assert config.kv_bytes_per_token(torch.bfloat16) == 2 * 3 * 2 * 16 * 2
     assert config.kv_bytes_per_token(torch.float32) == 2 * 3 * 2 * 16 * 4

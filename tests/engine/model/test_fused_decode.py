@@ -32,7 +32,7 @@ from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.quant_linear import dequantised
 from kvfleet.engine.loader.sources import resolve_model
-from kvfleet.engine.model.fused_layers import FusedDecode
+from kvfleet.engine.model.fused_layers import FusedLayers as FusedDecode
 from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.testing.tiny_gguf import write_gguf
 
