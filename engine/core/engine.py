@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.core.async_scheduling import AsyncSteps
 from kvfleet.engine.core.messages import AddCmd
-from kvfleet.engine.core.output_processor import Detokenizer, DetokenizerFactory, RequestState, SeqOutputState
+from kvfleet.engine.core.output_processor import DetokenizerFactory, RequestState, SeqOutputState
 from kvfleet.engine.core.step_profile import profile_at_start
 from kvfleet.engine.kv.block_hash import cache_namespace
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager, cdiv
 from kvfleet.engine.loader.sources import served_name
 from kvfleet.engine.lora.config import LoraError, unknown_adapter
-from kvfleet.engine.lora.stats import LoraHost, LoraUsage
+from kvfleet.engine.lora.stats import LoraUsage
 from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.runner.base import Runner
 from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, SamplingParams
@@ -40,7 +40,8 @@ from kvfleet.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from kvfleet.engine.tokenizer.base import Tokenizer
 from kvfleet.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
-if TYPE_CHECKING:  # the real module imports xgrammar and torch: only an engine with a model builds it
+if TYPE_CHECKING:  # the real modules import xgrammar and torch: only an engine with a model builds them
+    from kvfleet.engine.lora.manager import LoraManager
     from kvfleet.engine.structured import StructuredOutputs
 
 __all__ = ["Engine", "EngineStats", "RequestError"]  # the last two live where the API process imports them
@@ -96,7 +97,7 @@ class Engine:
             target_step_s=None if config.target_step_ms is None else config.target_step_ms / 1e3,
             decode_factor=config.stall_free_factor if config.plans_stall_free else None,
         )
-        self.lora: LoraHost | None = getattr(runner, "lora", None) if config.lora_enabled else None
+        self.lora: LoraManager | None = getattr(runner, "lora", None) if config.lora_enabled else None
         self._lora_usage = LoraUsage()
         for name, path in config.lora_modules.items():
             self.load_lora(name, path)
@@ -212,7 +213,7 @@ class Engine:
                 self.structured.start(seq.seq_id, grammar)
             self.scheduler.add(seqs[0], forks=seqs[1:])
 
-    def _make_detokenizer(self, params: SamplingParams) -> Detokenizer:
+    def _make_detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         if self._detokenizer_factory is not None:
             return self._detokenizer_factory(self.tokenizer)
         return IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)

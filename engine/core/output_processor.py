@@ -20,25 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from kvfleet.engine.outputs import ReqDelta, SampleResult, SeqDelta, TokenLogprob
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sequence import Sequence, SequenceStatus
 from kvfleet.engine.tokenizer.base import Tokenizer
+from kvfleet.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
-
-class Detokenizer(Protocol):
-    def push(self, token_ids: list[int]) -> str:
-        """The text the new tokens add (never a split UTF-8 character)."""
-        ...
-
-    def flush(self) -> str:
-        """At the end: the incomplete bytes left over, as U+FFFD."""
-        ...
-
-
-DetokenizerFactory = Callable[[Tokenizer], Detokenizer]
+DetokenizerFactory = Callable[[Tokenizer], IncrementalDetokenizer]
 
 
 def find_stop_string(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:
@@ -65,7 +54,7 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 @dataclass(slots=True)
 class SeqOutputState:
     seq: Sequence
-    detokenizer: Detokenizer
+    detokenizer: IncrementalDetokenizer
     text: str = ""  # everything decoded so far (cut at the stop string once matched)
     finish_reason: str | None = None
     stop_reason: str | int | None = None

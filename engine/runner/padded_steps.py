@@ -46,7 +46,8 @@ from kvfleet.engine.runner.cuda_graphs import (
     PaddedStep,
     capture_sizes,
 )
-from kvfleet.engine.runner.step_buffers import FedTokens, StepBuffers
+from kvfleet.engine.runner.launched_step import PickedStep
+from kvfleet.engine.runner.step_buffers import StepBuffers
 from kvfleet.engine.runner.step_dispatch import RunnerCaps
 from kvfleet.engine.sched.plan import SchedulerPlan
 
@@ -81,7 +82,7 @@ class DecodePath:
         )  # fmt: skip
 
     def run(
-        self, plan: SchedulerPlan, rows: int, native: bool, fed: FedTokens | None = None
+        self, plan: SchedulerPlan, rows: int, native: bool, fed: PickedStep | None = None
     ) -> tuple[torch.Tensor, tuple[int, ...]]:
         """(logits of the sampling rows, their seq ids) of a decode step the dispatcher padded to
         ``rows``, a size of the graph runner; ``native``: its layers in one native call (never on a

@@ -31,33 +31,19 @@ block table of ``null_block``: they read and write only that slot, and nobody sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.model.batch import FlatBatch
+from kvfleet.engine.runner.launched_step import PickedStep
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
 
 ONE_COPY_BYTES = 256 * 1024  # a step's inputs up to this size go to the device in one copy
-
-
-class FedTokens(Protocol):
-    """The previous step's sampled tokens, still on the device (async scheduling)."""
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        """(rows,) int64 on the device."""
-        ...
-
-    @property
-    def rows_of(self) -> Mapping[int, int]:
-        """seq id → its row in ``tokens``."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -165,7 +151,7 @@ class StepBuffers:
     # Invariant: after fill(scheduled, rows), device row r < len(scheduled) holds exactly what
     # flatten_plan would put in row r for this decode step, and rows len(scheduled)..rows-1 are padding;
     # self._tables[r] is the block table host row r holds (None: unknown), so an unchanged one is not rewritten.
-    def fill(self, scheduled: Sequence[ScheduledSeq], rows: int, fed: FedTokens | None = None) -> None:
+    def fill(self, scheduled: Sequence[ScheduledSeq], rows: int, fed: PickedStep | None = None) -> None:
         """Write a decode step (every entry one new token, sampled) padded to ``rows`` rows, and copy it;
         placeholder tokens are taken from ``fed``, the previous step's tokens, on the device."""
         self._wait()
@@ -188,7 +174,7 @@ class StepBuffers:
 
     # Invariant: after fill_plan(plan), the device views it returns hold exactly flatten_plan's batch
     # for the plan; self._tables[r] is still the block table host row r holds.
-    def fill_plan(self, plan: SchedulerPlan, fed: FedTokens | None = None) -> FlatBatch:
+    def fill_plan(self, plan: SchedulerPlan, fed: PickedStep | None = None) -> FlatBatch:
         """Write any step unpadded, copy it, and return its batch over the device views."""
         s = plan.scheduled
         n, bs = len(s), self.block_size
@@ -267,7 +253,7 @@ class StepBuffers:
         return ids
 
     def _placeholders(
-        self, scheduled: Sequence[ScheduledSeq], ids: list[int], rows: int, fed: FedTokens | None
+        self, scheduled: Sequence[ScheduledSeq], ids: list[int], rows: int, fed: PickedStep | None
     ) -> bool:
         """Before the copy: ``feed_rows`` names, for each row still holding a placeholder, its
         sequence's row in ``fed``'s tokens (-1 elsewhere); whether any row does."""
