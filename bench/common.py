@@ -90,10 +90,10 @@ def resolve_model(name: str) -> Path:
     if path.is_dir():
         return path.resolve()
     try:
-        from kvfleet.engine.model.sources import resolve_model as resolve  # type: ignore[import-not-found]
+        from kvfleet.engine.loader.sources import resolve_model as resolve  # type: ignore[import-not-found]
     except ImportError:
         raise SystemExit(
-            f"--model {name}: not a folder, and this kvfleet has no kvfleet.engine.model.sources to resolve "
+            f"--model {name}: not a folder, and this kvfleet has no kvfleet.engine.loader.sources to resolve "
             "names: give a Hugging Face folder (fp32 safetensors, config.json, tokenizer)"
         ) from None
     return Path(resolve(name)).resolve()

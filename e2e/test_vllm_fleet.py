@@ -53,7 +53,7 @@ class Stack(NamedTuple):
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    from kvfleet.engine.model.sources import resolve_model
+    from kvfleet.engine.loader.sources import resolve_model
 
     folder = resolve_model("smollm2")
     with tempfile.TemporaryDirectory() as tmp, vllm_servers(folder, cores=(0, 1)) as servers:

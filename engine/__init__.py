@@ -25,8 +25,8 @@ from kvfleet.engine.sampling_params import (
 )
 
 if TYPE_CHECKING:
-    from kvfleet.engine.engine import Engine
-    from kvfleet.engine.llm import LLM
+    from kvfleet.engine.client.llm import LLM
+    from kvfleet.engine.core.engine import Engine
 
 __all__ = [
     "LLM",
@@ -39,8 +39,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LLM": "kvfleet.engine.llm",
-    "Engine": "kvfleet.engine.engine",
+    "LLM": "kvfleet.engine.client.llm",
+    "Engine": "kvfleet.engine.core.engine",
 }
 
 

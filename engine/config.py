@@ -52,7 +52,7 @@ class EngineConfig(BaseModel):
     stall_free_factor: float = Field(default=2.0, gt=1.0)
     target_step_ms: float | None = Field(default=None, gt=0.0)
     # stall-free with a model: run the real step on synthetic batches at start (2-3 s for SmolLM2 on a
-    # CPU, engine/step_profile.py), so the cost model knows prefill and decode costs before the first burst
+    # CPU, engine/core/step_profile.py), so the cost model knows prefill and decode costs before the first burst
     profile_step_cost: bool = True
     # float32 on the CPU: keep each layer's linears packed once for a GEMM library, for steps of more
     # than 16 rows (about one more copy of those weights in memory); False: torch packs them per call
@@ -71,18 +71,18 @@ class EngineConfig(BaseModel):
     distributed_timeout_seconds: float = Field(default=30.0, gt=0.0)
     # Structured outputs (engine/structured): a grammar not compiled in this many seconds is a 400.
     structured_outputs_compile_timeout: float = Field(default=30.0, gt=0.0)
-    # vLLM's flags (engine/cuda_graphs.py): enforce_eager runs decode steps without CUDA graphs;
+    # vLLM's flags (engine/runner/cuda_graphs.py): enforce_eager runs decode steps without CUDA graphs;
     # cuda_graph_sizes are the decode batch sizes captured (None: 1, 2, 4, 8, 16, ... up to max_num_seqs);
     # given on the CPU, decode batches are padded to them there too (no graphs: a plain call)
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
-    # vLLM's flag (engine/async_scheduling.py): schedule and launch step N+1 while step N's tokens are
+    # vLLM's flag (engine/core/async_scheduling.py): schedule and launch step N+1 while step N's tokens are
     # still on the device (fed to N+1 there), and read them afterwards; False: one step at a time
     async_scheduling: bool = False
     # vLLM's flag, over what the checkpoint says (layers/linear/config.py, resolved once by the runner):
     # None infers it (a quantised GGUF --model in its blocks on the CPU, a compressed-tensors or fp8
     # checkpoint in its scheme, else float); gguf serves smollm2's or a .gguf's blocks; int8 (CPU) and
-    # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (model/hf_quant_loader.py);
+    # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (loader/hf_quant.py);
     # each takes LoRA adapters and tensor_parallel_size > 1 (every loader shards)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
 

@@ -19,7 +19,7 @@ from kvfleet.engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
 
-# Async scheduling (engine/async_scheduling.py): the token a launched step samples, appended before
+# Async scheduling (engine/core/async_scheduling.py): the token a launched step samples, appended before
 # it is read so the next step can be planned; never a vocabulary id, never emitted.
 PLACEHOLDER_TOKEN = -1
 

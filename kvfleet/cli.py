@@ -16,7 +16,10 @@ from types import ModuleType
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("kvfleet.router.local", "local fleet: engines + router, no cluster"),
     "engine": ("kvfleet.engine.cli", "serve one model with the paged-KV engine (OpenAI API)"),
-    "fetch": ("kvfleet.engine.fetch", "fetch or convert a model (tiny, smollm2, .gguf) into the cache"),
+    "fetch": (
+        "kvfleet.engine.loader.fetch",
+        "fetch or convert a model (tiny, smollm2, .gguf) into the cache",
+    ),
     "router": ("kvfleet.router.cli", "the multi-tenant, KV- and prefix-aware router"),
     "operator": ("kvfleet.operator.cli", "the kopf operator for InferenceService and TenantQuota"),
     "bench": ("kvfleet.bench.cli", "load-test any OpenAI-compatible endpoint"),

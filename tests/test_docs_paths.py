@@ -1,5 +1,5 @@
 """Every module path the prose names exists (issue #44): the docs, the README and the code's comments
-and docstrings ("Where it sits: ``model/loaders.py`` calls ...") cite files and modules, and a file
+and docstrings ("Where it sits: ``loader/registry.py`` calls ...") cite files and modules, and a file
 that moved or went away leaves a citation that misleads whoever follows it.
 
 What counts as a citation, to stay precise rather than noisy:
@@ -8,12 +8,12 @@ What counts as a citation, to stay precise rather than noisy:
   ``csrc/decode_layers.c``), whose first folder is a folder name of this repository (so
   ``vllm/v1/metrics/loggers.py``, ``/adapters/sql`` and ``STATE/cluster.json`` are someone else's or
   placeholders); it exists when it resolves from the root, from the citing file's folder or one of its
-  parents, or as the tail of a file's path (``model/loaders.py`` written in docs/ for
-  ``engine/model/loaders.py``); a path that starts ``./`` or ``../`` (a Markdown link) must resolve
+  parents, or as the tail of a file's path (``loader/registry.py`` written in docs/ for
+  ``engine/loader/registry.py``); a path that starts ``./`` or ``../`` (a Markdown link) must resolve
   from the citing file's folder exactly; URLs are never read;
-- a bare file name ending ``.py`` (``runner.py``), which must be some file's name;
+- a bare file name ending ``.py`` (``model_runner.py``), which must be some file's name;
 - a dotted name of three or more parts starting ``kvfleet.``, ``engine.``, ``router.`` or
-  ``operator.`` (``kvfleet.engine.model.sources.resolve_model``): each part is a package or module,
+  ``operator.`` (``kvfleet.engine.loader.sources.resolve_model``): each part is a package or module,
   and the first part that is neither is defined at the top of the module before it. Two-part names
   are left alone: ``kvfleet.tenant`` (a span attribute), ``operator.replicas`` (a chart value) and
   ``engine.step`` (a method) read the same as module names.
@@ -175,10 +175,10 @@ def test_every_module_path_named_in_code_comments_and_docstrings_exists() -> Non
 
 def test_a_made_up_path_or_module_is_reported_and_urls_labels_and_placeholders_are_not() -> None:
     text = (
-        "See engine/model/llama.py, model/loaders.py, ``llama.py``, kvfleet.engine.model.sources.resolve_model,"
+        "See engine/model/llama.py, loader/registry.py, ``llama.py``, kvfleet.engine.loader.sources.resolve_model,"
         " [a](../architecture.md), [b](../../bench/results/stall_free.txt) and engine.sched.scheduler."
         " Made up: engine/model/int8_loader.py, ``cpu_fused.py``, [c](../engine.md), [d](./router.md),"
-        " kvfleet.engine.model.gone, kvfleet.engine.model.sources.no_such_function, router.nowhere.picker.\n"
+        " kvfleet.engine.model.gone, kvfleet.engine.loader.sources.no_such_function, router.nowhere.picker.\n"
         "Not citations: https://github.com/vllm-project/vllm/blob/main/vllm/engine/metrics.py,"
         " vllm/v1/metrics/loggers.py, STATE/cluster.json, ~/.cache/kvfleet/x.txt, /adapters/sql/a.json,"
         " kvfleet.dev/engine-kind, kvfleet.tenant, operator.replicas, engine.step(), bench/<subject>/*.py."
@@ -191,7 +191,7 @@ def test_a_made_up_path_or_module_is_reported_and_urls_labels_and_placeholders_a
             "../engine.md",
             "./router.md",
             "kvfleet.engine.model.gone",
-            "kvfleet.engine.model.sources.no_such_function",
+            "kvfleet.engine.loader.sources.no_such_function",
             "router.nowhere.picker",
         )
     )

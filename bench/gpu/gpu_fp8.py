@@ -5,7 +5,7 @@ Where it sits: stage ``graphs`` of ``bench/gpu/gpu_checks.sh`` runs it after ``g
 writes ``$OUT/gpu_fp8.txt``. The model is the engine's own (``gpu_decode.build_model``, random
 weights on the device); its linears are then quantised per output channel with
 ``kernels/fp8_linear.quantize_fp8_per_channel`` and resolved with ``resolve_fp8_linear``, as
-``model/hf_quant_loader.py`` does for ``--quantization fp8`` (q/k/v and gate/up one matmul each,
+``loader/hf_quant.py`` does for ``--quantization fp8`` (q/k/v and gate/up one matmul each,
 the LM head in fp8, the embedding kept in bf16). Step = fill + copy + forward + sync, as in
 ``gpu_graphs.decode_steps``. Accuracy: one eager decode step's logits, fp8 against bf16 (relative
 error of the logits and top-1 agreement over the batch).
@@ -27,13 +27,13 @@ from bench.gpu.gpu_decode import BLOCK_SIZE, SMOKE_SHAPE, build_model, copy_band
 from bench.gpu.gpu_graphs import bench_device, bench_parser, decode_plan, decode_steps
 from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token, per_rank_weight_bytes
 from kvfleet.engine.attention import get_backend
-from kvfleet.engine.batch import flatten_plan
 from kvfleet.engine.kernels.fp8_linear import (
     Fp8Linear,
     concat_fp8,
     quantize_fp8_per_channel,
     resolve_fp8_linear,
 )
+from kvfleet.engine.model.batch import flatten_plan
 from kvfleet.engine.model.projections import Matmuls, ProjectedBlock
 
 GRAPH = "static buffers, CUDA graph"

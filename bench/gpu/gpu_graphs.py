@@ -33,13 +33,13 @@ import torch
 from bench.gpu.gpu_decode import BLOCK_SIZE, SMOKE_SHAPE, build_model, copy_bandwidth, sync, timed
 from kvfleet.capacity import KNOWN_MODELS, ModelShape, kv_bytes_per_token, weights_bytes
 from kvfleet.engine.attention import get_backend
-from kvfleet.engine.batch import flatten_plan
-from kvfleet.engine.cuda_graphs import CudaGraphs, EagerCalls, GraphRunner
-from kvfleet.engine.decode_path import DecodePath
+from kvfleet.engine.model.batch import flatten_plan
+from kvfleet.engine.runner.cuda_graphs import CudaGraphs, EagerCalls, GraphRunner
+from kvfleet.engine.runner.padded_steps import DecodePath
+from kvfleet.engine.runner.step_buffers import StepBuffers
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence
-from kvfleet.engine.step_buffers import StepBuffers
 
 
 def decode_plan(batch: int, context: int, vocab: int) -> SchedulerPlan:

@@ -34,8 +34,8 @@ import torch
 from kvfleet.bench import LoadSpec, parse_distribution
 from kvfleet.bench.load import plan_requests
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.model.sources import resolve_model, smollm2_gguf
-from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.loader.sources import resolve_model, smollm2_gguf
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant."}
 CHATS = [

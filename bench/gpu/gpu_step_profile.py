@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
     if args.smoke:
         args.num_prompts, args.input_len, args.output_len, args.top = 4, "uniform:16:32", "uniform:4:8", 5
     if args.what in ("prepare", "all"):
-        from kvfleet.engine.model.sources import resolve_model
+        from kvfleet.engine.loader.sources import resolve_model
 
         prepare(resolve_model("smollm2"), SHAPES)
     if args.what in ("run", "all"):

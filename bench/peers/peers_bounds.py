@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     peak = (own.peak_gflops or fma_peak()) * 1e9
     folder = peers.resolve_model(args.model)
     shape = peers.Shape.of(folder)
-    from kvfleet.engine.model.tokenizer import HFTokenizer
+    from kvfleet.engine.tokenizer.hf import HFTokenizer
 
     tok = HFTokenizer(folder)
     offline_s, cells = vllm_best(own.results)

@@ -35,7 +35,7 @@ from kvfleet.testing.processes import engine_process as engine_process_handle  #
 
 def bucket(frames: list[str]) -> str:
     stack, leaf = ";".join(frames), frames[-1]
-    if "sampler.py" in stack:
+    if "runner/sampler.py" in stack:
         return "sampler"
     if "/sched/" in stack:
         return "scheduler"

@@ -81,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     if vllm_python() is None:
         raise SystemExit("no cached vLLM venv: bash bench/peers/vllm_env.sh makes it")
-    from kvfleet.engine.model.sources import resolve_model
+    from kvfleet.engine.loader.sources import resolve_model
 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())

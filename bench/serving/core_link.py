@@ -1,6 +1,6 @@
 """The core link under a burst: throughput, and how long the API process's event loop is ever held up.
 
-Where it sits: measures ``engine/core_link.py`` alone (no engine), the link between
+Where it sits: measures ``engine/link.py`` alone (no engine), the link between
 ``kvfleet engine``'s API process and its core. Part A sends a burst of long-prompt
 commands from the event loop (``AsyncLink``) to a peer thread reading as the core does
 (``BlockingLink``); part B sends big step batches the other way. Each prints MB/s and the
@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from bench.common import bench_args
-from kvfleet.engine.core_link import AsyncLink, BlockingLink, frame
+from kvfleet.engine.link import AsyncLink, BlockingLink, frame
 
 
 async def _lag_while(done: asyncio.Event) -> float:

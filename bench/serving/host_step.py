@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
 
 PHASES = ("schedule", "prepare", "forward", "sample", "update", "total")
@@ -78,7 +78,7 @@ def build(num_seqs: int, workload: str, null_forward: bool, kind: RequestOutputK
     if null_forward:
         _null_forward(engine)
     gc.collect()
-    gc.freeze()  # as the engine core does once it is built (engine/core.py)
+    gc.freeze()  # as the engine core does once it is built (engine/core/loop.py)
     return engine
 
 

@@ -29,10 +29,10 @@ import torch
 from safetensors.torch import save_file
 
 from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine.loader.sources import resolve_model
 from kvfleet.engine.lora.config import TARGET_MODULES
 from kvfleet.engine.lora.weights import module_shapes
 from kvfleet.engine.model.config import ModelConfig
-from kvfleet.engine.model.sources import resolve_model
 
 
 def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Path:

@@ -55,13 +55,13 @@ from transformers import AutoModelForCausalLM
 
 from bench.common import Flag, TokenRates, bench_args
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.model.tiny import BOS_ID, PAD_ID
-from kvfleet.engine.runner import resolve_backend
+from kvfleet.engine.core.engine import Engine
+from kvfleet.engine.loader.sources import resolve_model
+from kvfleet.engine.runner.model_runner import resolve_backend
 from kvfleet.engine.sim import SimRunner, TimingModel, kv_blocks_for_hardware
+from kvfleet.engine.testing.tiny import BOS_ID, PAD_ID
+from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams

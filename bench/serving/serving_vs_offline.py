@@ -48,8 +48,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads (see the doc
 from bench.common import Flag, bench_args, core_pid, cpu_seconds  # noqa: E402
 from kvfleet.bench import LoadSpec, parse_distribution, run_load  # noqa: E402
 from kvfleet.bench.load import plan_requests  # noqa: E402
+from kvfleet.engine.client.llm import LLM  # noqa: E402
 from kvfleet.engine.config import EngineConfig  # noqa: E402
-from kvfleet.engine.llm import LLM  # noqa: E402
 from kvfleet.engine.sampling_params import SamplingParams  # noqa: E402
 from kvfleet.testing.processes import engine_process  # noqa: E402
 

@@ -20,11 +20,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sim import SimRunner, TimingModel
+from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
 
 # Fitted to SmolLM2 fp32 steps measured on this CPU, quiet: 1 decode row at 300 context 19 ms, 4 rows
 # 28 ms, 1200 prompt tokens 1.44 s, 32 decode rows + a 32-token chunk at 4500 context 150 ms.

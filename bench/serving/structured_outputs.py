@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 
-from kvfleet.engine.llm import LLM
+from kvfleet.engine.client.llm import LLM
 from kvfleet.engine.sampling_params import SamplingParams, StructuredOutputSpec
 
 PROMPT = "Write a JSON record about a dragon and the knight who met it. "

@@ -1,6 +1,6 @@
 """FP8 (e4m3) weights with one scale per output row, and the linear that runs them on a GPU.
 
-Where it sits: ``engine/model/hf_quant_loader.py`` keeps each linear of a compressed-tensors FP8
+Where it sits: ``engine/loader/hf_quant.py`` keeps each linear of a compressed-tensors FP8
 checkpoint (or of a float checkpoint served with ``--quantization fp8`` on a GPU) as an
 :class:`Fp8Weight` and resolves it with :func:`resolve_fp8_linear`. On a GPU of compute capability
 8.9 or more (Ada, Hopper) :class:`Fp8Linear` quantises each token's activations to e4m3 with its

@@ -2,7 +2,7 @@
 
 Where it sits: every resolved linear (``kernels/linear.py``, ``quant_linear.py``, ``int8_linear.py``,
 ``fp8_linear.py``) answers ``native_operand()`` with a :class:`NativeOperand` or None;
-``model/fused_decode.py`` builds the native call's per-layer operands from them alone, and
+``model/fused_layers.py`` builds the native call's per-layer operands from them alone, and
 ``layers/linear/base.py`` makes it part of the one linear interface.
 """
 

@@ -1,6 +1,6 @@
 """A quantised linear resolved once, at load, to the callable that runs it (``linear.py``'s rule).
 
-Where it sits: ``engine/model/quant_loader.py`` resolves each linear whose weight stays in GGUF
+Where it sits: ``engine/loader/gguf_loader.py`` resolves each linear whose weight stays in GGUF
 blocks with :func:`resolve_quant_linear` and hands the result to the model's blocks in place of
 ``resolve_linear``'s; a step only calls it. The chain: the native quantised kernel
 (``native/quant_gemm.py``) for float32 CPU inputs, where the library builds, on the blocks repacked

@@ -24,19 +24,23 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.lora.config import AdapterConfig, LoraError, read_adapter_config, unknown_adapter
 from kvfleet.engine.lora.context import Kernel, LoraContext
-from kvfleet.engine.lora.weights import LoraWeights, ModelShape, load_weights, module_shapes
+from kvfleet.engine.lora.weights import LoraWeights, load_weights, module_shapes
+
+if TYPE_CHECKING:  # the model imports this package's LoRA context: named for the type checker only
+    from kvfleet.engine.model.config import ModelConfig
 
 
 class LoraManager:
     def __init__(
         self,
-        model: ModelShape,
+        model: ModelConfig,
         *,
         max_loras: int,
         max_rank: int,
@@ -68,7 +72,7 @@ class LoraManager:
     def for_engine(
         cls,
         config: EngineConfig,
-        model: ModelShape,
+        model: ModelConfig,
         device: torch.device,
         dtype: torch.dtype,
         slices: Mapping[str, tuple[slice | None, slice | None]] | None = None,

@@ -1,8 +1,7 @@
 """What the engine reports about its adapters, and what it needs of whoever holds them. Torch-free.
 
 Where it sits: ``Engine`` (torch-free) keeps a :class:`LoraUsage` (per-adapter requests and
-tokens) and reads the runner's adapter holder through :class:`LoraHost` (the real
-``LoraManager``); ``Engine.stats()`` puts a :class:`LoraStats` in every ``EngineStats``,
+tokens) and reads the runner's adapter holder (``LoraManager``, torch) for the rest; ``Engine.stats()`` puts a :class:`LoraStats` in every ``EngineStats``,
 which ``GET /load`` (``kvfleet.protocol.LoraLoad``) and ``/metrics`` (``vllm:lora_requests_info``,
 ``kvfleet:lora_*``) read in the API process.
 """
@@ -12,23 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class LoraHost(Protocol):
-    """The runner's adapter holder, as the engine loop sees it (no tensors)."""
-
-    max_loras: int
-    paths: dict[str, str]  # known adapter → its folder
-    loads: Counter[str]  # into a device slot
-    evictions: Counter[str]  # out of a device slot
-
-    @property
-    def resident(self) -> list[str]: ...
-
-    def register(self, name: str, path: str) -> None: ...
-
-    def unregister(self, name: str) -> None: ...
+if TYPE_CHECKING:  # the manager holds tensors; the torch-free engine names it for the type checker only
+    from kvfleet.engine.lora.manager import LoraManager
 
 
 @dataclass(frozen=True)
@@ -54,7 +40,7 @@ class LoraUsage:
     generation_tokens: Counter[str] = field(default_factory=Counter)
 
     def snapshot(
-        self, host: LoraHost, running: Iterable[str | None], waiting: Iterable[str | None]
+        self, host: LoraManager, running: Iterable[str | None], waiting: Iterable[str | None]
     ) -> LoraStats:
         return LoraStats(
             max_loras=host.max_loras,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
@@ -20,29 +20,14 @@ from safetensors.torch import load_file
 
 from kvfleet.engine.lora.config import PROJECTION_AXES, WEIGHTS_FILE, AdapterConfig, LoraError
 
-
-class ModelShape(Protocol):
-    """What an adapter is checked against: the shapes of ``kvfleet.engine.model.config.ModelConfig``
-    (a Protocol, as the model package imports this one's LoRA context)."""
-
-    @property
-    def hidden_size(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def num_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def num_layers(self) -> int: ...
+if TYPE_CHECKING:  # the model imports this package's LoRA context: named for the type checker only
+    from kvfleet.engine.model.config import ModelConfig
 
 
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
-def module_shapes(config: ModelShape) -> dict[str, tuple[int, int]]:
+def module_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     """(in, out) features of each projection an adapter may target."""
     d = config.head_dim
     size = {"hidden": config.hidden_size, "q": config.num_heads * d, "kv": config.num_kv_heads * d}
@@ -65,7 +50,7 @@ class LoraWeights:
         return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
 
 
-def load_weights(name: str, path: str, config: AdapterConfig, model: ModelShape) -> LoraWeights:
+def load_weights(name: str, path: str, config: AdapterConfig, model: ModelConfig) -> LoraWeights:
     """Read and check the adapter's matrices; a :class:`LoraError` (field ``lora_path``) says what is wrong."""
     file = Path(path) / WEIGHTS_FILE
     try:

@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kvfleet.engine.model.errors import ModelLoadError  # re-exported: raised and caught by that name
-from kvfleet.engine.model.rope import ROPE_TYPES, rope_context_len, rope_type
+from kvfleet.engine.model.rope_scaling import ROPE_TYPES, rope_context_len, rope_type
+
+if (
+    TYPE_CHECKING
+):  # annotations only: this module never imports torch (tests/engine/model/test_config_is_torch_free.py)
+    import torch
 
 # Architectures served by the one Llama-family model; the value says whether q/k/v have a bias.
 KNOWN_ARCHITECTURES: dict[str, bool] = {
@@ -193,4 +196,4 @@ def _ids(value: Any) -> frozenset[int]:
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return int(dtype.itemsize)

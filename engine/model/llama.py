@@ -15,7 +15,7 @@ causal attention) and hands it to the backend with the query.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -28,10 +28,15 @@ from kvfleet.engine.kernels.packing.base import PackedWeight
 from kvfleet.engine.layers.linear.packed import PackedFloatMethod
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
-from kvfleet.engine.model.fused_decode import FusedDecode
+from kvfleet.engine.model.fused_layers import FusedLayers
 from kvfleet.engine.model.projections import FLOAT_METHOD, ProjectedBlock, store_for_matmul
-from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies, rope_is_dynamic
-from kvfleet.engine.model.tp import Collective, ShardSpec, vocab_parallel_embed
+from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies
+from kvfleet.engine.model.rope_scaling import rope_is_dynamic
+from kvfleet.engine.model.tp import vocab_parallel_embed
+
+if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
+    from kvfleet.engine.parallel.group import TPComm
+    from kvfleet.engine.parallel.shard import RankShard
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +107,13 @@ class Step(NamedTuple):
     rope: tuple[torch.Tensor, torch.Tensor]  # (cos, sin) at each row's position
     meta: AttentionMetadata
     backend: AttentionBackend
-    comm: Collective | None = None  # tensor parallelism: sums the row-parallel outputs; None at tp=1
+    comm: TPComm | None = None  # tensor parallelism: sums the row-parallel outputs; None at tp=1
 
 
 class Attention(ProjectedBlock):
     INPUTS, OUTPUT = ("q_proj", "k_proj", "v_proj"), "o_proj"
 
-    def __init__(self, config: ModelConfig, layer: int, shard: ShardSpec | None = None) -> None:
+    def __init__(self, config: ModelConfig, layer: int, shard: RankShard | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.sliding_window = config.layer_window(layer)
@@ -156,7 +161,7 @@ class Attention(ProjectedBlock):
 class MLP(ProjectedBlock):
     INPUTS, OUTPUT = ("gate_proj", "up_proj"), "down_proj"
 
-    def __init__(self, config: ModelConfig, layer: int = 0, shard: ShardSpec | None = None) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0, shard: RankShard | None = None) -> None:
         super().__init__()
         self.layer = layer
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
@@ -169,7 +174,7 @@ class MLP(ProjectedBlock):
         self.down_proj = nn.Linear(i, h, bias=down_bias)
 
     def forward(
-        self, x: torch.Tensor, lora: LoraContext | None = None, comm: Collective | None = None
+        self, x: torch.Tensor, lora: LoraContext | None = None, comm: TPComm | None = None
     ) -> torch.Tensor:
         matmuls = self.matmuls()
         gate_up = matmuls.inputs(x)
@@ -186,7 +191,7 @@ class MLP(ProjectedBlock):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, shard: ShardSpec | None = None) -> None:
+    def __init__(self, config: ModelConfig, layer: int, shard: RankShard | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer, shard)
@@ -217,13 +222,13 @@ class DecoderLayer(nn.Module):
         return self.mlp(h, step.meta.lora, step.comm), residual
 
 
-def vocab_rows(config: ModelConfig, shard: ShardSpec | None) -> int:
+def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
     """The embedding's (and the LM head's) rows on this rank: its vocabulary slice under tensor parallelism."""
     return config.vocab_size if shard is None else shard.vocab.stop - shard.vocab.start
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
+    def __init__(self, config: ModelConfig, shard: RankShard | None = None) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
         # import torch._dynamo, over a second of every engine start: only real weights get it.
@@ -245,11 +250,11 @@ class LlamaForCausalLM(nn.Module):
     slice, unread). The one-call native decode cannot hold an all-reduce: with ``comm`` it is off
     and every step runs the per-op path."""
 
-    def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
+    def __init__(self, config: ModelConfig, shard: RankShard | None = None) -> None:
         super().__init__()
         self.config = config
         self.shard = shard
-        self.comm: Collective | None = None  # set once the process group is up (tp > 1)
+        self.comm: TPComm | None = None  # set once the process group is up (tp > 1)
         self.model = LlamaModel(config, shard)
         self.lm_head = nn.Linear(config.hidden_size, vocab_rows(config, shard), bias=False)
         if config.tie_word_embeddings:
@@ -257,10 +262,10 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: PackedWeight | None = None  # packed by prepack(): decode batches over 16 rows
         self._lm_head: Linear | None = None  # resolved on first use; pack() and prepack() drop it
         self.fixed_lm_head: Linear | None = None  # resolved by a quantised loader's method: wins
-        # Decode steps through one native call where it applies (fused_decode.py); built on first
+        # Decode steps through one native call where it applies (model/fused_layers.py); built on first
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
-        self._fused: tuple[FusedDecode | None] | None = None
+        self._fused: tuple[FusedLayers | None] | None = None
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
@@ -309,13 +314,13 @@ class LlamaForCausalLM(nn.Module):
             self._lm_head = FLOAT_METHOD.process(self.lm_head.weight, None, self.packed_lm_head)
         return self._lm_head
 
-    def fused_decode(self) -> FusedDecode | None:
+    def fused_decode(self) -> FusedLayers | None:
         """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
         if not self.use_fused_decode or self.comm is not None:
             return None
         if self._fused is None:
             layers = list(self.model.layers)
-            self._fused = (FusedDecode.build(layers, self.config.hidden_size, self.config.intermediate_size),)
+            self._fused = (FusedLayers.build(layers, self.config.hidden_size, self.config.intermediate_size),)
         return self._fused[0]
 
     def forward(
@@ -328,7 +333,7 @@ class LlamaForCausalLM(nn.Module):
         sample_rows: torch.Tensor,
         native: bool | None = None,
     ) -> torch.Tensor:
-        """``native``: the step dispatcher's route (``engine/step_dispatch.py``): the layers in one
+        """``native``: the step dispatcher's route (``engine/runner/step_dispatch.py``): the layers in one
         native call (True) or op by op (False); None (a caller without a route) tries the call."""
         comm = self.comm
         if comm is None:

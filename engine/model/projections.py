@@ -95,8 +95,8 @@ class ProjectedBlock(nn.Module):
         self.packed_in: PackedWeight | None = None  # packed for a GEMM library by prepack()
         self.packed_out: PackedWeight | None = None
         self._matmuls: Matmuls | None = None
-        # resolved by the loader's linear method (quantised weights: model/quant_loader.py,
-        # model/hf_quant_loader.py); wins over resolving these linears as floats
+        # resolved by the loader's linear method (quantised weights: loader/gguf_loader.py,
+        # loader/hf_quant.py); wins over resolving these linears as floats
         self.fixed: Matmuls | None = None
 
     def output_linear(self) -> nn.Linear:

@@ -1,13 +1,12 @@
 """RoPE inverse frequencies for each scaling type a Llama-family checkpoint may name, as transformers computes them.
 
-Where it sits: ``config.py`` checks a checkpoint's ``rope_scaling`` (or ``rope_parameters``)
-against :data:`ROPE_TYPES` and the fields each type needs; the model's ``RotaryEmbedding``
-(``llama.py``) takes its frequencies and cos/sin scale from :func:`rope_frequencies` at load,
-and, for ``dynamic``, :func:`dynamic_inv_freq` per step; ``ModelConfig.max_model_len`` asks
-:func:`rope_context_len` how far a type stretches the context.
+Where it sits: the model's ``RotaryEmbedding`` (``llama.py``) takes its frequencies and cos/sin
+scale from :func:`rope_frequencies` at load, and, for ``dynamic``, :func:`dynamic_inv_freq` per
+step. Which types exist, the fields each requires and the context each serves are
+``rope_scaling.py``'s (torch-free, read by ``config.py``).
 
 Types are registered by name (``default``, ``linear``, ``dynamic``, ``yarn``, ``llama3``), each with
-the fields it requires, its frequencies at load and the context it serves. The float maths
+its frequencies at load. The float maths
 mirrors ``transformers.modeling_rope_utils`` operation for operation (Python floats where
 transformers uses them, float32 tensors where it does), so greedy tokens stay identical.
 """
@@ -16,22 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
 
-
-class ModelConfig(Protocol):
-    """What the rope reads of ``kvfleet.engine.model.config.ModelConfig`` (which imports this module)."""
-
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def max_position_embeddings(self) -> int: ...
-    @property
-    def rope_theta(self) -> float: ...
-    @property
-    def rope_scaling(self) -> dict[str, Any] | None: ...
+from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.rope_scaling import scaling_of, yarn_factor
 
 
 class RopeFrequencies(NamedTuple):
@@ -39,19 +28,8 @@ class RopeFrequencies(NamedTuple):
     attention_scaling: float  # multiplies cos and sin (yarn's mscale; 1.0 otherwise)
 
 
-class RopeType(NamedTuple):
-    required: tuple[str, ...]  # fields of rope_scaling that must be present
-    init: Callable[[ModelConfig], RopeFrequencies]  # frequencies at load
-    context_len: Callable[[ModelConfig], int]  # the context served (vLLM's derivation)
-    dynamic: bool = False  # frequencies depend on the sequence's length (dynamic_inv_freq)
-
-
 def _base_inv_freq(theta: Any, dim: int) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-
-
-def _scaling(config: ModelConfig) -> dict[str, Any]:
-    return config.rope_scaling or {}
 
 
 def _default(config: ModelConfig) -> RopeFrequencies:
@@ -59,21 +37,13 @@ def _default(config: ModelConfig) -> RopeFrequencies:
 
 
 def _linear(config: ModelConfig) -> RopeFrequencies:
-    return RopeFrequencies(_default(config).inv_freq / _scaling(config)["factor"], 1.0)
-
-
-def _positions_only(config: ModelConfig) -> int:
-    return config.max_position_embeddings
-
-
-def _stretched(config: ModelConfig) -> int:
-    return int(config.max_position_embeddings * float(_scaling(config)["factor"]))
+    return RopeFrequencies(_default(config).inv_freq / scaling_of(config)["factor"], 1.0)
 
 
 def _llama3(config: ModelConfig) -> RopeFrequencies:
     # Invariant: wavelengths shorter than old_len/high_freq_factor keep their frequency, longer
     # than old_len/low_freq_factor are divided by factor, and those between blend smoothly.
-    scaling = _scaling(config)
+    scaling = scaling_of(config)
     inv_freq = _default(config).inv_freq
     factor = float(scaling["factor"])
     low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
@@ -89,7 +59,7 @@ def _llama3(config: ModelConfig) -> RopeFrequencies:
 
 def _dynamic(config: ModelConfig) -> RopeFrequencies:
     """At load transformers evaluates the NTK formula at max_position_embeddings (Python floats)."""
-    dim, length, factor = config.head_dim, config.max_position_embeddings, _scaling(config)["factor"]
+    dim, length, factor = config.head_dim, config.max_position_embeddings, scaling_of(config)["factor"]
     base = config.rope_theta * ((factor * length / length) - (factor - 1)) ** (dim / (dim - 2))
     return RopeFrequencies(_base_inv_freq(base, dim), 1.0)
 
@@ -100,16 +70,10 @@ def dynamic_inv_freq(config: ModelConfig, seq_len: int) -> torch.Tensor:
     transformers recomputes them in the forward whose largest position is ``seq_len - 1``,
     with a 0-d int64 length tensor: float32 tensor arithmetic, reproduced here as is.
     """
-    dim, factor, limit = config.head_dim, _scaling(config)["factor"], config.max_position_embeddings
+    dim, factor, limit = config.head_dim, scaling_of(config)["factor"], config.max_position_embeddings
     length = torch.maximum(torch.tensor(seq_len), torch.tensor(limit))
     base = config.rope_theta * ((factor * length / limit) - (factor - 1)) ** (dim / (dim - 2))
     return _base_inv_freq(base, dim)
-
-
-def _yarn_factor(config: ModelConfig) -> float:
-    factor = _scaling(config).get("factor")
-    old_len = _scaling(config)["original_max_position_embeddings"]
-    return float(factor) if factor is not None else config.max_position_embeddings / old_len
 
 
 def _yarn_attention_factor(scaling: dict[str, Any], factor: float) -> float:
@@ -142,8 +106,8 @@ def _yarn_correction_range(scaling: dict[str, Any], dim: int, base: float) -> tu
 def _yarn(config: ModelConfig) -> RopeFrequencies:
     # Invariant: dimensions below the correction range keep their frequency (extrapolate),
     # those above are divided by factor (interpolate), a linear ramp blends those between.
-    scaling, dim, base = _scaling(config), config.head_dim, config.rope_theta
-    factor = _yarn_factor(config)
+    scaling, dim, base = scaling_of(config), config.head_dim, config.rope_theta
+    factor = yarn_factor(config)
     pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     low, high = _yarn_correction_range(scaling, dim, base)
@@ -155,39 +119,14 @@ def _yarn(config: ModelConfig) -> RopeFrequencies:
     return RopeFrequencies(inv_freq, _yarn_attention_factor(scaling, factor))
 
 
-def _yarn_context_len(config: ModelConfig) -> int:
-    return int(_scaling(config)["original_max_position_embeddings"] * _yarn_factor(config))
-
-
-_ROPE_TYPES: dict[str, RopeType] = {}
-
-
-def register_rope_type(name: str, rope_type: RopeType) -> None:
-    _ROPE_TYPES[name] = rope_type
-
-
-register_rope_type("default", RopeType((), _default, _positions_only))
-register_rope_type("linear", RopeType(("factor",), _linear, _stretched))
-register_rope_type("dynamic", RopeType(("factor",), _dynamic, _stretched, dynamic=True))
-register_rope_type("yarn", RopeType(("original_max_position_embeddings",), _yarn, _yarn_context_len))
-register_rope_type(
-    "llama3",
-    RopeType(
-        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-        _llama3,
-        _positions_only,
-    ),
-)
-ROPE_TYPES: tuple[str, ...] = tuple(_ROPE_TYPES)
-
-
-def rope_type(name: str) -> RopeType | None:
-    return _ROPE_TYPES.get(name)
-
-
-def _kind(config: ModelConfig) -> RopeType:
-    name = _scaling(config).get("rope_type", "default")
-    return _ROPE_TYPES[name]
+# Each type's frequencies at load, by the names rope_scaling.ROPE_TYPES lists.
+_FREQUENCIES: dict[str, Callable[[ModelConfig], RopeFrequencies]] = {
+    "default": _default,
+    "linear": _linear,
+    "dynamic": _dynamic,
+    "yarn": _yarn,
+    "llama3": _llama3,
+}
 
 
 def rope_frequencies(config: ModelConfig) -> RopeFrequencies:
@@ -197,14 +136,4 @@ def rope_frequencies(config: ModelConfig) -> RopeFrequencies:
     through torch._refs, whose first use imports torch._dynamo, over a second of engine start.
     """
     with torch.device("cpu"):
-        return _kind(config).init(config)
-
-
-def rope_is_dynamic(config: ModelConfig) -> bool:
-    return _kind(config).dynamic
-
-
-def rope_context_len(config: ModelConfig) -> int:
-    """The longest context the checkpoint's rope serves: linear and dynamic stretch
-    max_position_embeddings by factor, yarn stretches original_max_position_embeddings."""
-    return _kind(config).context_len(config)
+        return _FREQUENCIES[str(scaling_of(config).get("rope_type", "default"))](config)

@@ -1,71 +1,25 @@
-"""What the model needs of tensor parallelism: a rank's shard (sizes) and its collectives, as Protocols.
+"""What the model does with tensor parallelism: which slice of each checkpoint tensor a rank reads, and the vocabulary-parallel embedding.
 
-Where it sits: ``engine/parallel/`` computes each rank's :class:`ShardSpec` (``parallel/shard.py``)
-and implements :class:`Collective` over torch.distributed (``parallel/group.py``); the model
-(``llama.py``) builds its linears at the shard's sizes and calls the collectives, and each loader
-(``loader.py``, ``hf_quant_loader.py``, ``quant_loader.py``) keeps only the shard's slice of each
-checkpoint tensor (:func:`checkpoint_slice`, by a model's sizes :func:`slice_for`).
-The model package never imports ``engine/parallel``: it sees only these Protocols. ``None`` for
+Where it sits: ``engine/parallel/`` computes each rank's ``RankShard`` (``parallel/shard.py``)
+and implements ``TPComm`` over torch.distributed (``parallel/group.py``); the model
+(``llama.py``) builds its linears at the shard's sizes and calls the collectives, and the loader
+(``loader/hf_loader.py``) and the quantized loaders (``loader/hf_quant.py``, ``loader/gguf_loader.py``)
+read only the shard's slice of each checkpoint tensor (:func:`checkpoint_slice`, by a model's sizes :func:`slice_for`).
+The model package never imports ``engine/parallel`` at run time: it names ``RankShard`` and ``TPComm``
+for the type checker only. ``None`` for
 both (tp=1) is the unsharded model, unchanged.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-
-class SpanLike(Protocol):
-    @property
-    def start(self) -> int: ...
-    @property
-    def stop(self) -> int: ...
-
-
-class ShardSpec(Protocol):
-    """One rank's share of each split axis (``kvfleet.engine.parallel.shard.RankShard``)."""
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def tp_size(self) -> int: ...
-    @property
-    def q_heads(self) -> SpanLike: ...
-    @property
-    def kv_heads(self) -> SpanLike: ...
-    @property
-    def intermediate(self) -> SpanLike: ...
-    @property
-    def vocab(self) -> SpanLike: ...
-    @property
-    def holds_row_parallel_bias(self) -> bool: ...
-
-
-class Collective(Protocol):
-    """The two collectives of a tensor-parallel forward (``kvfleet.engine.parallel.group.TPComm``)."""
-
-    def all_reduce(self, x: torch.Tensor) -> None:
-        """Sum ``x`` over the ranks, in place (after each row-parallel matmul and the embedding)."""
-
-    def gather_vocab(self, local: torch.Tensor) -> torch.Tensor:
-        """Rank 0: every rank's vocabulary slice of the logits side by side, (rows, vocab). Other
-        ranks: ``local`` (nobody reads it)."""
-
-
-class Sizes(Protocol):
-    """The unsplit sizes a slice reads (``kvfleet.engine.model.config.ModelConfig`` has them)."""
-
-    @property
-    def num_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def vocab_size(self) -> int: ...
+if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
+    from kvfleet.engine.model.config import ModelConfig
+    from kvfleet.engine.parallel.group import TPComm
+    from kvfleet.engine.parallel.shard import RankShard
 
 
 class SliceSpec(NamedTuple):
@@ -76,32 +30,28 @@ class SliceSpec(NamedTuple):
     full: int
 
 
-def _span(s: SpanLike, unit: int = 1) -> slice:
-    return slice(s.start * unit, s.stop * unit)
-
-
-def checkpoint_slice(name: str, shard: ShardSpec, head_dim: int, full: dict[str, int]) -> SliceSpec | None:
+def checkpoint_slice(name: str, shard: RankShard, head_dim: int, full: dict[str, int]) -> SliceSpec | None:
     """The slice of checkpoint tensor ``name`` that ``shard`` holds (None: all of it).
 
     ``full``: the unsplit sizes, ``q`` and ``kv`` (heads x head_dim), ``intermediate``, ``vocab``."""
     leaf = name.rsplit(".", 2)
     module, kind = (leaf[-2], leaf[-1]) if len(leaf) == 3 else ("", name)
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
-        return SliceSpec(0, _span(shard.vocab), full["vocab"])
+        return SliceSpec(0, shard.vocab.scaled(1), full["vocab"])
     if module == "q_proj":
-        return SliceSpec(0, _span(shard.q_heads, head_dim), full["q"])
+        return SliceSpec(0, shard.q_heads.scaled(head_dim), full["q"])
     if module in ("k_proj", "v_proj"):
-        return SliceSpec(0, _span(shard.kv_heads, head_dim), full["kv"])
+        return SliceSpec(0, shard.kv_heads.scaled(head_dim), full["kv"])
     if module in ("gate_proj", "up_proj"):
-        return SliceSpec(0, _span(shard.intermediate), full["intermediate"])
+        return SliceSpec(0, shard.intermediate.scaled(1), full["intermediate"])
     if module == "o_proj" and kind == "weight":
-        return SliceSpec(1, _span(shard.q_heads, head_dim), full["q"])
+        return SliceSpec(1, shard.q_heads.scaled(head_dim), full["q"])
     if module == "down_proj" and kind == "weight":
-        return SliceSpec(1, _span(shard.intermediate), full["intermediate"])
+        return SliceSpec(1, shard.intermediate.scaled(1), full["intermediate"])
     return None  # norms, and o_proj's / down_proj's bias (held whole, by rank 0 only)
 
 
-def slice_for(name: str, shard: ShardSpec, config: Sizes) -> SliceSpec | None:
+def slice_for(name: str, shard: RankShard, config: ModelConfig) -> SliceSpec | None:
     """:func:`checkpoint_slice` of tensor ``name`` (its Hugging Face name) for a model of ``config``."""
     full = {
         "q": config.num_heads * config.head_dim,
@@ -113,7 +63,7 @@ def slice_for(name: str, shard: ShardSpec, config: Sizes) -> SliceSpec | None:
 
 
 def vocab_parallel_embed(
-    embedding: torch.nn.Embedding, input_ids: torch.Tensor, shard: ShardSpec, comm: Collective
+    embedding: torch.nn.Embedding, input_ids: torch.Tensor, shard: RankShard, comm: TPComm
 ) -> torch.Tensor:
     """Each rank looks up the ids in its vocabulary slice (zeros elsewhere); the all-reduce fills in the rest."""
     local = input_ids - shard.vocab.start

@@ -1,6 +1,6 @@
 """Rank 0's side of tensor parallelism: start the workers, send them each step, watch them die.
 
-Where it sits: inside ``ModelRunner`` (``engine/runner.py``) when ``tensor_parallel_size`` > 1.
+Where it sits: inside ``ModelRunner`` (``engine/runner/model_runner.py``) when ``tensor_parallel_size`` > 1.
 Rank 0 lives in the engine core process, which runs the scheduler once; :class:`Leader` spawns
 one worker process per rank > 0 (``python -m kvfleet.engine.parallel.worker``, a child of the
 core process: a daemonic multiprocessing child may not have children), opens the TCPStore,
@@ -30,10 +30,10 @@ import threading
 
 import torch
 
-from kvfleet.engine.batch import FlatBatch
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.core_link import BlockingLink
 from kvfleet.engine.layers.linear.config import QuantizationConfig
+from kvfleet.engine.link import BlockingLink
+from kvfleet.engine.model.batch import FlatBatch
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.parallel.group import TPComm, join_group, leave_group, open_store
 from kvfleet.engine.parallel.shard import RankShard

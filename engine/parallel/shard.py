@@ -1,6 +1,6 @@
 """Which heads, columns and vocabulary rows each tensor-parallel rank holds: pure functions, no torch.
 
-Where it sits: the loader (``engine/model/loader.py``) builds each rank's model at its shard's
+Where it sits: the loader (``engine/loader/hf_loader.py``) builds each rank's model at its shard's
 sizes and copies only those slices of the checkpoint; the LoRA manager slices adapters alike;
 the runner sizes each rank's KV cache by its KV heads. Megatron / vLLM's split:
 
@@ -25,26 +25,14 @@ all ranks, the smallest any rank can hold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from kvfleet.engine.lora.config import PROJECTION_AXES
+from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
 
 
-class Shape(Protocol):
-    """The sizes a split reads (``kvfleet.engine.model.config.ModelConfig`` has them)."""
-
-    @property
-    def num_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def vocab_size(self) -> int: ...
-
-
-class Span(NamedTuple):
+class AxisSpan(NamedTuple):
     """Indices ``start`` .. ``stop - 1`` of some axis (heads, columns, rows)."""
 
     start: int
@@ -65,10 +53,10 @@ class RankShard:
 
     rank: int
     tp_size: int
-    q_heads: Span
-    kv_heads: Span
-    intermediate: Span
-    vocab: Span
+    q_heads: AxisSpan
+    kv_heads: AxisSpan
+    intermediate: AxisSpan
+    vocab: AxisSpan
 
     @property
     def holds_row_parallel_bias(self) -> bool:
@@ -76,14 +64,14 @@ class RankShard:
         return self.rank == 0
 
 
-def contiguous_split(size: int, parts: int, index: int) -> Span:
+def contiguous_split(size: int, parts: int, index: int) -> AxisSpan:
     """Part ``index`` of ``size`` cut in ``parts`` contiguous runs, the first ``size % parts`` one longer."""
     base, extra = divmod(size, parts)
     start = index * base + min(index, extra)
-    return Span(start, start + base + (1 if index < extra else 0))
+    return AxisSpan(start, start + base + (1 if index < extra else 0))
 
 
-def head_spans(num_heads: int, num_kv_heads: int, tp: int, rank: int) -> tuple[Span, Span]:
+def head_spans(num_heads: int, num_kv_heads: int, tp: int, rank: int) -> tuple[AxisSpan, AxisSpan]:
     """(query heads, KV heads) of ``rank``: whole KV-head groups, or one replicated KV head."""
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ModelLoadError(
@@ -92,7 +80,7 @@ def head_spans(num_heads: int, num_kv_heads: int, tp: int, rank: int) -> tuple[S
     group = num_heads // num_kv_heads
     if tp <= num_kv_heads:
         kv = contiguous_split(num_kv_heads, tp, rank)
-        return Span(kv.start * group, kv.stop * group), kv
+        return AxisSpan(kv.start * group, kv.stop * group), kv
     if tp % num_kv_heads or num_heads % tp:
         raise ModelLoadError(
             f"tensor_parallel_size={tp} exceeds num_key_value_heads={num_kv_heads}: the KV heads are "
@@ -101,10 +89,10 @@ def head_spans(num_heads: int, num_kv_heads: int, tp: int, rank: int) -> tuple[S
         )
     per_rank = num_heads // tp
     kv_head = rank // (tp // num_kv_heads)
-    return Span(rank * per_rank, (rank + 1) * per_rank), Span(kv_head, kv_head + 1)
+    return AxisSpan(rank * per_rank, (rank + 1) * per_rank), AxisSpan(kv_head, kv_head + 1)
 
 
-def rank_shard(config: Shape, tp: int, rank: int) -> RankShard:
+def rank_shard(config: ModelConfig, tp: int, rank: int) -> RankShard:
     """Rank ``rank``'s shard of a model at tensor-parallel size ``tp``; ModelLoadError if it cannot split."""
     if tp < 1 or not 0 <= rank < tp:
         raise ModelLoadError(f"rank {rank} of tensor_parallel_size={tp}: need tp >= 1 and 0 <= rank < tp")
@@ -117,7 +105,7 @@ def rank_shard(config: Shape, tp: int, rank: int) -> RankShard:
     return RankShard(rank, tp, q, kv, inter, vocab)
 
 
-def all_shards(config: Shape, tp: int) -> list[RankShard]:
+def all_shards(config: ModelConfig, tp: int) -> list[RankShard]:
     """Every rank's shard, rank 0 first (the checks run for all of them at once)."""
     return [rank_shard(config, tp, r) for r in range(tp)]
 

@@ -1,6 +1,6 @@
 """A step's inputs, from rank 0 to every worker: a small header, then one broadcast tensor.
 
-Where it sits: rank 0's runner flattens the scheduler's plan once (``engine/batch.py``) and
+Where it sits: rank 0's runner flattens the scheduler's plan once (``engine/model/batch.py``) and
 :func:`pack` turns the batch (input ids, positions, the attention metadata's tensors, the rows
 that sample, each row's LoRA slot) into a :class:`StepHeader` of sizes and one int64 tensor.
 The header travels on the worker's control link (``parallel/leader.py``), the tensor by one
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from kvfleet.engine.attention import AttentionMetadata
-from kvfleet.engine.batch import FlatBatch
+from kvfleet.engine.model.batch import FlatBatch
 
 
 class StepHeader(NamedTuple):

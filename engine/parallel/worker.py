@@ -2,7 +2,7 @@
 
 Where it sits: rank 0 (``parallel/leader.py``, inside the engine core process) starts
 ``python -m kvfleet.engine.parallel.worker FD`` per rank with one end of a socket pair (the
-control link, framed pickles as ``engine/core_link.py``) and sends a :class:`WorkerInit`. The
+control link, framed pickles as ``engine/link.py``) and sends a :class:`WorkerInit`. The
 worker joins the process group (``parallel/group.py``), loads only its shard of the weights,
 allocates its KV cache (its own KV heads, the block count rank 0 decided), says ready, then
 serves the link: per step a header, then the inputs by broadcast (``parallel/step_inputs.py``)
@@ -30,10 +30,10 @@ import torch
 
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.core_link import BlockingLink
 from kvfleet.engine.layers.linear.config import QuantizationConfig
+from kvfleet.engine.link import BlockingLink
+from kvfleet.engine.loader.registry import load_for
 from kvfleet.engine.lora.manager import LoraManager
-from kvfleet.engine.model.loaders import load_for
 from kvfleet.engine.parallel.group import TPComm, join_group, join_store, leave_group
 from kvfleet.engine.parallel.shard import RankShard, lora_slices
 from kvfleet.engine.parallel.step_inputs import StepHeader, unpack

@@ -19,7 +19,7 @@ can. Only then: the excess charges every slowdown of a mixed step, its decodes' 
 few prefill tokens, so kept for good (as it was) it ran several times the fit's on a 2-core CPU shared
 with the API process and the clients, and starved prefill (bench/results/stall_free.txt).
 Two more things outlive the fit's forgetting: a decode floor (decode steps timed at start by
-``engine/step_profile.py``) under the predicted batch, and ``overrun``, the 0.9 quantile of measured
+``engine/core/step_profile.py``) under the predicted batch, and ``overrun``, the 0.9 quantile of measured
 over predicted mixed steps, which the chunks' share of a bound is divided by.
 """
 
@@ -97,7 +97,7 @@ class StepCostModel:
         self.overrun = 1.0  # the OVERRUN_Q quantile of seconds / predicted over steps with prefill
 
     def set_decode_floor(self, points: Iterable[tuple[int, float]]) -> None:
-        """Decode steps measured at start (``engine/step_profile.py``): (rows, seconds), which
+        """Decode steps measured at start (``engine/core/step_profile.py``): (rows, seconds), which
         :meth:`predict_batch` never goes under. The fit forgets; a batch the recent steps did not run
         (a burst reaching more streams) is then predicted from this, not from a per-row cost unlearnt."""
         floor = sorted(dict(points).items())

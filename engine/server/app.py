@@ -18,15 +18,15 @@ from fastapi import FastAPI
 
 from kvfleet import __version__
 from kvfleet.anthropic_api import AnthropicErrors
-from kvfleet.engine.async_engine import AsyncEngine
-from kvfleet.engine.client import CoreTransport
-from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.client.async_engine import AsyncEngine
+from kvfleet.engine.client.core_client import CoreTransport
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.engine.server.routes import chat, completions, lora, messages, models, ops, responses, tokenize
 from kvfleet.engine.server.state import ServedModel, ServerState
 from kvfleet.engine.server.tracing import install_tracing
 from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
+from kvfleet.engine.tokenizer.base import Tokenizer
 from kvfleet.http_guard import DEFAULT_MAX_BODY_BYTES, RequestGuard, document_errors
 
 

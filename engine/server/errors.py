@@ -12,7 +12,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from kvfleet.engine.async_engine import EngineDeadError
+from kvfleet.engine.client.async_engine import EngineDeadError
 from kvfleet.http_guard import api_error_response
 from kvfleet.http_guard import install_error_handlers as install_openai_error_handlers
 from kvfleet.openai_api import APIError

@@ -18,8 +18,8 @@ from typing import NamedTuple, cast
 
 from fastapi import Request
 
+from kvfleet.engine.client.request_stream import RequestStream
 from kvfleet.engine.outputs import CompletionOutput, ReqDelta, SeqDelta
-from kvfleet.engine.request_stream import RequestStream
 from kvfleet.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvfleet.engine.server.state import ServerState
 from kvfleet.engine.server.structured_request import structured_spec

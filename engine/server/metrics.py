@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvfleet.engine.client.request_stream import RequestMetrics
 from kvfleet.engine.lora.stats import LoraStats
 from kvfleet.engine.outputs import EngineStats
-from kvfleet.engine.request_stream import RequestMetrics
 
 prometheus_client.disable_created_metrics()  # no *_created series: dashboards read rates, as vLLM's do
 PREFIX = "kvfleet_engine_"

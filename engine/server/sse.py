@@ -19,7 +19,7 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from kvfleet.engine.async_engine import EngineDeadError
+from kvfleet.engine.client.async_engine import EngineDeadError
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.errors import engine_dead_error
 from kvfleet.engine.server.state import ServerState

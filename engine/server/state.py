@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from kvfleet.engine.async_engine import AsyncEngine
-from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.client.async_engine import AsyncEngine
 from kvfleet.engine.outputs import EngineStats
 from kvfleet.engine.server.metrics import ServerMetrics
 from kvfleet.engine.server.response_store import ResponseStore
+from kvfleet.engine.tokenizer.base import Tokenizer
 from kvfleet.openai_api import APIError, model_not_found
 from kvfleet.streaming import DEFAULT_STALL_TIMEOUT_S
 

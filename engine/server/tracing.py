@@ -6,12 +6,12 @@ nothing at all, and no SDK module is imported. When on, a pure ASGI middleware k
 request's W3C ``traceparent`` (sent by any router or gateway) in a context variable,
 :func:`kvfleet.engine.server.generation.submit` binds each engine request id to it
 (:meth:`EngineTracing.bind`), and an observer wrapping the Prometheus one
-(:class:`~kvfleet.engine.async_engine.RequestObserver`) writes the spans when the request
+(:class:`~kvfleet.engine.client.async_engine.RequestObserver`) writes the spans when the request
 finishes: ``engine.request`` (arrival to finish, a child of the caller's span) with
 ``engine.queue`` (arrival to the first step that computed it), ``engine.prefill`` (to the
 first token) and ``engine.decode`` (first to last token), and the events ``first_token`` and
 ``finish``. The core is another process, so no span is opened inside it: the times are the
-request's :class:`~kvfleet.engine.request_stream.RequestMetrics`, moved from the monotonic
+request's :class:`~kvfleet.engine.client.request_stream.RequestMetrics`, moved from the monotonic
 clock to the wall clock.
 """
 
@@ -39,8 +39,8 @@ from kvfleet.tracing import (
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from kvfleet.engine.async_engine import RequestObserver
-    from kvfleet.engine.request_stream import RequestMetrics
+    from kvfleet.engine.client.async_engine import RequestObserver
+    from kvfleet.engine.client.request_stream import RequestMetrics
 
 _HEADERS: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "trace_headers", default=None

@@ -20,11 +20,11 @@ from typing import NamedTuple
 import torch
 import xgrammar as xgr
 
-from kvfleet.engine.interfaces import Tokenizer
 from kvfleet.engine.sampling_params import RequestError, StructuredOutputSpec
 from kvfleet.engine.structured.bitmask import apply_bitmask
 from kvfleet.engine.structured.compiler import GrammarCompilerService
 from kvfleet.engine.structured.tokenizer_info import encoded_vocab, tokenizer_info
+from kvfleet.engine.tokenizer.base import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import xgrammar as xgr
 
-from kvfleet.engine.interfaces import Tokenizer
+from kvfleet.engine.tokenizer.base import Tokenizer
 
 
 def encoded_vocab(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:

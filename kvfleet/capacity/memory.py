@@ -12,7 +12,7 @@ from .quant import per_rank_weight_bytes
 from .tp import kv_heads_per_rank, q_heads_per_rank
 
 # The share of a GPU's memory the engine keeps free for activations and the sampler
-# (engine/runner.py's CUDA_ACTIVATION_RESERVE); the reserve is this or the activation estimate,
+# (engine/runner/model_runner.py's CUDA_ACTIVATION_RESERVE); the reserve is this or the activation estimate,
 # whichever is larger.
 ENGINE_ACTIVATION_RESERVE = 0.05
 # What a rank holds besides its weights before the engine measures its memory: the CUDA context,

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from kvfleet.engine.byte_tokenizer import BOS_TOKEN_ID, EOS_TOKEN_ID
 from kvfleet.engine.outputs import CompletionOutput, ReqDelta, RequestOutput, SampleResult, TokenLogprob
 from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.tokenizer.byte_level import BOS_TOKEN_ID, EOS_TOKEN_ID
 
 EOS = EOS_TOKEN_ID
 BOS = BOS_TOKEN_ID
@@ -103,7 +103,7 @@ def tokenizer() -> ByteTokenizer:
 @pytest.fixture
 def make_engine(tokenizer: ByteTokenizer) -> Callable[..., Any]:
     from kvfleet.engine.config import EngineConfig
-    from kvfleet.engine.engine import Engine
+    from kvfleet.engine.core.engine import Engine
 
     def build(num_kv_blocks: int = 64, next_token: Callable[[int], int] = next_byte, **config: Any) -> Engine:
         config.setdefault("block_size", 4)

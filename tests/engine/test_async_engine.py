@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from kvfleet.engine.async_engine import AsyncEngine, EngineDeadError
-from kvfleet.engine.byte_tokenizer import ByteTokenizer
-from kvfleet.engine.client import ThreadCore
+from kvfleet.engine.client.async_engine import AsyncEngine, EngineDeadError
+from kvfleet.engine.client.core_client import ThreadCore
+from kvfleet.engine.client.request_stream import RequestMetrics
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
-from kvfleet.engine.request_stream import RequestMetrics
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sim import SimRunner, TimingModel
+from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
 
 
 def _engine(sleep: Callable[[float], None], step_s: float = 0.01) -> Engine:

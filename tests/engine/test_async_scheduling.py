@@ -1,4 +1,4 @@
-"""--async-scheduling (engine/async_scheduling.py) on the real runner and the tiny checkpoint: the same
+"""--async-scheduling (engine/core/async_scheduling.py) on the real runner and the tiny checkpoint: the same
 greedy tokens, text and finish reasons as one step at a time, through stop strings, stop tokens and
 max_tokens finishing mid-batch, preemption, prefix-cache hits, chunked prefill, padded decode steps,
 per-step streams, aborts and requests whose sampling reads the host (logprobs, penalties)."""
@@ -15,11 +15,11 @@ import pytest
 
 from kvfleet.engine import cli
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
-from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.outputs import ReqDelta
 from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 
 from .conftest import FakeRunner, fold
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet.engine.byte_tokenizer import ByteTokenizer
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.testing.tiny import ensure_tiny_model
+from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 TEXTS = ["Hello, world!", "", "naïve 日本 🙂", "<s>inside</s> and <pad>", "a\nb\tc  d"]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <s>"}]

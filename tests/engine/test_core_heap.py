@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from kvfleet.engine.core import freeze_startup_heap
+from kvfleet.engine.core.loop import freeze_startup_heap
 
 
 class Cycle:

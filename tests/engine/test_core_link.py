@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvfleet.engine.core_link import HEADER, AsyncLink, BlockingLink, FrameReader, LinkClosed, frame
+from kvfleet.engine.link import HEADER, AsyncLink, BlockingLink, FrameReader, LinkClosed, frame
 
 from ..waiting import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 
-from kvfleet.engine.messages import StepBatch, Verdict, from_wire, to_wire
+from kvfleet.engine.core.messages import StepBatch, Verdict, from_wire, to_wire
 from kvfleet.engine.outputs import EngineStats, ReqDelta, SeqDelta, TokenLogprob
 
 

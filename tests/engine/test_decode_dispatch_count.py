@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.cuda_graphs import PaddedStep
+from kvfleet.engine.runner.cuda_graphs import PaddedStep
 
 # Per decoder layer, one decode step of 2 sequences on the per-op path (torch attention backend).
 # On float32 CPU tensors the matmuls (the few-row GEMM), add+RMSNorm, RoPE and SiLU x up are native

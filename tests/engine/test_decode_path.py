@@ -1,5 +1,5 @@
-"""The decode path (engine/decode_path.py: static step buffers, padding, a graph runner) against the
-eager path (engine/batch.py's flatten_plan): the same greedy tokens, on the tiny model and SmolLM2,
+"""The decode path (engine/runner/padded_steps.py: static step buffers, padding, a graph runner) against the
+eager path (engine/model/batch.py's flatten_plan): the same greedy tokens, on the tiny model and SmolLM2,
 with the CPU's graph runner (a plain call) standing in for CUDA graphs, and on CUDA the graphs."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.batch import flatten_plan
-from kvfleet.engine.cuda_graphs import PaddedStep, capture_sizes, padded_size
-from kvfleet.engine.decode_path import DecodePath
+from kvfleet.engine.model.batch import flatten_plan
+from kvfleet.engine.runner.cuda_graphs import PaddedStep, capture_sizes, padded_size
+from kvfleet.engine.runner.padded_steps import DecodePath
+from kvfleet.engine.runner.step_buffers import StepBuffers
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence
-from kvfleet.engine.step_buffers import StepBuffers
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 SHARED = "kvfleet serves models on kubernetes and "  # a prefix the later prompts hit in the cache

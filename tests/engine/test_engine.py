@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from kvfleet.engine.engine import Engine, EngineStats, RequestError
+from kvfleet.engine.core.engine import Engine, EngineStats, RequestError
 from kvfleet.engine.outputs import CompletionOutput, ReqDelta
 from kvfleet.engine.sampling_params import SamplingParams
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvfleet.engine.engine import Engine, RequestError
+from kvfleet.engine.core.engine import Engine, RequestError
 from kvfleet.engine.sampling_params import SamplingParams
 
 from .conftest import RanEntry

@@ -1,6 +1,6 @@
 """The runner's CUDA KV budget and the operator's CapacityFits give one verdict (issue #29).
 
-``engine/runner.py``'s :func:`gpu_kv_budget` is what a GPU engine calls once its weights are in; the
+``engine/runner/model_runner.py``'s :func:`gpu_kv_budget` is what a GPU engine calls once its weights are in; the
 operator's ``capacity_verdict`` is what an InferenceService's status says before any pod runs. Fed
 the bytes the operator predicts as used, the runner must load exactly the models the status says
 fit, and size the KV cache the status reports; where the status says no, the runner refuses with
@@ -20,7 +20,7 @@ import torch
 from kvfleet import capacity
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.model.config import ModelLoadError
-from kvfleet.engine.runner import gpu_kv_budget
+from kvfleet.engine.runner.model_runner import gpu_kv_budget
 from kvfleet.operator.capacity_status import capacity_verdict
 from kvfleet.operator.spec import parse_inferenceservice
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.engine import Engine, RequestError
+from kvfleet.engine.core.engine import Engine, RequestError
 
 
 def test_generate_returns_one_result_per_prompt_in_order(make_engine: Callable[..., Engine]) -> None:
@@ -46,7 +46,7 @@ def test_a_bad_prompt_in_a_batch_aborts_the_ones_already_added(make_engine: Call
 
 def test_importing_the_engine_core_does_not_import_torch() -> None:
     code = (
-        "import sys, kvfleet.engine, kvfleet.engine.engine, kvfleet.engine.llm, kvfleet.engine.sched.scheduler;"
+        "import sys, kvfleet.engine, kvfleet.engine.core.engine, kvfleet.engine.client.llm, kvfleet.engine.sched.scheduler;"
         "from kvfleet.engine import LLM, SamplingParams;"
         "print('torch' in sys.modules)"
     )

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPTS = ["hello world", "the", "kvfleet serves models on kubernetes"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import pytest
 
 from kvfleet.engine import LLM, RequestOutputKind, SamplingParams, SamplingParamsError
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.outputs import ReqDelta
 
 from .conftest import EOS, fold

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvfleet.engine.client.request_stream import RequestMetrics, RequestStream
 from kvfleet.engine.outputs import ReqDelta, SeqDelta, TokenLogprob
-from kvfleet.engine.request_stream import RequestMetrics, RequestStream
 
 
 def _delta(text: str, token: int, finish: str | None = None, logprob: float | None = None) -> ReqDelta:

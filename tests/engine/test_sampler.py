@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvfleet.engine.sampler import (
+from kvfleet.engine.runner.sampler import (
     Sampler,
     SampleRequest,
     apply_penalties,

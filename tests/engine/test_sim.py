@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from kvfleet import capacity
-from kvfleet.engine.byte_tokenizer import ByteTokenizer
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence
 from kvfleet.engine.sim import SimConfigError, SimRunner, TimingModel, kv_blocks_for_hardware
+from kvfleet.engine.tokenizer.byte_level import ByteTokenizer
 
 
 def _plan() -> SchedulerPlan:

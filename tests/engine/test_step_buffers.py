@@ -1,4 +1,4 @@
-"""The one step input builder (engine/step_buffers.py) against flatten_plan (engine/batch.py): any plan,
+"""The one step input builder (engine/runner/step_buffers.py) against flatten_plan (engine/model/batch.py): any plan,
 decode or mixed, one after the other in the same buffers, gives flatten_plan's batch; placeholders are
 fed from the previous step's tokens on every route; the buffers grow for a larger step unless CUDA
 graphs hold them."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfleet.engine import step_buffers
-from kvfleet.engine.batch import FlatBatch, flatten_plan
+from kvfleet.engine.model.batch import FlatBatch, flatten_plan
+from kvfleet.engine.runner import step_buffers
+from kvfleet.engine.runner.step_buffers import StepBuffers
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN, Sequence
-from kvfleet.engine.step_buffers import StepBuffers
 
 BS = 4
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""The step dispatcher (engine/step_dispatch.py) on plans alone: a table of plans and runner
+"""The step dispatcher (engine/runner/step_dispatch.py) on plans alone: a table of plans and runner
 capabilities, each with the route it takes and the words of its reason; no model, no tensor.
 One test at the end runs the tiny model to hold the runner to the routes it logs."""
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from kvfleet.engine.model.fused_layers import NativeStep
+from kvfleet.engine.runner.step_dispatch import PlanShape, RunnerCaps, StepDispatcher, route
 from kvfleet.engine.sampling_params import SamplingParams, StructuredOutputSpec
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence
-from kvfleet.engine.step_dispatch import NativeStep, PlanShape, RunnerCaps, StepDispatcher, route
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 BLOCK = 16
@@ -123,7 +124,7 @@ def test_the_plan_shape_reads_counts_and_flags_only() -> None:
 
 
 def test_the_dispatcher_says_the_route_and_why_in_a_debug_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="kvfleet.engine.step_dispatch"):
+    with caplog.at_level(logging.DEBUG, logger="kvfleet.engine.runner.step_dispatch"):
         got = StepDispatcher(GPU).pick(decodes(3))
     assert caplog.messages == [f"step route graph: {got.reason}"]
 
@@ -132,7 +133,7 @@ def test_the_runner_takes_each_route_it_logs_and_the_native_call_never_refuses_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from kvfleet.engine import LLM
-    from kvfleet.engine.model.fused_decode import FusedDecode
+    from kvfleet.engine.model.fused_layers import FusedLayers as FusedDecode
 
     taken: list[bool] = []
     run = FusedDecode.run
@@ -146,7 +147,7 @@ def test_the_runner_takes_each_route_it_logs_and_the_native_call_never_refuses_o
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     with (
         pytest.MonkeyPatch.context() as patch,
-        caplog.at_level(logging.DEBUG, "kvfleet.engine.step_dispatch"),
+        caplog.at_level(logging.DEBUG, "kvfleet.engine.runner.step_dispatch"),
     ):
         patch.setattr(FusedDecode, "run", spy)
         llm.generate(["hello there", "a longer prompt about kubernetes"], params)
@@ -155,7 +156,7 @@ def test_the_runner_takes_each_route_it_logs_and_the_native_call_never_refuses_o
     assert taken == [True] * len(routes)  # called once per native step, and never refused
     llm.engine.runner.model.use_fused_decode = False  # type: ignore[attr-defined]
     caplog.clear()
-    with caplog.at_level(logging.DEBUG, "kvfleet.engine.step_dispatch"):
+    with caplog.at_level(logging.DEBUG, "kvfleet.engine.runner.step_dispatch"):
         llm.generate(["hello"], params)
     assert {m for m in caplog.messages if m.startswith("step route")} >= {
         "step route per_op: decode step of 1 rows: the native call is turned off"

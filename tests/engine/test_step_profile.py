@@ -1,4 +1,4 @@
-"""The start-up step cost profile (engine/step_profile.py): which synthetic steps it runs, what it feeds
+"""The start-up step cost profile (engine/core/step_profile.py): which synthetic steps it runs, what it feeds
 the cost model, and that it leaves the KV pool and the served tokens as they were."""
 
 from pathlib import Path
@@ -6,17 +6,17 @@ from pathlib import Path
 import pytest
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.kv.block_pool import BlockPool
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.sched.plan import SchedulerPlan
-from kvfleet.engine.sched.step_cost import StepCostModel, StepShape
-from kvfleet.engine.step_profile import (
+from kvfleet.engine.core.step_profile import (
     PROFILE_CONTEXT,
     REPEATS,
     TIME_BUDGET_S,
     WARMUP_STEPS,
     profile_step_cost,
 )
+from kvfleet.engine.kv.block_pool import BlockPool
+from kvfleet.engine.sched.plan import SchedulerPlan
+from kvfleet.engine.sched.step_cost import StepCostModel, StepShape
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 
 FIXED, PER_TOKEN, PER_ROW, PER_CONTEXT = 0.010, 1e-4, 1e-3, 1e-6  # the fake runner's exact step cost
 

@@ -1,6 +1,6 @@
 """Which CPU paths this machine offers, probed once and named in one log line at the engine's start.
 
-Where it sits: ``engine/runner.py`` logs ``quant_gemm.cpu_paths_line`` when the model runs on the CPU;
+Where it sits: ``engine/runner/model_runner.py`` logs ``quant_gemm.cpu_paths_line`` when the model runs on the CPU;
 the native kernels (``native/build.py``, ``-march=native``) are compiled for this same CPU. The
 probe reads ``/proc/cpuinfo``'s flags (AVX2, AVX-512F, AVX-512 VNNI, AVX512-BF16, AMX-TILE/INT8/
 BF16) and, only where AMX is listed, asks the kernel for the AMX tile state with

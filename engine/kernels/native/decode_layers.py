@@ -1,6 +1,6 @@
 """Every decoder layer of a step in one native call (``csrc/decode_layers.c``).
 
-Where it sits: ``engine/model/fused_decode.py`` gathers a Llama model's per-layer operands into
+Where it sits: ``engine/model/fused_layers.py`` gathers a Llama model's per-layer operands into
 :class:`LayerOperands` once and calls :meth:`NativeDecodeLayers.run` from the model's forward for a
 step of decode rows and prompt chunks; the C side runs the per-op path's own kernels (this
 library's norm, matmul, RoPE, attention and SiLU*up) back to back, so its result is that path's,

@@ -1,6 +1,6 @@
 """The quantised matmul in C (``csrc/quant_gemm.c``): activations against GGUF blocks repacked at load.
 
-Where it sits: a model served with ``--quantization gguf`` (``engine/model/quant_loader.py``) reads
+Where it sits: a model served with ``--quantization gguf`` (``engine/loader/gguf_loader.py``) reads
 each linear's weight as the .gguf file's block rows (:class:`QuantWeight`);
 ``kernels/quant_linear.py`` repacks them once (:meth:`NativeQuant.pack`, ``csrc/quant_pack.c``:
 16 output rows interleaved per 4 values, the layout of ``csrc/quant_layout.h``) into a

@@ -2,11 +2,11 @@
 
 Where it sits: ``layers/linear/config.py`` resolves one :class:`~.config.QuantizationConfig` per
 engine and names the :class:`LinearMethod` every layer matmul gets; the loaders
-(``model/loader.py``, ``model/quant_loader.py``, ``model/hf_quant_loader.py``) read raw weights and
+(``loader/hf_loader.py``, ``loader/gguf_loader.py``, ``loader/hf_quant.py``) read raw weights and
 hand them to that method, which stacks them (:meth:`LinearMethod.create`), lays them out or packs
 them once (:meth:`LinearMethod.process`: the after-loading step) and returns a
 :class:`LinearKernel`, whose call is the method's apply. What the one-call native decode needs of a
-matmul is the kernel's own :meth:`LinearKernel.native_operand` (``model/fused_decode.py`` asks
+matmul is the kernel's own :meth:`LinearKernel.native_operand` (``model/fused_layers.py`` asks
 nothing else). As vLLM's ``QuantizeMethodBase``, with the weights bound into the kernel.
 """
 

@@ -1,7 +1,7 @@
 """How many bytes weights hold, however they are stored: every tensor reachable from them, once.
 
 Where it sits: :meth:`~.base.LinearMethod.resident_bytes` counts one kernel's weights and
-``model/resident.py`` a whole model's (its parameters, its embedding and every resolved matmul),
+``loader/resident.py`` a whole model's (its parameters, its embedding and every resolved matmul),
 which the loaders log at start. A weight may live in packed blocks, int8 rows and their scales, or
 the parts of a concatenated matmul: each storage is counted once (two views of one storage once).
 """

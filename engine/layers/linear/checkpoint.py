@@ -2,7 +2,7 @@
 
 Where it sits: the engine's quantization config (``config.py`` beside it) asks
 :func:`checkpoint_quantization` of a Hugging Face folder before anything is loaded, and
-``engine/model/hf_quant_loader.py`` loads what it names as it is. Two formats of
+``engine/loader/hf_quant.py`` loads what it names as it is. Two formats of
 compressed-tensors (``quantization_config.quant_method == "compressed-tensors"``, llm-compressor's
 output) are taken: FP8 (``float-quantized``, float8_e4m3fn weights) and W8A8 int8
 (``int-quantized``), 8-bit symmetric weights with a per-channel (or per-tensor) ``weight_scale``;

@@ -2,7 +2,7 @@
 
 Where it sits: ``ModelRunner`` calls :func:`resolve_quantization` once, first, before it starts a
 tensor-parallel worker or reads a weight; the config then picks the loader
-(``model/loaders.py``, by :attr:`QuantizationConfig.loader`) and names the
+(``loader/registry.py``, by :attr:`QuantizationConfig.loader`) and names the
 ``layers/linear`` method the loader hands every linear to. As vLLM infers it, the checkpoint says
 what it is: a GGUF ``--model`` (a .gguf file, or a folder holding one) is served in its blocks, a
 Hugging Face folder whose config.json carries a compressed-tensors scheme in that scheme
@@ -60,7 +60,7 @@ class QuantizationConfig:
 
     @property
     def loader(self) -> str:
-        """The loader registered by this name in ``model/loaders.py``."""
+        """The loader registered by this name in ``loader/registry.py``."""
         if self.stored == "gguf":
             return "gguf"
         return "quantized" if self.quantized else "float"
@@ -92,7 +92,7 @@ FLOAT = QuantizationConfig("float", "float", "a float checkpoint")
 
 @dataclass(frozen=True, slots=True)
 class GgufModel:
-    """The GGUF file ``--model`` names (``model/quant_loader.py``'s ``gguf_model``): by path
+    """The GGUF file ``--model`` names (``loader/gguf_loader.py``'s ``gguf_model``): by path
     (``by_path``: a .gguf, a folder of one), or by an alias (``smollm2``: float unless asked)."""
 
     file: Path

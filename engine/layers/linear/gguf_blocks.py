@@ -1,7 +1,7 @@
 """The GGUF method: linears kept in a GGUF file's blocks, repacked once for the native kernel.
 
 Where it sits: ``layers/linear/config.py`` names it for a GGUF ``--model`` (detected, or
-``--quantization gguf``); ``model/quant_loader.py`` reads each linear's block rows (or floats,
+``--quantization gguf``); ``loader/gguf_loader.py`` reads each linear's block rows (or floats,
 where the file stores some in F32/F16) and hands them here. :meth:`GgufMethod.create` stacks
 q/k/v (gate/up) into one weight where they share a block format, :meth:`GgufMethod.process`
 repacks the blocks into groups of 16 output rows (``native/csrc/quant_layout.h``, the only copy

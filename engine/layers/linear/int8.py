@@ -2,7 +2,7 @@
 
 Where it sits: ``layers/linear/config.py`` names it for ``--quantization int8`` (floats quantised
 at load, :meth:`Int8Method.quantize`) and for a compressed-tensors W8A8 int8 checkpoint on the CPU;
-``model/hf_quant_loader.py`` hands it each linear's :class:`Int8Weight`. The kernel
+``loader/hf_quant.py`` hands it each linear's :class:`Int8Weight`. The kernel
 (``kernels/int8_linear.py``) quantises each token's activations to int8 and takes exact int32
 dots: the native kernel below ``ONEDNN_MIN_ROWS`` rows (the one-call decode's operand),
 ``torch._int_mm`` from there. The embedding keeps int8 rows and dequantises the rows a step reads.

@@ -1,7 +1,7 @@
 """``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter``: adapters at run time, vLLM's bodies.
 
 Where it sits: the API process forwards each to the engine core as a ``LoraCmd``
-(``engine/core.py``), where ``Engine.load_lora`` checks the adapter's config and weights
+(``engine/core/loop.py``), where ``Engine.load_lora`` checks the adapter's config and weights
 before registering it (nothing resident changes until a request asks for it) and
 ``Engine.unload_lora`` refuses an adapter a request still runs or waits under. A refusal is
 the OpenAI error body naming the field: 400 bad adapter or name taken, 404 unknown adapter,

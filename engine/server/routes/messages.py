@@ -31,7 +31,7 @@ from kvfleet.anthropic_api import (
     MessagesRequest,
     anthropic_error_body,
 )
-from kvfleet.engine.async_engine import EngineDeadError
+from kvfleet.engine.client.async_engine import EngineDeadError
 from kvfleet.engine.outputs import CompletionOutput
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.chat_prompt import chat_prompt_ids

@@ -16,8 +16,8 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels import packing
 from kvfleet.engine.kernels.native import cpu_features
 from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight, bf16_available
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.runner.model_runner import ModelRunner
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 
 HAS_BF16_PATH = cpu_features.probe_cpu_paths().bf16.path != "none"
 needs_bf16 = pytest.mark.skipif(
@@ -81,13 +81,13 @@ def test_only_a_cpu_with_a_bf16_path_prepacks_a_bf16_model(monkeypatch: pytest.M
 def test_bf16_on_a_cpu_without_a_bf16_path_is_kept_unpacked_and_warned_about(
     tiny: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import kvfleet.engine.runner as runner_module
+    import kvfleet.engine.runner.model_runner as runner_module
 
     avx2 = cpu_features.choose_cpu_paths(frozenset({"avx2"}), None)
     monkeypatch.setattr(packing, "probe_cpu_paths", lambda: avx2)
     monkeypatch.setattr(runner_module, "probe_cpu_paths", lambda: avx2)
     config = EngineConfig(model=str(tiny), dtype="bfloat16", device="cpu", num_kv_blocks=8)
-    with caplog.at_level(logging.WARNING, logger="kvfleet.engine.runner"):
+    with caplog.at_level(logging.WARNING, logger="kvfleet.engine.runner.model_runner"):
         runner = ModelRunner(config, tiny)
     assert runner.dtype == torch.bfloat16 and runner.weight_packing is None
     assert "dtype bfloat16 kept as asked" in caplog.text and "use --dtype float32" in caplog.text

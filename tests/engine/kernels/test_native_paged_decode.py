@@ -23,7 +23,7 @@ from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend, to
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 from kvfleet.engine.kernels.native import build, paged_decode
 from kvfleet.engine.kernels.native.paged_decode import PagedCache
-from kvfleet.engine.runner import resolve_backend
+from kvfleet.engine.runner.model_runner import resolve_backend
 
 from .conftest import MHA_GQA2_GQA4, heads, needs_compiler, shapes
 

@@ -25,15 +25,15 @@ from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.kernels.native.int8_gemm import load_int8, quantize_per_channel
 from kvfleet.engine.kernels.native.quant_gemm import load_quant
 from kvfleet.engine.kernels.operand import NativeOperand
+from kvfleet.engine.loader.sources import resolve_model
 from kvfleet.engine.lora.config import read_adapter_config
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV
 from kvfleet.engine.lora.weights import LoraWeights, load_weights
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.projections import Matmuls
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.model.tiny_gguf import write_gguf
 from kvfleet.engine.outputs import RequestOutput
+from kvfleet.engine.testing.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from ..lora.conftest import make_adapter
 

@@ -20,12 +20,12 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.layers.linear import QuantizationConfig, resolve_quantization
 from kvfleet.engine.layers.linear.config import FLOAT
 from kvfleet.engine.layers.linear.gguf_blocks import QuantEmbedding
+from kvfleet.engine.loader.gguf_loader import gguf_model
+from kvfleet.engine.loader.sources import resolve_model
 from kvfleet.engine.model.errors import ModelLoadError
-from kvfleet.engine.model.quant_loader import gguf_model
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.model.tiny_gguf import write_gguf
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.runner.model_runner import ModelRunner
+from kvfleet.engine.testing.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 CPU, F32 = torch.device("cpu"), torch.float32
 

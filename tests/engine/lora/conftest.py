@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvfleet.engine.model.tiny import PAD_ID
+from kvfleet.engine.testing.tiny import PAD_ID
 
 from ..model.conftest import make_checkpoint
 

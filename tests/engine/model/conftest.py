@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
-from kvfleet.engine.model.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
+from kvfleet.engine.testing.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Prompts of the byte-level tiny tokenizer (256 is <s>): short, one-block, long and block-crossing.

@@ -1,4 +1,4 @@
-"""A decode step through one native call (model/fused_decode.py, csrc/decode_layers.c) is the per-op path's.
+"""A decode step through one native call (model/fused_layers.py, csrc/decode_layers.c) is the per-op path's.
 
 The call runs the per-op path's own kernels in its order, so a step's logits and the K/V it
 stores are equal bit for bit, on every checkpoint variant (GQA with llama3 rope, a sliding
@@ -31,10 +31,10 @@ from kvfleet.engine.kernels.native.quant_gemm import PATHS, load_quant
 from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.quant_linear import dequantised
-from kvfleet.engine.model.fused_decode import FusedDecode
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.model.tiny_gguf import write_gguf
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.loader.sources import resolve_model
+from kvfleet.engine.model.fused_layers import FusedLayers as FusedDecode
+from kvfleet.engine.runner.model_runner import ModelRunner
+from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 pytestmark = pytest.mark.skipif(
     not NativePackedWeight.available(), reason="the native library does not build here"

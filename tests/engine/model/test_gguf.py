@@ -20,14 +20,14 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.model import sources
+from kvfleet.engine.loader import sources
+from kvfleet.engine.loader.gguf_convert import gguf_folder
+from kvfleet.engine.loader.sources import gguf_source, resolve_model, served_name
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
-from kvfleet.engine.model.gguf_convert import gguf_folder
-from kvfleet.engine.model.sources import gguf_source, resolve_model, served_name
-from kvfleet.engine.model.tiny import TINY_CONFIG, build_tiny_model
-from kvfleet.engine.model.tiny_gguf import SentencePiece, write_gguf
-from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.testing.tiny import TINY_CONFIG, build_tiny_model
+from kvfleet.engine.testing.tiny_gguf import SentencePiece, write_gguf
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 C = TINY_CONFIG
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, *range(40, 69)], [256, 1, 2, 3]]

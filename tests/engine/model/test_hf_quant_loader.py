@@ -1,5 +1,5 @@
 """``--quantization int8``/``fp8`` on Hugging Face checkpoints, and compressed-tensors checkpoints
-loaded as they are (engine/model/hf_quant_loader.py, engine/layers/linear/checkpoint.py), on the CPU.
+loaded as they are (engine/loader/hf_quant.py, engine/layers/linear/checkpoint.py), on the CPU.
 
 The tiny model served int8 must keep most greedy tokens of the float32 model (its weights are
 random: near-tied logits flip under int8's error, so the share of prompts whose next greedy token
@@ -22,10 +22,10 @@ from kvfleet.engine.kernels.int8_linear import Int8Linear
 from kvfleet.engine.kernels.linear import TorchLinear
 from kvfleet.engine.kernels.native.int8_gemm import load_int8, quantize_per_channel
 from kvfleet.engine.layers.linear.checkpoint import checkpoint_quantization, scheme_of
+from kvfleet.engine.loader.hf_quant import Int8Embedding, resident_weight_bytes, serving_target
 from kvfleet.engine.model.errors import ModelLoadError
-from kvfleet.engine.model.hf_quant_loader import Int8Embedding, resident_weight_bytes, serving_target
 from kvfleet.engine.model.llama import DecoderLayer
-from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 
 CPU = torch.device("cpu")
 # 48 prompts of 3 to 10 ids; each one's first greedy token is compared: a later token depends on

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.loader.hf_loader import load_model, weight_files
 from kvfleet.engine.model.config import ModelLoadError
-from kvfleet.engine.model.loader import load_model, weight_files
-from kvfleet.engine.runner import build_runner
+from kvfleet.engine.runner.model_runner import build_runner
 
 CPU = torch.device("cpu")
 

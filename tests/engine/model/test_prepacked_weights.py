@@ -19,7 +19,7 @@ from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.packing.mkl import MklPackedWeight
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.packing.onednn import OnednnPackedWeight
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.runner.model_runner import ModelRunner
 
 AVAILABLE = {
     "mkl": MklPackedWeight.available(),

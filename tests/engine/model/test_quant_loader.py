@@ -15,12 +15,12 @@ import torch
 from kvfleet.engine import LLM, SamplingParams, cli
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.quant_linear import QuantLinear, dequantised
+from kvfleet.engine.loader.gguf_loader import QuantEmbedding, quantized_source, resident_weight_bytes
+from kvfleet.engine.loader.hf_loader import load_model
+from kvfleet.engine.loader.sources import resolve_model
 from kvfleet.engine.model.config import ModelLoadError
 from kvfleet.engine.model.llama import DecoderLayer
-from kvfleet.engine.model.loader import load_model
-from kvfleet.engine.model.quant_loader import QuantEmbedding, quantized_source, resident_weight_bytes
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.model.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 
 
 def test_int8_and_fp8_are_accepted_by_the_config() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from kvfleet.engine.batch import flatten_plan
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.runner import ModelRunner
+from kvfleet.engine.model.batch import flatten_plan
+from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import Sequence

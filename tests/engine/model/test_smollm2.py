@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.detokenizer import IncrementalDetokenizer
-from kvfleet.engine.model.sources import resolve_model, smollm2_gguf
-from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.loader.sources import resolve_model, smollm2_gguf
+from kvfleet.engine.tokenizer.detokenizer import IncrementalDetokenizer
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 pytestmark = pytest.mark.slow
 

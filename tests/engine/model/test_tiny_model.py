@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from kvfleet.engine.config import EngineConfig
-from kvfleet.engine.model.tiny import build_tiny_model, ensure_tiny_model
-from kvfleet.engine.runner import build_runner
+from kvfleet.engine.runner.model_runner import build_runner
+from kvfleet.engine.testing.tiny import build_tiny_model, ensure_tiny_model
 
 FILES = [
     "config.json",

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer
 
-from kvfleet.engine.detokenizer import IncrementalDetokenizer
-from kvfleet.engine.model.tokenizer import ChatTemplateError, HFTokenizer
+from kvfleet.engine.tokenizer.detokenizer import IncrementalDetokenizer
+from kvfleet.engine.tokenizer.hf import ChatTemplateError, HFTokenizer
 
 TEXT = "héllo 🙂 世界!"
 MESSAGES = [

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvfleet.engine.detokenizer import IncrementalDetokenizer
-from kvfleet.engine.model.sources import resolve_model, smollm2_gguf
-from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.loader.sources import resolve_model, smollm2_gguf
+from kvfleet.engine.tokenizer.detokenizer import IncrementalDetokenizer
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=48)
 SETTINGS = settings(

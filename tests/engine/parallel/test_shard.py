@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from kvfleet.engine.model.errors import ModelLoadError
-from kvfleet.engine.parallel.shard import Span, all_shards, contiguous_split, lora_slices, rank_shard
+from kvfleet.engine.parallel.shard import AxisSpan as Span
+from kvfleet.engine.parallel.shard import all_shards, contiguous_split, lora_slices, rank_shard
 
 
 @dataclass(frozen=True)

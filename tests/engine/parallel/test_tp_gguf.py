@@ -25,12 +25,12 @@ from safetensors.numpy import load_file
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.kernels.native.quant_gemm import QuantWeight, load_quant
 from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding
+from kvfleet.engine.loader.gguf_loader import RankCut
 from kvfleet.engine.model.errors import ModelLoadError
-from kvfleet.engine.model.quant_loader import RankCut
-from kvfleet.engine.model.tiny import ensure_tiny_model
-from kvfleet.engine.model.tiny_gguf import write_gguf
 from kvfleet.engine.outputs import RequestOutput
 from kvfleet.engine.parallel.shard import rank_shard
+from kvfleet.engine.testing.tiny import ensure_tiny_model
+from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from ..lora.conftest import make_adapter
 from .compare import assert_same_greedy

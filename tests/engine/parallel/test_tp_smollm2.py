@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.model.sources import resolve_model
-from kvfleet.engine.model.tokenizer import HFTokenizer
+from kvfleet.engine.loader.sources import resolve_model
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 from .compare import assert_same_greedy
 

@@ -9,14 +9,15 @@ from collections import deque
 import pytest
 
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
-from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched import budget as budgets
 from kvfleet.engine.sched.budget import BudgetLimits, StepBudget, TokenBudget, make_budget
-from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
+from kvfleet.engine.sched.plan import ScheduledSeq
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sched.step_cost import StepCostModel
 from kvfleet.engine.sequence import Sequence
+
+from .stepping import step, summary
 
 PRIOR = (2.0**-6, 2.0**-10, 2.0**-9, 0.0)
 
@@ -33,16 +34,6 @@ def add(s: Scheduler, rid: str, prompt_len: int, arrival: float) -> Sequence:
     )
     s.add(seq)
     return seq
-
-
-def step(s: Scheduler) -> SchedulerPlan:
-    plan = s.schedule()
-    s.update(plan, {e.seq.seq_id: SampleResult(7) for e in plan.scheduled if e.sample})
-    return plan
-
-
-def summary(plan: SchedulerPlan) -> list[tuple[str, int, int]]:
-    return [(e.seq.request_id, e.num_computed_before, e.num_new_tokens) for e in plan.scheduled]
 
 
 def test_without_a_time_bound_the_scheduler_holds_the_token_budget_and_serves_in_policy_order() -> None:

@@ -8,11 +8,11 @@ head and a private tail so exact block ids and chunk sizes can be asserted step 
 """
 
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
-from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampling_params import SamplingParams
-from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.sched.scheduler import SHARED_PREFIX_WAIT_TOKENS, Scheduler
 from kvfleet.engine.sequence import Sequence, SequenceStatus
+
+from .stepping import step, summary
 
 HEAD = list(range(100, 140))  # 40 tokens: 10 full blocks of 4
 LONG = list(range(200, 280))  # 80 tokens: 20 full blocks of 4
@@ -27,16 +27,6 @@ def add(s: Scheduler, rid: str, prompt: list[int], arrival: float) -> Sequence:
     seq = Sequence(rid, prompt, SamplingParams(), arrival_time=arrival)
     s.add(seq)
     return seq
-
-
-def step(s: Scheduler) -> SchedulerPlan:
-    plan = s.schedule()
-    s.update(plan, {e.seq.seq_id: SampleResult(7) for e in plan.scheduled if e.sample})
-    return plan
-
-
-def summary(plan: SchedulerPlan) -> list[tuple[str, int, int]]:
-    return [(e.seq.request_id, e.num_computed_before, e.num_new_tokens) for e in plan.scheduled]
 
 
 def test_the_threshold_is_32_tokens() -> None:

@@ -10,12 +10,13 @@ import random
 import pytest
 
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
-from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sched.plan import SchedulerPlan
 from kvfleet.engine.sched.scheduler import Scheduler
 from kvfleet.engine.sched.step_cost import StepCostModel, StepShape, StepTimeBudget
 from kvfleet.engine.sequence import Sequence
+
+from .stepping import step, summary
 
 FIXED, PER_TOKEN, PER_ROW = 2.0**-6, 2.0**-10, 2.0**-9
 PRIOR = (FIXED, PER_TOKEN, PER_ROW, 0.0)
@@ -44,21 +45,11 @@ def add(s: Scheduler, rid: str, prompt: list[int] | int, arrival: float = 0.0) -
     return seq
 
 
-def step(s: Scheduler) -> SchedulerPlan:
-    plan = s.schedule()
-    s.update(plan, {e.seq.seq_id: SampleResult(7) for e in plan.scheduled if e.sample})
-    return plan
-
-
 def decodes_running(s: Scheduler, n: int = 32) -> list[Sequence]:
     seqs = [add(s, f"d{i}", 4, arrival=i) for i in range(n)]
     first = step(s)  # nothing decodes yet: no stream to protect, the cap alone bounds the step
     assert [e.num_new_tokens for e in first.scheduled] == [4] * n
     return seqs
-
-
-def summary(plan: SchedulerPlan) -> list[tuple[str, int, int]]:
-    return [(e.seq.request_id, e.num_computed_before, e.num_new_tokens) for e in plan.scheduled]
 
 
 def predicted(plan: SchedulerPlan) -> float:

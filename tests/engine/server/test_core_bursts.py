@@ -15,7 +15,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from kvfleet.engine.core_link import frame
+from kvfleet.engine.link import frame
 from kvfleet.testing.processes import engine_process
 
 WORDS = ["alpha", "beta", "gamma", "delta", "kv", "fleet", "token", "cache", "über", "naïve"]

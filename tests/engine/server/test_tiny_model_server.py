@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import openai
 
-from kvfleet.engine.llm import LLM
+from kvfleet.engine.client.llm import LLM
 from kvfleet.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.engine import Engine
+from kvfleet.engine.core.engine import Engine
 from kvfleet.engine.outputs import ReqDelta
 from kvfleet.engine.sampling_params import StructuredOutputSpec
 from kvfleet.engine.structured import compiler

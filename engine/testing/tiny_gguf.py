@@ -1,0 +1,120 @@
+"""The ``tiny`` model (``testing/tiny.py``) as a GGUF file: its config and tokenizer as metadata, any
+state dict's tensors in a chosen ggml type, the q/k weights permuted as llama.cpp's converter does.
+
+Where it sits: beside ``testing/tiny.py``, for the tests and benches that serve a GGUF checkpoint without
+downloading one (``loader/gguf_convert.py`` and ``loader/gguf_loader.py`` read it back). Written with the
+``gguf`` package's own writer, so the file is what llama.cpp's tools would produce.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gguf
+import numpy as np
+
+from kvfleet.engine.testing.tiny import BOS, CHAT_TEMPLATE, EOS, PAD, TINY_CONFIG
+from kvfleet.engine.tokenizer.hf import _byte_decoder
+
+C = TINY_CONFIG
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+# The tiny tokenizer's vocabulary in id order: the 256 bytes (GPT-2's alphabet), then its 3 special tokens.
+TOKENS = [c for c, _ in sorted(_byte_decoder().items(), key=lambda kv: kv[1])] + [BOS, EOS, PAD]
+
+
+class SentencePiece(NamedTuple):
+    tokens: list[str]
+    types: list[int]
+    scores: list[float]
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's ``LlamaModel.permute`` (for k, n_head is the KV head count)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf: str) -> str:
+    if hf in GLOBAL_NAMES:
+        return GLOBAL_NAMES[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+
+
+def write_gguf(
+    path: Path,
+    weights: dict[str, np.ndarray],
+    *,
+    arch: str = "llama",
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    skip: tuple[str, ...] = (),
+    vocab: SentencePiece | None = None,
+    rope_freqs: list[float] | None = None,
+) -> Path:
+    """The tiny model's config and tokenizer as GGUF metadata, ``weights`` as tensors of ``qtype``."""
+    w = gguf.GGUFWriter(str(path), arch)
+    meta: dict[str, Any] = {
+        f"{arch}.context_length": C["max_position_embeddings"],
+        f"{arch}.embedding_length": C["hidden_size"],
+        f"{arch}.block_count": C["num_hidden_layers"],
+        f"{arch}.feed_forward_length": C["intermediate_size"],
+        f"{arch}.attention.head_count": C["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": C["num_key_value_heads"],
+        f"{arch}.rope.freq_base": C["rope_theta"],
+        f"{arch}.attention.layer_norm_rms_epsilon": C["rms_norm_eps"],
+    }
+    for key, value in meta.items():
+        if key not in skip:
+            (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
+    if vocab is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(TOKENS)
+        w.add_token_types([1] * 256 + [3] * 3)
+        w.add_bos_token_id(256)
+        w.add_eos_token_id(257)
+        w.add_pad_token_id(258)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(vocab.tokens)
+        w.add_token_types(vocab.types)
+        w.add_token_scores(vocab.scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHAT_TEMPLATE)
+    heads, kv_heads = C["num_attention_heads"], C["num_key_value_heads"]
+    for name, array in weights.items():
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            array = permute(array, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            array = permute(array, kv_heads)
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name(name), np.ascontiguousarray(array))  # float32 (or a test's own type)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.array(rope_freqs, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
