@@ -340,6 +340,9 @@ class ModelRunner:
             return "tensor parallelism: the native call holds no all-reduce"
         if not self.model.use_fused_decode:
             return "the native call is turned off"
+        layer = self.model.no_native_layer()
+        if layer is not None:
+            return layer
         if unbuilt:
             return f"these weights ({self.dtype}, {self.device.type}) do not fit the native call"
         return f"the {type(self.backend).__name__} runs no native call"

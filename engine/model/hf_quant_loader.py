@@ -50,7 +50,7 @@ from kvfleet.engine.layers.linear.int8 import Int8Embedding, Int8Method
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
-from kvfleet.engine.model.loader import load_config, weight_files
+from kvfleet.engine.model.loader import build_model, load_config, weight_files
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.resident import resident_weight_bytes
 from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
@@ -226,7 +226,7 @@ def load_hf_with(
     plan = _Plan(Tensors(folder), quant, dtype, device, shard)
     config = load_config(folder)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(config, shard)
+        llama = build_model(config, shard)
     llama.model.rotary_emb.reset_buffers(device)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)

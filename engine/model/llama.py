@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) in plain torch, over one flat token batch.
+"""The shared decoder (Llama 2/3, Mistral, Qwen2, Qwen3) in plain torch, over one flat token batch.
 
 Where it sits: the runner flattens a scheduler plan into ``input_ids`` and ``positions``
 of shape (T,) plus one :class:`AttentionMetadata`, and calls :meth:`LlamaForCausalLM.forward`;
@@ -9,7 +9,10 @@ Submodule names follow the Hugging Face checkpoints (``model.layers.0.self_attn.
 ...) so ``state_dict`` keys are the safetensors names; the numerics follow transformers
 (RMSNorm in float32, RoPE cos/sin in float32, rotate-half layout) so greedy output is
 the same token for token. Each attention layer carries its own sliding window (None: full
-causal attention) and hands it to the backend with the query.
+causal attention) and hands it to the backend with the query. A family registered in
+``registry.py`` with this class sets its differences in the config (q/k/v biases, Qwen3's
+``qk_norm``: an RMSNorm over each q and k head before the rotary); a family whose layers differ
+more builds its own class from these layers (``families/*.py``).
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ class Attention(ProjectedBlock):
         self.k_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(heads * d, h, bias=o_bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.scale = d**-0.5
 
     def forward(
@@ -136,7 +141,10 @@ class Attention(ProjectedBlock):
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
-        qk = apply_rope(qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d)), *rope)
+        qk = qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d))
+        if self.q_norm is not None and self.k_norm is not None:  # per head, before the rotary
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
+        qk = apply_rope(qk, *rope)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
         layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window)
@@ -309,9 +317,15 @@ class LlamaForCausalLM(nn.Module):
             self._lm_head = FLOAT_METHOD.process(self.lm_head.weight, None, self.packed_lm_head)
         return self._lm_head
 
+    def no_native_layer(self) -> str | None:
+        """Why this model's layers cannot run in the native decode call (None: they may)."""
+        if self.config.qk_norm:
+            return f"{self.config.architecture}'s q/k norms are not part of the native decode call"
+        return None
+
     def fused_decode(self) -> FusedDecode | None:
         """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
-        if not self.use_fused_decode or self.comm is not None:
+        if not self.use_fused_decode or self.comm is not None or self.no_native_layer() is not None:
             return None
         if self._fused is None:
             layers = list(self.model.layers)

@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
+from kvfleet.engine.model.registry import model_class, resolve_architecture
 from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -33,12 +34,21 @@ def load_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_file(folder / "config.json")
 
 
+def build_model(config: ModelConfig, shard: ShardSpec | None = None) -> LlamaForCausalLM:
+    """The model class the config's family registered (``registry.py``), built at this rank's sizes."""
+    spec = resolve_architecture([config.architecture])
+    if spec is None:  # a ModelConfig is only made for a registered architecture
+        raise ModelLoadError(f"architecture {config.architecture} is not registered")
+    model: LlamaForCausalLM = model_class(spec)(config, shard)
+    return model
+
+
 def load_model(
     folder: Path, dtype: torch.dtype, device: torch.device, shard: ShardSpec | None = None
 ) -> LlamaForCausalLM:
     config = load_config(folder)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, shard)
+        model = build_model(config, shard)
     _materialise(model, dtype, device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -28,9 +28,9 @@ from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
 from kvfleet.engine.layers.linear.config import GgufModel
 from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding, Weight
 from kvfleet.engine.model.config import ModelLoadError
-from kvfleet.engine.model.gguf_convert import PERMUTED_QK, hf_name, read_gguf, unpermute_qk
+from kvfleet.engine.model.gguf_convert import hf_name, permuted_qk, read_gguf, unpermute_qk
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
-from kvfleet.engine.model.loader import load_config
+from kvfleet.engine.model.loader import build_model, load_config
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.resident import resident_weight_bytes
 from kvfleet.engine.model.sources import SMOLLM2, gguf_source, smollm2_gguf
@@ -83,9 +83,9 @@ def load_quantized_model(
     tensors = {t.name: t for t in gguf.tensors}
     config = load_config(folder)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(config)
+        llama = build_model(config)
     llama.model.rotary_emb.reset_buffers(device)
-    permute = gguf.arch in PERMUTED_QK
+    permute = permuted_qk(gguf.arch)
     heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)
