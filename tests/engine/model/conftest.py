@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from kvfleet.engine.model.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
 
@@ -107,6 +107,16 @@ VARIANTS |= {
         max_window_layers=1,
     ),
 }
+# Qwen3: q/k norms, a head_dim (32) apart from hidden/heads (16), no biases, a window of 6 keys on layer 1.
+VARIANTS["qwen3-window"] = lambda: Qwen3Config(
+    **COMMON,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    use_sliding_window=True,
+    sliding_window=6,
+    max_window_layers=1,
+)
 SHARD_SIZE = "100KB"
 
 
@@ -126,6 +136,11 @@ def make_checkpoint(variant: str, folder: Path) -> Path:
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0.0, 0.2)
+    if "qwen3" in variant:  # transformers initialises norms at one; make the q/k norms count
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.normal_(1.0, 0.3)
     shard = SHARD_SIZE if "sharded" in variant else "50GB"
     model.save_pretrained(folder, max_shard_size=shard, safe_serialization=True)
     write_tokenizer(folder, folder.parent / f"{variant}-tok-scratch")

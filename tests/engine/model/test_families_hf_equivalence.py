@@ -1,0 +1,65 @@
+"""Each registered family beyond Llama (engine/model/families/) through the whole engine against
+transformers: 16 prompts x 32 greedy tokens with chunked prefill, prefix-cache hits and preemption
+forced, and the prefill logits within a stated tolerance. The checkpoints are tiny random ones made
+from transformers' own config classes (conftest.py), with windows shorter than the prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvfleet.engine import LLM, SamplingParams
+from kvfleet.engine.batch import flatten_plan
+
+from .test_runner_hf_equivalence import HandScheduler, make_runner, new_seq
+
+NEW_TOKENS = 32
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+SYSTEM = [256] + list(range(60, 75))  # 16 tokens (4 whole blocks) shared by every other prompt
+PROMPTS = [
+    (SYSTEM if i % 2 == 0 else [256]) + [(37 * i + 11 * j) % 256 for j in range(3 + (i * 5) % 23)]
+    for i in range(16)
+]
+# Chunked prefill (an 8-token budget), 4-token blocks and too few of them for all 16 at once.
+ENGINE: dict[str, Any] = dict(block_size=4, num_kv_blocks=48, max_num_batched_tokens=8, max_num_seqs=8)
+FAMILIES = ["qwen3-window"]
+LOGIT_TOLERANCE = 1e-4  # float32, absolute and relative
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_sixteen_prompts_decode_transformers_greedy_tokens_through_chunks_prefix_hits_and_preemption(
+    variant: str, backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+) -> None:
+    folder = hf_checkpoints[variant]
+    llm = LLM(model=str(folder), attention_backend=backend, **ENGINE)
+    first = llm.generate(PROMPTS[:1], GREEDY)  # warms the prefix cache with SYSTEM
+    rest = llm.generate(PROMPTS[1:], GREEDY)
+    ours = [out.outputs[0].token_ids for out in first + rest]
+    assert ours == [hf_greedy(folder, p, NEW_TOKENS) for p in PROMPTS]
+    stats = llm.engine.stats()
+    assert stats.num_preemptions > 0, "the batch was meant to preempt"
+    assert stats.prefix_cache_hits >= 16 * 7, "each later SYSTEM prompt was meant to hit its 4 blocks"
+    assert any(len(p) > 8 for p in PROMPTS), "some prompt was meant to need more than one 8-token chunk"
+
+
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_prefill_logits_are_within_the_stated_tolerance_of_transformers(
+    variant: str, hf_checkpoints: dict[str, Path], hf_model: Any
+) -> None:
+    folder = hf_checkpoints[variant]
+    runner, sched = make_runner(folder), HandScheduler()
+    prompts = PROMPTS[:6]
+
+    batch = flatten_plan(sched.decode_all([new_seq(p) for p in prompts]), runner.block_size, runner.device)
+    with torch.inference_mode():
+        ours = runner.model(
+            batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, batch.sample_rows
+        )
+    model = hf_model(folder)
+    with torch.no_grad():
+        theirs = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in prompts])
+    torch.testing.assert_close(ours, theirs, atol=LOGIT_TOLERANCE, rtol=LOGIT_TOLERANCE)
