@@ -17,7 +17,6 @@ import numpy as np
 from kvfleet.engine.model.tiny import BOS, CHAT_TEMPLATE, EOS, PAD, TINY_CONFIG
 from kvfleet.engine.model.tokenizer import _byte_decoder
 
-C = TINY_CONFIG
 LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -31,6 +30,8 @@ LAYER_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -68,8 +69,11 @@ def write_gguf(
     skip: tuple[str, ...] = (),
     vocab: SentencePiece | None = None,
     rope_freqs: list[float] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """The tiny model's config and tokenizer as GGUF metadata, ``weights`` as tensors of ``qtype``."""
+    """The tiny model's config (or ``config``, a config.json over the tiny vocabulary) and tokenizer
+    as GGUF metadata, ``weights`` as tensors of ``qtype``."""
+    C = TINY_CONFIG if config is None else config
     w = gguf.GGUFWriter(str(path), arch)
     meta: dict[str, Any] = {
         f"{arch}.context_length": C["max_position_embeddings"],
@@ -78,9 +82,12 @@ def write_gguf(
         f"{arch}.feed_forward_length": C["intermediate_size"],
         f"{arch}.attention.head_count": C["num_attention_heads"],
         f"{arch}.attention.head_count_kv": C["num_key_value_heads"],
-        f"{arch}.rope.freq_base": C["rope_theta"],
-        f"{arch}.attention.layer_norm_rms_epsilon": C["rms_norm_eps"],
+        f"{arch}.rope.freq_base": float(C.get("rope_theta") or C["rope_parameters"]["rope_theta"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(C["rms_norm_eps"]),
     }
+    if C.get("head_dim"):  # written by convert_hf_to_gguf where the config names it
+        meta[f"{arch}.attention.key_length"] = C["head_dim"]
+        meta[f"{arch}.attention.value_length"] = C["head_dim"]
     for key, value in meta.items():
         if key not in skip:
             (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)

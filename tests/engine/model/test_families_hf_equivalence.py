@@ -63,3 +63,12 @@ def test_prefill_logits_are_within_the_stated_tolerance_of_transformers(
     with torch.no_grad():
         theirs = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in prompts])
     torch.testing.assert_close(ours, theirs, atol=LOGIT_TOLERANCE, rtol=LOGIT_TOLERANCE)
+
+
+def test_the_step_dispatcher_says_the_native_call_does_not_hold_qwen3s_q_k_norms(
+    hf_checkpoints: dict[str, Path],
+) -> None:
+    runner, sched = make_runner(hf_checkpoints["qwen3-window"], backend="cpu"), HandScheduler()
+    route = runner.route(sched.decode_all([new_seq(PROMPTS[1])]))
+    assert route.path == "per_op"
+    assert "Qwen3ForCausalLM's q/k norms are not part of the native decode call" in route.reason
