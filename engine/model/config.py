@@ -39,6 +39,11 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each q and k head before the rotary
+    # Gemma 3: the sliding layers' own rotary base (unscaled); the MLP's activation; the attention
+    # scale's 1/sqrt(query_pre_attn_scalar) (None: 1/sqrt(head_dim)).
+    local_rope_theta: float | None = None
+    activation: str = "silu"
+    query_pre_attn_scalar: float | None = None
     o_bias: bool = False
     mlp_bias: bool = False
     rope_scaling: dict[str, Any] | None = None
@@ -98,10 +103,11 @@ def _parse(raw: dict[str, Any], spec: ArchitectureSpec) -> ModelConfig:
     if heads % kv_heads:
         raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     head_dim = int(raw.get("head_dim") or hidden // heads)
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={raw['hidden_act']!r} is not supported; only 'silu'")
     rope = _rope(raw)
     num_layers = int(raw["num_hidden_layers"])
+    family = spec.config(raw, num_layers)
+    if family.get("activation", "silu") == "silu" and raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={raw['hidden_act']!r} is not supported; only 'silu'")
     return ModelConfig(
         architecture=spec.name,
         vocab_size=int(raw["vocab_size"]),
@@ -121,16 +127,20 @@ def _parse(raw: dict[str, Any], spec: ArchitectureSpec) -> ModelConfig:
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
-        **spec.config(raw, num_layers),
+        **family,
     )
 
 
 def _rope(raw: dict[str, Any]) -> dict[str, Any]:
-    """Both spellings: ``rope_theta`` + ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5).
+    """Both spellings: ``rope_theta`` + ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5);
+    per layer type (Gemma 3's ``rope_parameters``), the full-attention layers' (the sliding ones'
+    is the family's ``local_rope_theta``).
 
     As transformers standardises them: a top-level ``original_max_position_embeddings`` wins,
     else llama3 and yarn default it to ``max_position_embeddings``."""
     params = dict(raw.get("rope_parameters") or {})
+    if isinstance(params.get("full_attention"), dict):
+        params = dict(params["full_attention"])
     scaling = raw.get("rope_scaling") or {}
     merged = {**scaling, **params}
     if "rope_theta" in raw:

@@ -227,7 +227,7 @@ def load_hf_with(
     config = load_config(folder)
     with torch.device("meta"):
         llama = build_model(config, shard)
-    llama.model.rotary_emb.reset_buffers(device)
+    llama.reset_buffers(device)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)
         prefix = f"model.layers.{i}"

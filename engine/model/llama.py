@@ -128,7 +128,7 @@ class Attention(ProjectedBlock):
         self.o_proj = nn.Linear(heads * d, h, bias=o_bias)
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
-        self.scale = d**-0.5
+        self.scale = (config.query_pre_attn_scalar or d) ** -0.5
 
     def forward(
         self, x: torch.Tensor, kv_cache: torch.Tensor, step: Step, keep: torch.Tensor | None = None
@@ -258,7 +258,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.shard = shard
         self.comm: Collective | None = None  # set once the process group is up (tp > 1)
-        self.model = LlamaModel(config, shard)
+        self.model = self.decoder(config, shard)
         self.lm_head = nn.Linear(config.hidden_size, vocab_rows(config, shard), bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -269,6 +269,14 @@ class LlamaForCausalLM(nn.Module):
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
         self._fused: tuple[FusedDecode | None] | None = None
+
+    def decoder(self, config: ModelConfig, shard: ShardSpec | None) -> nn.Module:
+        """The embedding, layers, final norm and rotary (a family with its own layers overrides it)."""
+        return LlamaModel(config, shard)
+
+    def reset_buffers(self, device: torch.device) -> None:
+        """Recompute the rotary frequencies (non-persistent buffers, uninitialised after loading)."""
+        self.model.rotary_emb.reset_buffers(device)
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and

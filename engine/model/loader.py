@@ -53,7 +53,7 @@ def load_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # A non-persistent buffer, made on the CPU in float32: moved to the device, float32 whatever the dtype.
-    model.model.rotary_emb.reset_buffers(device)
+    model.reset_buffers(device)
     _copy_weights(model, weight_files(folder), shard)
     model.pack()
     return model.eval()

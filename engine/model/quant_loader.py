@@ -84,7 +84,7 @@ def load_quantized_model(
     config = load_config(folder)
     with torch.device("meta"):
         llama = build_model(config)
-    llama.model.rotary_emb.reset_buffers(device)
+    llama.reset_buffers(device)
     permute = permuted_qk(gguf.arch)
     heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     for i, layer in enumerate(llama.model.layers):

@@ -25,7 +25,7 @@ PROMPTS = [
 ]
 # Chunked prefill (an 8-token budget), 4-token blocks and too few of them for all 16 at once.
 ENGINE: dict[str, Any] = dict(block_size=4, num_kv_blocks=48, max_num_batched_tokens=8, max_num_seqs=8)
-FAMILIES = ["qwen3-window"]
+FAMILIES = ["qwen3-window", "gemma3-window"]
 LOGIT_TOLERANCE = 1e-4  # float32, absolute and relative
 
 
@@ -65,10 +65,17 @@ def test_prefill_logits_are_within_the_stated_tolerance_of_transformers(
     torch.testing.assert_close(ours, theirs, atol=LOGIT_TOLERANCE, rtol=LOGIT_TOLERANCE)
 
 
-def test_the_step_dispatcher_says_the_native_call_does_not_hold_qwen3s_q_k_norms(
-    hf_checkpoints: dict[str, Path],
+@pytest.mark.parametrize(
+    ("variant", "why"),
+    [
+        ("qwen3-window", "Qwen3ForCausalLM's q/k norms are not part of the native decode call"),
+        ("gemma3-window", "Gemma 3's layers (sandwich norms, GeGLU, two rotary bases) are not part of"),
+    ],
+)
+def test_the_step_dispatcher_says_why_the_native_call_does_not_take_a_familys_steps(
+    variant: str, why: str, hf_checkpoints: dict[str, Path]
 ) -> None:
-    runner, sched = make_runner(hf_checkpoints["qwen3-window"], backend="cpu"), HandScheduler()
+    runner, sched = make_runner(hf_checkpoints[variant], backend="cpu"), HandScheduler()
     route = runner.route(sched.decode_all([new_seq(PROMPTS[1])]))
     assert route.path == "per_op"
-    assert "Qwen3ForCausalLM's q/k norms are not part of the native decode call" in route.reason
+    assert why in route.reason
