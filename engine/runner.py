@@ -84,6 +84,7 @@ class ModelInfo:
     # False when a block's KV depends on more than its tokens (dynamic rope: on the length of
     # the step that computed it), so a prefix-cache hit would not give transformers' result.
     prefix_caching_exact: bool = True
+    kv_window: int | None = None  # every layer slides within it: the KV manager frees blocks before it
 
 
 def pick_device(config: EngineConfig) -> torch.device:
@@ -388,5 +389,6 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInf
         vocab_size=model_config.vocab_size,
         has_chat_template=tokenizer.chat_template is not None,
         prefix_caching_exact=not rope_is_dynamic(model_config),
+        kv_window=model_config.kv_window,
     )
     return runner, tokenizer, info

@@ -58,6 +58,14 @@ class ModelConfig:
         """The longest context served: max_position_embeddings, as far as the rope scaling stretches it."""
         return rope_context_len(self)
 
+    @property
+    def kv_window(self) -> int | None:
+        """The widest window where every layer slides (blocks before it can be freed); None where
+        some layer attends to every key (Llama's, Gemma 3's global layers)."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(w for w in self.layer_windows if w is not None)
+
     def layer_window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
 

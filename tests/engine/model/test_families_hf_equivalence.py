@@ -79,3 +79,22 @@ def test_the_step_dispatcher_says_why_the_native_call_does_not_take_a_familys_st
     route = runner.route(sched.decode_all([new_seq(PROMPTS[1])]))
     assert route.path == "per_op"
     assert why in route.reason
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+def test_blocks_out_of_every_layers_window_are_freed_and_a_long_shared_prefix_still_hits_exactly(
+    backend: str, hf_checkpoints: dict[str, Path], hf_greedy: Any
+) -> None:
+    """Mistral's window of 7 keys on every layer: the engine frees each sequence's blocks as they
+    fall out of it, and a prompt sharing a 16-token prefix (longer than the window) hits the cache
+    and decodes transformers' tokens."""
+    folder = hf_checkpoints["mistral-window"]
+    llm = LLM(model=str(folder), attention_backend=backend, **ENGINE)
+    prompts = PROMPTS[:4] if backend != "triton" else [PROMPTS[0], PROMPTS[2]]  # triton runs interpreted
+    first = llm.generate(prompts[:1], GREEDY)
+    assert llm.engine.kv.window_freed_blocks > 0, "a 32-token decode past a 7-key window frees blocks"
+    rest = llm.generate(prompts[1:], GREEDY)
+    assert [o.outputs[0].token_ids for o in first + rest] == [
+        hf_greedy(folder, p, NEW_TOKENS) for p in prompts
+    ]
+    assert rest[1 if backend != "triton" else 0].num_cached_tokens == 16
