@@ -77,6 +77,8 @@ class ModelShape:
     tie_word_embeddings: bool
     max_position_embeddings: int
     attention_bias: bool = False  # Qwen2 has biases on q, k and v
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each q and k head
+    sandwich_norms: bool = False  # Gemma 3: norms after attention and before and after the MLP too
 
     @property
     def num_params(self) -> int:
@@ -90,7 +92,9 @@ class ModelShape:
         if self.attention_bias:
             attention += q_width + 2 * kv_width
         mlp = 3 * h * self.intermediate_size  # gate, up, down
-        per_layer = attention + mlp + 2 * h  # input and post-attention RMSNorm
+        per_layer = attention + mlp + (4 if self.sandwich_norms else 2) * h  # RMSNorms
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
         embeddings = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.num_layers * per_layer + embeddings + lm_head + h  # + final norm
@@ -111,6 +115,11 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         "qwen2-7b", 28, 3584, 28, 4, 128, 18944, 152064, False, 32768, attention_bias=True
     ),
     "mistral-7b": ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768),
+    "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, False, 40960, qk_norm=True),
+    # Gemma 3's KV counted on every layer: the engine keeps its sliding layers' whole (one block table).
+    "gemma-3-1b": ModelShape(
+        "gemma-3-1b", 26, 1152, 4, 1, 256, 6912, 262144, True, 32768, qk_norm=True, sandwich_norms=True
+    ),
 }
 _MODEL_ALIASES = {
     "meta-llama-3-8b": "llama-3-8b",
@@ -118,7 +127,7 @@ _MODEL_ALIASES = {
     "mistral-7b-v0.1": "mistral-7b",
 }
 
-_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}
 
 
 def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
@@ -131,7 +140,7 @@ def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | No
 
 
 def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> ModelShape:
-    """The shape of a Llama, Mistral or Qwen2 model from its Hugging Face ``config.json`` dict."""
+    """The shape of a Llama, Mistral, Qwen2, Qwen3 or Gemma 3 (text) model from its ``config.json`` dict."""
     model_type = config.get("model_type", "llama")
     if model_type not in _ARCHITECTURES:
         raise UnknownModelError(
@@ -157,6 +166,8 @@ def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> 
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_position_embeddings=_int_field(config, "max_position_embeddings", name, default=2048),
         attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type in ("qwen3", "gemma3_text"),
+        sandwich_norms=model_type == "gemma3_text",
     )
 
 
