@@ -26,6 +26,8 @@ from kvfleet.engine.model.llama import (
     Attention,
     DecoderLayer,
     LlamaForCausalLM,
+    LlamaModel,
+    RMSNorm,
     RotaryEmbedding,
     Step,
     vocab_rows,
@@ -33,13 +35,18 @@ from kvfleet.engine.model.llama import (
 from kvfleet.engine.model.tp import Collective, ShardSpec, vocab_parallel_embed
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """transformers' Gemma3RMSNorm: float32 statistics, times (1 + w) in float32, then cast."""
 
     def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
+        super().__init__(size, eps)
         self.weight = nn.Parameter(torch.zeros(size))
-        self.eps = eps
+
+    def add_forward(
+        self, x: torch.Tensor | None, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = residual if x is None else x + residual
+        return self(hidden), hidden
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -105,9 +112,9 @@ class Gemma3DecoderLayer(DecoderLayer):
         return self.post_feedforward_layernorm(h), stream
 
 
-class Gemma3Model(nn.Module):
+class Gemma3Model(LlamaModel):
     def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not LlamaModel's: its layers and norm are Llama's
         weight = torch.empty(vocab_rows(config, shard), config.hidden_size)
         if not weight.is_meta:
             nn.init.normal_(weight)
@@ -122,7 +129,7 @@ class Gemma3Model(nn.Module):
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """``forward`` as the shared decoder's, per-op: float32 logits at the rows that sample."""
 
-    def decoder(self, config: ModelConfig, shard: ShardSpec | None) -> nn.Module:
+    def decoder(self, config: ModelConfig, shard: ShardSpec | None) -> LlamaModel:
         return Gemma3Model(config, shard)
 
     def no_native_layer(self) -> str | None:
@@ -130,6 +137,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def reset_buffers(self, device: torch.device) -> None:
         super().reset_buffers(device)
+        assert isinstance(self.model, Gemma3Model)
         self.model.local_rotary_emb.reset_buffers(device)
 
     def forward(
@@ -143,6 +151,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         native: bool | None = None,
     ) -> torch.Tensor:
         comm, model = self.comm, self.model
+        assert isinstance(model, Gemma3Model)
         if comm is None:
             x = model.embed_tokens(input_ids)
         else:
@@ -156,6 +165,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         residual: torch.Tensor | None = None
         for i, (layer, kv_cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
             keep = sample_rows if prune and i == last_layer else None
+            assert isinstance(layer, Gemma3DecoderLayer)
             step = full if layer.self_attn.sliding_window is None else local
             x, residual = layer(x, kv_cache, step, residual, keep)
         assert residual is not None

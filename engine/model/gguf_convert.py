@@ -153,7 +153,7 @@ def read_gguf(path: Path) -> GGUFModel:
         if t.name == ROPE_FREQS:  # llama3 rope scaling, written as its table of per-frequency factors
             config["rope_scaling"] = llama3_rope_scaling(np.asarray(t.data, dtype=np.float32), config, source)
     _check_tensors(tensors, spec, config, source)
-    return GGUFModel(arch, config, tokenizer, tensors)
+    return GGUFModel(str(arch), config, tokenizer, tensors)
 
 
 def llama3_rope_scaling(factors: np.ndarray, config: dict[str, Any], source: str) -> dict[str, Any]:
@@ -244,7 +244,14 @@ def _hf_config(
         "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
         "pad_token_id": fields.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
-    } | spec.gguf_config(fields, arch)
+    } | _family_fields(spec, fields, arch, source)
+
+
+def _family_fields(spec: ArchitectureSpec, fields: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    try:
+        return spec.gguf_config(fields, arch)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{source}: {e}") from e
 
 
 def _f32(value: Any) -> float:
@@ -298,9 +305,9 @@ def permuted_qk(arch: str) -> bool:
     return spec is not None and spec.gguf_permuted_qk
 
 
-def hf_name(gguf_name: str, arch: str | None = None) -> str | None:
+def hf_name(gguf_name: str, arch: str) -> str | None:
     """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``; None for a name not mapped
-    (by the shared Llama names and the family's own, ``arch``'s; any family's without ``arch``)."""
+    (by the shared Llama names and the family's own, ``arch``'s, which win: Gemma's ``ffn_norm``)."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
     parts = gguf_name.split(".", 2)
@@ -310,15 +317,21 @@ def hf_name(gguf_name: str, arch: str | None = None) -> str | None:
     return None
 
 
-def _layer_names(arch: str | None) -> dict[str, str]:
-    specs = [gguf_architecture(a) for a in ([arch] if arch is not None else known_gguf_architectures())]
-    return _LAYER | {k: v for spec in specs if spec is not None for k, v in spec.gguf_layer_tensors.items()}
+def _layer_names(arch: str) -> dict[str, str]:
+    spec = gguf_architecture(arch)
+    return _LAYER if spec is None else _LAYER | dict(spec.gguf_layer_tensors)
+
+
+def norm_shift(arch: str, gguf_name: str) -> float:
+    """What llama.cpp added to this tensor (Gemma's norms: 1), to subtract back."""
+    spec = gguf_architecture(arch)
+    return spec.gguf_norm_shift if spec is not None and gguf_name.endswith("norm.weight") else 0.0
 
 
 def _check_tensors(
     tensors: list[ReaderTensor], spec: ArchitectureSpec, config: dict[str, Any], source: str
 ) -> None:
-    arch = spec.gguf_name
+    arch = str(spec.gguf_name)
     for t in tensors:
         if t.tensor_type not in SUPPORTED_TYPES:
             supported = ", ".join(q.name for q in SUPPORTED_TYPES)
@@ -348,6 +361,9 @@ def _hf_tensors(path: Path, model: GGUFModel) -> Iterator[tuple[str, np.ndarray]
             raise ModelLoadError(f"{path}: tensor {t.name} cannot be read (a truncated file? {e})") from e
         if permuted_qk(model.arch) and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             array = unpermute_qk(array, heads if "attn_q" in t.name else kv_heads)
+        shift = norm_shift(model.arch, t.name)
+        if shift:
+            array = array - np.float32(shift)
         yield str(hf_name(t.name, model.arch)), np.ascontiguousarray(array)
 
 

@@ -270,7 +270,7 @@ class LlamaForCausalLM(nn.Module):
         self.use_fused_decode = True
         self._fused: tuple[FusedDecode | None] | None = None
 
-    def decoder(self, config: ModelConfig, shard: ShardSpec | None) -> nn.Module:
+    def decoder(self, config: ModelConfig, shard: ShardSpec | None) -> LlamaModel:
         """The embedding, layers, final norm and rotary (a family with its own layers overrides it)."""
         return LlamaModel(config, shard)
 

@@ -28,7 +28,7 @@ from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
 from kvfleet.engine.layers.linear.config import GgufModel
 from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding, Weight
 from kvfleet.engine.model.config import ModelLoadError
-from kvfleet.engine.model.gguf_convert import hf_name, permuted_qk, read_gguf, unpermute_qk
+from kvfleet.engine.model.gguf_convert import hf_name, norm_shift, permuted_qk, read_gguf, unpermute_qk
 from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.loader import build_model, load_config
 from kvfleet.engine.model.projections import Matmuls
@@ -102,7 +102,7 @@ def load_quantized_model(
         layer.mlp.fixed = Matmuls(
             method.load([weight("ffn_gate"), weight("ffn_up")], None), method.load([weight("ffn_down")], None)
         )
-    _load_floats(llama, tensors)
+    _load_floats(llama, tensors, gguf.arch)
     embed = method.shared(read_weight(tensors["token_embd.weight"], None))  # the lookup's and a tied head's
     llama.model.embed_tokens = method.embedding(embed)
     head = tensors.get("output.weight")
@@ -132,15 +132,15 @@ def _floats(t: ReaderTensor) -> torch.Tensor:
     )
 
 
-def _load_floats(model: LlamaForCausalLM, tensors: dict[str, ReaderTensor]) -> None:
+def _load_floats(model: LlamaForCausalLM, tensors: dict[str, ReaderTensor], arch: str) -> None:
     """Every norm weight from the file, float32 (the linears are the blocks': they are skipped)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, t in tensors.items():
-        target = hf_name(name)
+        target = hf_name(name, arch)
         if target is None or not target.endswith("norm.weight"):
             continue
         if target not in params:
             raise ModelLoadError(f"{name}: no parameter {target} in the model")
         owner, leaf = target.rsplit(".", 1)
-        values = _floats(t).reshape(params[target].shape)
+        values = (_floats(t) - norm_shift(arch, name)).reshape(params[target].shape)
         setattr(model.get_submodule(owner), leaf, nn.Parameter(values, requires_grad=False))

@@ -41,7 +41,8 @@ class ArchitectureSpec:
     a ModelConfig and a shard (``"module:Class"``; the shared Llama-family decoder by default).
     GGUF: ``gguf_layer_tensors`` maps the family's per-layer GGUF tensor names (``attn_q_norm.weight``)
     to Hugging Face ones beyond the shared Llama set, ``gguf_required`` those a file must hold,
-    ``gguf_permuted_qk`` says llama.cpp permuted its q/k rows, ``gguf_config`` adds config.json fields."""
+    ``gguf_permuted_qk`` says llama.cpp permuted its q/k rows, ``gguf_config`` adds config.json fields,
+    ``gguf_norm_shift`` is what llama.cpp added to every ``*norm.weight``."""
 
     name: str
     gguf_name: str | None = None
@@ -51,6 +52,7 @@ class ArchitectureSpec:
     gguf_required: tuple[str, ...] = ()
     gguf_permuted_qk: bool = False
     gguf_config: GGUFFields = _no_gguf_fields
+    gguf_norm_shift: float = 0.0  # llama.cpp stores Gemma's (1 + w) norms as 1 + w: subtracted back
 
 
 _BY_NAME: dict[str, ArchitectureSpec] = {}

@@ -53,11 +53,27 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf: str) -> str:
+# llama.cpp's gemma3 names: a norm before and after the MLP, one after attention.
+GEMMA3_LAYER_NAMES = LAYER_NAMES | {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def _rope_theta(config: dict[str, Any]) -> float:
+    """The (global layers') rotary base, in either transformers spelling."""
+    if config.get("rope_theta"):
+        return float(config["rope_theta"])
+    params = config["rope_parameters"]
+    return float(params.get("full_attention", params)["rope_theta"])
+
+
+def gguf_name(hf: str, layer_names: dict[str, str] | None = None) -> str:
     if hf in GLOBAL_NAMES:
         return GLOBAL_NAMES[hf]
     _, _, layer, rest = hf.split(".", 3)
-    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+    return f"blk.{layer}.{(layer_names or LAYER_NAMES)[rest]}"
 
 
 def write_gguf(
@@ -70,9 +86,11 @@ def write_gguf(
     vocab: SentencePiece | None = None,
     rope_freqs: list[float] | None = None,
     config: dict[str, Any] | None = None,
+    more: dict[str, Any] | None = None,
 ) -> Path:
     """The tiny model's config (or ``config``, a config.json over the tiny vocabulary) and tokenizer
-    as GGUF metadata, ``weights`` as tensors of ``qtype``."""
+    as GGUF metadata (and ``more`` fields), ``weights`` as tensors of ``qtype``; for ``gemma3`` under
+    llama.cpp's names, every norm stored as 1 + w as its converter stores them."""
     C = TINY_CONFIG if config is None else config
     w = gguf.GGUFWriter(str(path), arch)
     meta: dict[str, Any] = {
@@ -82,13 +100,13 @@ def write_gguf(
         f"{arch}.feed_forward_length": C["intermediate_size"],
         f"{arch}.attention.head_count": C["num_attention_heads"],
         f"{arch}.attention.head_count_kv": C["num_key_value_heads"],
-        f"{arch}.rope.freq_base": float(C.get("rope_theta") or C["rope_parameters"]["rope_theta"]),
+        f"{arch}.rope.freq_base": _rope_theta(C),
         f"{arch}.attention.layer_norm_rms_epsilon": float(C["rms_norm_eps"]),
     }
     if C.get("head_dim"):  # written by convert_hf_to_gguf where the config names it
         meta[f"{arch}.attention.key_length"] = C["head_dim"]
         meta[f"{arch}.attention.value_length"] = C["head_dim"]
-    for key, value in meta.items():
+    for key, value in (meta | (more or {})).items():
         if key not in skip:
             (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
     if vocab is None:
@@ -109,15 +127,20 @@ def write_gguf(
     w.add_add_bos_token(True)
     w.add_chat_template(CHAT_TEMPLATE)
     heads, kv_heads = C["num_attention_heads"], C["num_key_value_heads"]
+    names = GEMMA3_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
     for name, array in weights.items():
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + np.float32(1.0)
         if arch == "llama" and name.endswith("q_proj.weight"):
             array = permute(array, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             array = permute(array, kv_heads)
         if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            w.add_tensor(gguf_name(name, names), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
-            w.add_tensor(gguf_name(name), np.ascontiguousarray(array))  # float32 (or a test's own type)
+            w.add_tensor(
+                gguf_name(name, names), np.ascontiguousarray(array)
+            )  # float32 (or a test's own type)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", np.array(rope_freqs, dtype=np.float32))
     w.write_header_to_file()

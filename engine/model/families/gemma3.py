@@ -6,6 +6,12 @@ layers with Gemma's norms, GeGLU and embedding scale). Read here as transformers
 ``Gemma3TextConfig``: ``layer_types`` (else every ``sliding_window_pattern``-th layer global),
 ``rope_parameters`` per layer type (or transformers 4's ``rope_theta`` + ``rope_local_base_freq``),
 ``query_pre_attn_scalar``, ``hidden_activation`` (tanh GELU). Logit soft-capping (Gemma 2's) is refused.
+
+GGUF (llama.cpp's ``gemma3``): the norms around the MLP are ``ffn_norm`` (before) and ``post_ffw_norm``,
+after attention ``post_attention_norm``; every norm was stored as 1 + w; the sliding layers are every
+layer but each ``sliding_window_pattern``-th (6, llama.cpp's fixed pattern, unless the file says),
+rotating with ``rope.freq_base_swa`` (10000 unless the file says); the attention scale is
+1/sqrt(head_dim) as llama.cpp computes it for every size but 27B, whose GGUF is refused.
 """
 
 from __future__ import annotations
@@ -65,8 +71,39 @@ def _gemma3(raw: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
     }
 
 
+GGUF_LAYER = {
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+
+def _gguf_fields(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    hidden, heads = int(fields[f"{arch}.embedding_length"]), int(fields[f"{arch}.attention.head_count"])
+    head_dim = int(fields.get(f"{arch}.attention.key_length") or hidden // heads)
+    if int(fields[f"{arch}.block_count"]) == 62 and hidden == 5376:
+        raise ValueError("Gemma 3 27B's GGUF scales attention by hidden/heads: not supported")
+    return {
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": fields.get(f"{arch}.attention.sliding_window"),
+        "sliding_window_pattern": int(fields.get(f"{arch}.attention.sliding_window_pattern") or 6),
+        "rope_local_base_freq": float(fields.get(f"{arch}.rope.freq_base_swa") or 10000.0),
+        "query_pre_attn_scalar": head_dim,
+    }
+
+
 register_architecture(
     ArchitectureSpec(
-        "Gemma3ForCausalLM", None, _gemma3, model="kvfleet.engine.model.gemma3:Gemma3ForCausalLM"
+        "Gemma3ForCausalLM",
+        "gemma3",
+        _gemma3,
+        model="kvfleet.engine.model.gemma3:Gemma3ForCausalLM",
+        gguf_layer_tensors=GGUF_LAYER,
+        gguf_required=tuple(k for k in GGUF_LAYER if k != "ffn_norm.weight"),
+        gguf_config=_gguf_fields,
+        gguf_norm_shift=1.0,
     )
 )
