@@ -342,7 +342,8 @@ def _check_tensors(
     unknown = sorted(n for n in names if hf_name(n, arch) is None)
     if unknown:
         raise ModelLoadError(f"{source}: tensors {unknown[:5]} are not part of a {arch} model")
-    layer_parts = [*_LAYER, *spec.gguf_required]
+    dense = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+    layer_parts = [p for p in _LAYER if spec.gguf_dense_mlp or p not in dense] + list(spec.gguf_required)
     needed = [n for n in _GLOBAL if n != "output.weight" or not config["tie_word_embeddings"]]
     needed += [f"blk.{i}.{p}" for i in range(config["num_hidden_layers"]) for p in layer_parts]
     missing = [n for n in needed if n not in names]

@@ -53,6 +53,7 @@ class ArchitectureSpec:
     gguf_permuted_qk: bool = False
     gguf_config: GGUFFields = _no_gguf_fields
     gguf_norm_shift: float = 0.0  # llama.cpp stores Gemma's (1 + w) norms as 1 + w: subtracted back
+    gguf_dense_mlp: bool = True  # the file must hold ffn_gate/ffn_up/ffn_down per layer (an MoE's: False)
 
 
 _BY_NAME: dict[str, ArchitectureSpec] = {}
