@@ -2,8 +2,8 @@
 
 Where it sits: the loader reads ``config.json`` into a :class:`ModelConfig`; the model
 (``llama.py``) is built from it; the runner sizes the KV cache from its layer, head and
-head-dim counts. Only the Llama family is known (Llama 2/3, Mistral, Qwen2); anything
-else fails here with :class:`ModelLoadError` naming the architecture and the known ones.
+head-dim counts. Known: the Llama family (Llama 2/3, Mistral, Qwen2) and its mixture-of-experts
+kin (Qwen3-MoE, Mixtral: :class:`MoeSpec`, served by ``model/moe.py``); anything else fails here with :class:`ModelLoadError` naming the architecture and the known ones.
 Sliding windows are read per layer as transformers reads them: Mistral's ``sliding_window``
 on every layer; Qwen2's only with ``use_sliding_window``, on the layers ``layer_types`` marks
 ``sliding_attention`` (when absent: layers from ``max_window_layers`` on); Llama has none.
@@ -26,8 +26,29 @@ KNOWN_ARCHITECTURES: dict[str, bool] = {
     "LlamaForCausalLM": False,
     "MistralForCausalLM": False,
     "Qwen2ForCausalLM": True,
+    "Qwen3MoeForCausalLM": False,
+    "MixtralForCausalLM": False,
+}
+# The mixture-of-experts architectures: the checkpoint's name of the block and of its expert linears.
+MOE_NAMING: dict[str, tuple[str, tuple[str, str, str]]] = {
+    "Qwen3MoeForCausalLM": ("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2")),
 }
 _QWEN2_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A sparse mixture-of-experts feed-forward: a softmax router picks ``top_k`` of ``num_experts``
+    SwiGLU experts per token (weights renormalised to sum 1 where ``renormalize``)."""
+
+    num_experts: int
+    top_k: int
+    renormalize: bool
+    expert_intermediate_size: int
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP (intermediate_size)
+    block_name: str  # the checkpoint's module name: ``mlp`` (Qwen3-MoE), ``block_sparse_moe`` (Mixtral)
+    linear_names: tuple[str, str, str]  # each expert's gate, up, down linear as the checkpoint names them
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,8 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3)
+    moe: MoeSpec | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -128,7 +151,31 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
+        qk_norm=arch == "Qwen3MoeForCausalLM",
+        moe=_moe(raw, arch, num_layers),
     )
+
+
+def _moe(raw: dict[str, Any], arch: str, num_layers: int) -> MoeSpec | None:
+    """Qwen3-MoE: ``num_experts`` (written ``num_local_experts`` by transformers 5), ``norm_topk_prob``,
+    ``moe_intermediate_size``, dense layers by ``mlp_only_layers`` and ``decoder_sparse_step``.
+    Mixtral: ``num_local_experts``, always renormalised, experts of ``intermediate_size``, every layer."""
+    if arch not in MOE_NAMING:
+        return None
+    block, names = MOE_NAMING[arch]
+    experts = int(raw.get("num_experts") or raw["num_local_experts"])
+    top_k = int(raw["num_experts_per_tok"])
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and the {experts} experts")
+    if arch == "MixtralForCausalLM":
+        return MoeSpec(
+            experts, top_k, True, int(raw["intermediate_size"]), (True,) * num_layers, block, names
+        )
+    dense = set(raw.get("mlp_only_layers") or [])
+    step = int(raw.get("decoder_sparse_step", 1))
+    sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+    renorm = bool(raw.get("norm_topk_prob", False))
+    return MoeSpec(experts, top_k, renorm, int(raw["moe_intermediate_size"]), sparse, block, names)
 
 
 def _rope(raw: dict[str, Any]) -> dict[str, Any]:
@@ -168,12 +215,14 @@ def _rope_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
 
 def _layer_windows(raw: dict[str, Any], arch: str, num_layers: int) -> tuple[int | None, ...]:
     window = raw.get("sliding_window")
-    qwen2_off = arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False)
-    if arch == "LlamaForCausalLM" or qwen2_off or window is None:
+    qwen_off = arch in ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM") and not raw.get(
+        "use_sliding_window", False
+    )
+    if arch == "LlamaForCausalLM" or qwen_off or window is None:
         return (None,) * num_layers
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"sliding_window={window!r} must be a positive integer (tokens) or null")
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
         return (window,) * num_layers
     types = raw.get("layer_types")
     if types is None:
