@@ -32,7 +32,8 @@ def test_an_unknown_architecture_is_named_with_the_known_ones(tiny_dir: Path, tm
         load_model(folder, torch.float32, CPU)
     assert str(e.value) == (
         f"{folder / 'config.json'}: architecture GPTNeoXForCausalLM is not supported; known architectures: "
-        "['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM']"
+        "['LlamaForCausalLM', 'MistralForCausalLM', 'MixtralForCausalLM', 'Qwen2ForCausalLM', "
+        "'Qwen3MoeForCausalLM']"
     )
 
 
