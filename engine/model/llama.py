@@ -124,6 +124,10 @@ class Attention(ProjectedBlock):
         self.v_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(heads * d, h, bias=o_bias)
         self.scale = d**-0.5
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # Qwen3: RMSNorm over each query and key head's dims, before the rotation
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, kv_cache: torch.Tensor, step: Step, keep: torch.Tensor | None = None
@@ -136,7 +140,10 @@ class Attention(ProjectedBlock):
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
-        qk = apply_rope(qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d)), *rope)
+        qk = qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d))
+        if self.qk_norm:
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
+        qk = apply_rope(qk, *rope)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
         layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window)
@@ -223,7 +230,9 @@ def vocab_rows(config: ModelConfig, shard: ShardSpec | None) -> int:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, shard: ShardSpec | None = None, layer: type[DecoderLayer] = DecoderLayer
+    ) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
         # import torch._dynamo, over a second of every engine start: only real weights get it.
@@ -231,7 +240,7 @@ class LlamaModel(nn.Module):
         if not weight.is_meta:
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, shard) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(layer(config, i, shard) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -243,14 +252,17 @@ class LlamaForCausalLM(nn.Module):
     intermediate columns and vocabulary slice only, an all-reduce after the embedding, o_proj and
     down_proj, and the LM head's vocabulary slices gathered on rank 0 (other ranks return their own
     slice, unread). The one-call native decode cannot hold an all-reduce: with ``comm`` it is off
-    and every step runs the per-op path."""
+    and every step runs the per-op path. ``LAYER``: the decoder layer a subclass builds
+    (``model/moe.py``'s sparse one)."""
+
+    LAYER: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
         super().__init__()
         self.config = config
         self.shard = shard
         self.comm: Collective | None = None  # set once the process group is up (tp > 1)
-        self.model = LlamaModel(config, shard)
+        self.model = LlamaModel(config, shard, self.LAYER)
         self.lm_head = nn.Linear(config.hidden_size, vocab_rows(config, shard), bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -311,7 +323,7 @@ class LlamaForCausalLM(nn.Module):
 
     def fused_decode(self) -> FusedDecode | None:
         """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
-        if not self.use_fused_decode or self.comm is not None:
+        if not self.use_fused_decode or self.comm is not None or self.config.qk_norm:
             return None
         if self._fused is None:
             layers = list(self.model.layers)

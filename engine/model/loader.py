@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
+from kvfleet.engine.model.moe import MoeForCausalLM
 from kvfleet.engine.model.tp import ShardSpec, SliceSpec, checkpoint_slice
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -37,8 +38,9 @@ def load_model(
     folder: Path, dtype: torch.dtype, device: torch.device, shard: ShardSpec | None = None
 ) -> LlamaForCausalLM:
     config = load_config(folder)
+    build = LlamaForCausalLM if config.moe is None else MoeForCausalLM
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, shard)
+        model = build(config, shard)
     _materialise(model, dtype, device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -119,6 +121,8 @@ def _slices(model: LlamaForCausalLM, names: list[str], shard: ShardSpec | None) 
         "intermediate": c.intermediate_size,
         "vocab": c.vocab_size,
     }
+    if c.moe is not None:
+        full["expert_intermediate"] = c.moe.expert_intermediate_size
     found = {name: checkpoint_slice(name, shard, c.head_dim, full) for name in names}
     return {name: spec for name, spec in found.items() if spec is not None}
 

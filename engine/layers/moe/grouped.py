@@ -100,6 +100,9 @@ def grouped_moe(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Te
     """The experts' weighted sum for each row of ``x`` (T, H), in ``x``'s dtype."""
     # Invariant: rows start .. start+n of the gathered block are exactly expert e's n assignments,
     # so each expert runs once over all its tokens and an expert without tokens never runs.
+    out = torch.zeros_like(x)
+    if x.shape[0] == 0:  # a step whose rows all stop before this layer
+        return out
     groups = group_by_expert(routing, experts.num_experts)
     gathered = x[groups.token_of]
     out_rows: list[torch.Tensor] = []
@@ -110,5 +113,4 @@ def grouped_moe(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Te
             out_rows.append(experts.down(expert, silu_mul(experts.gate_up(expert, rows))))
             start += n
     ys = torch.cat(out_rows).to(x.dtype) * groups.weight_of.to(x.dtype)[:, None]
-    out = torch.zeros(x.shape[0], ys.shape[1], dtype=x.dtype, device=x.device)
     return out.index_add_(0, groups.token_of, ys)

@@ -66,6 +66,12 @@ def test_grouped_float_experts_equal_the_per_token_reference(tokens: int) -> Non
     torch.testing.assert_close(got, moe_reference(x, routing, w13, w2), rtol=1e-5, atol=1e-5)
 
 
+def test_no_rows_give_no_rows() -> None:
+    w13, w2 = expert_weights()
+    got = grouped_moe(torch.empty(0, H), skewed_routing(0), StackedExperts(w13, w2))
+    assert got.shape == (0, H)
+
+
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_int8_experts_equal_the_reference_over_their_dequantised_weights(tokens: int) -> None:
     w13, w2 = expert_weights(2)
