@@ -5,7 +5,8 @@ Where it sits: a sparse block (``engine/model/moe.py``) routes its rows (``layer
 and calls :func:`grouped_moe` with its :class:`Experts`: :class:`StackedExperts` (float weights
 stacked (E, 2I, H) and (E, H, I), what the model holds) or :class:`KernelExperts` (each expert's two
 matmuls resolved by a linear method of ``layers/linear``: int8, GGUF blocks, packed floats). The
-Python loop runs over the experts that received a token, never over tokens. Under tensor
+Python loop runs over the experts that received a token, never over tokens. CUDA rows over float
+experts go to the Triton fused-MoE kernel (``kernels/triton/fused_moe.py``) instead. Under tensor
 parallelism each expert holds its share of the intermediate columns and the caller sums the ranks'
 outputs (one all-reduce per block, as the dense MLP's down_proj).
 """
@@ -100,6 +101,10 @@ def grouped_moe(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Te
     """The experts' weighted sum for each row of ``x`` (T, H), in ``x``'s dtype."""
     # Invariant: rows start .. start+n of the gathered block are exactly expert e's n assignments,
     # so each expert runs once over all its tokens and an expert without tokens never runs.
+    if x.is_cuda and isinstance(experts, StackedExperts):  # triton imported only where a GPU runs
+        from kvfleet.engine.kernels.triton.fused_moe import fused_moe
+
+        return fused_moe(x, routing.experts, routing.weights, experts.w13, experts.w2)
     out = torch.zeros_like(x)
     if x.shape[0] == 0:  # a step whose rows all stop before this layer
         return out
