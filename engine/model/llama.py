@@ -200,6 +200,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, layer, shard)
 
+    def feed_forward(self) -> nn.Module:
+        """The layer's feed-forward block (``model/moe.py``'s sparse layers name theirs otherwise)."""
+        return self.mlp
+
     def forward(
         self,
         x: torch.Tensor,

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvfleet.engine.layers.moe import Experts, StackedExperts, get_router, grouped_moe
+from kvfleet.engine.layers.moe import Experts, KernelExperts, StackedExperts, get_router, grouped_moe
 from kvfleet.engine.lora.context import LoraContext
 from kvfleet.engine.model.config import ModelConfig, MoeSpec
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm, Step
@@ -87,6 +87,13 @@ class SparseMoeBlock(nn.Module):
             self.pack()
         assert self.stacked is not None
         return self.stacked
+
+    def matmuls(self) -> tuple[object, ...]:
+        """What the block's weights are held in (``model/resident.py`` counts their bytes)."""
+        experts = self.experts_now()
+        if isinstance(experts, KernelExperts):
+            return (self.gate.weight, *experts.gate_ups, *experts.downs)
+        return (self.gate.weight, *experts)
 
     def forward(
         self, x: torch.Tensor, lora: LoraContext | None = None, comm: Collective | None = None
