@@ -93,7 +93,8 @@ class SparseMoeBlock(nn.Module):
         experts = self.experts_now()
         if isinstance(experts, KernelExperts):
             return (self.gate.weight, *experts.gate_ups, *experts.downs)
-        return (self.gate.weight, *experts)
+        assert isinstance(experts, StackedExperts)
+        return (self.gate.weight, experts.w13, experts.w2)
 
     def forward(
         self, x: torch.Tensor, lora: LoraContext | None = None, comm: Collective | None = None
@@ -163,6 +164,7 @@ class MoeForCausalLM(LlamaForCausalLM):
                 ffn = layer.feed_forward()
                 if isinstance(ffn, MLP):
                     store_for_matmul(ffn.output_linear())
+                assert isinstance(ffn, MLP | SparseMoeBlock)
                 ffn.pack()
             store_for_matmul(self.lm_head)
 

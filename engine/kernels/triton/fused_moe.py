@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvfleet.engine.kernels.fused_ops import silu_mul
+from kvfleet.engine.kernels.triton.fused_ops import silu_mul
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 32
 
