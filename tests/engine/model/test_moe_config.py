@@ -1,12 +1,17 @@
-"""A mixture-of-experts config.json that cannot be served is a ModelLoadError naming the field."""
+"""A mixture-of-experts config.json that cannot be served, or LoRA on one, is a ModelLoadError naming the
+field or the architecture."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvfleet.engine import LLM
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+
+from .moe_checkpoints import make_moe_checkpoint
 
 QWEN3_MOE: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 259, "hidden_size": 64, "intermediate_size": 96,
@@ -31,3 +36,11 @@ def test_decoder_sparse_step_and_mlp_only_layers_pick_the_dense_layers() -> None
         {**QWEN3_MOE, "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
     )
     assert config.moe is not None and config.moe.sparse_layers == (False, True, False, False, False, True)
+
+
+def test_lora_on_a_moe_model_is_refused_at_start_naming_the_architecture(tmp_path: Path) -> None:
+    folder = make_moe_checkpoint("mixtral", tmp_path / "mixtral")
+    with pytest.raises(
+        ModelLoadError, match=r"not supported on a mixture-of-experts model \(MixtralForCausalLM\)"
+    ):
+        LLM(str(folder), enable_lora=True, num_kv_blocks=16)
