@@ -203,6 +203,11 @@ class ModelRunner:
         self._caps_key: tuple[object, ...] | None = None
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
+        if config.lora_enabled and self.model_config.moe is not None:
+            raise ModelLoadError(
+                f"LoRA adapters (enable_lora, lora_modules) are not supported on a mixture-of-experts "
+                f"model ({self.model_config.architecture})"
+            )
         if config.lora_enabled:
             slices = None if self.shard is None else lora_slices(self.shard, self.model_config.head_dim)
             self.lora = LoraManager.for_engine(config, self.model_config, self.device, self.dtype, slices)

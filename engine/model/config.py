@@ -6,7 +6,7 @@ layer, head and head-dim counts. The architecture is resolved in the registry
 (``registry.py``); one it does not know fails here with :class:`ModelLoadError` naming the
 architecture and the known ones. The shared fields are parsed here, each family's own (q/k/v
 biases, q/k norms, sliding windows per layer, as transformers reads them) by its registry hook
-(``families/*.py``).
+(``families/*.py``; the mixture-of-experts families' :class:`MoeSpec` by ``families/moe.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kvfleet.engine.model.errors import ModelLoadError  # re-exported: raised and caught by that name
+from kvfleet.engine.model.families.moe import MoeSpec  # re-exported: the MoE model takes it here
 from kvfleet.engine.model.registry import ArchitectureSpec, known_architectures, resolve_architecture
 from kvfleet.engine.model.rope import ROPE_TYPES, rope_context_len, rope_type
 
@@ -52,6 +53,7 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    moe: MoeSpec | None = None  # Qwen3-MoE, Mixtral: the sparse feed-forward (``model/moe.py``)
 
     @property
     def max_model_len(self) -> int:

@@ -201,6 +201,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, layer, shard)
 
+    def feed_forward(self) -> nn.Module:
+        """The layer's feed-forward block (``model/moe.py``'s sparse layers name theirs otherwise)."""
+        return self.mlp
+
     def forward(
         self,
         x: torch.Tensor,
@@ -231,7 +235,9 @@ def vocab_rows(config: ModelConfig, shard: ShardSpec | None) -> int:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, shard: ShardSpec | None = None, layer: type[DecoderLayer] = DecoderLayer
+    ) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
         # import torch._dynamo, over a second of every engine start: only real weights get it.
@@ -239,7 +245,7 @@ class LlamaModel(nn.Module):
         if not weight.is_meta:
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, shard) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(layer(config, i, shard) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -251,7 +257,10 @@ class LlamaForCausalLM(nn.Module):
     intermediate columns and vocabulary slice only, an all-reduce after the embedding, o_proj and
     down_proj, and the LM head's vocabulary slices gathered on rank 0 (other ranks return their own
     slice, unread). The one-call native decode cannot hold an all-reduce: with ``comm`` it is off
-    and every step runs the per-op path."""
+    and every step runs the per-op path. ``LAYER``: the decoder layer a subclass builds
+    (``model/moe.py``'s sparse one)."""
+
+    LAYER: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, config: ModelConfig, shard: ShardSpec | None = None) -> None:
         super().__init__()
@@ -272,7 +281,7 @@ class LlamaForCausalLM(nn.Module):
 
     def decoder(self, config: ModelConfig, shard: ShardSpec | None) -> LlamaModel:
         """The embedding, layers, final norm and rotary (a family with its own layers overrides it)."""
-        return LlamaModel(config, shard)
+        return LlamaModel(config, shard, self.LAYER)
 
     def reset_buffers(self, device: torch.device) -> None:
         """Recompute the rotary frequencies (non-persistent buffers, uninitialised after loading)."""

@@ -129,6 +129,8 @@ def _slices(model: LlamaForCausalLM, names: list[str], shard: ShardSpec | None) 
         "intermediate": c.intermediate_size,
         "vocab": c.vocab_size,
     }
+    if c.moe is not None:
+        full["expert_intermediate"] = c.moe.expert_intermediate_size
     found = {name: checkpoint_slice(name, shard, c.head_dim, full) for name in names}
     return {name: spec for name, spec in found.items() if spec is not None}
 

@@ -64,12 +64,29 @@ def _span(s: SpanLike, unit: int = 1) -> slice:
     return slice(s.start * unit, s.stop * unit)
 
 
+def split_span(size: int, parts: int, index: int) -> slice:
+    """Part ``index`` of ``size`` cut in ``parts`` contiguous runs, the first ``size % parts`` one longer
+    (``parallel/shard.contiguous_split``'s rule: each expert's intermediate columns are cut so)."""
+    base, extra = divmod(size, parts)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (1 if index < extra else 0))
+
+
+# A mixture-of-experts expert's linears (Qwen3-MoE's names, Mixtral's): column- or row-parallel.
+_EXPERT_COLUMN, _EXPERT_ROW = ("gate_proj", "up_proj", "w1", "w3"), ("down_proj", "w2")
+
+
 def checkpoint_slice(name: str, shard: ShardSpec, head_dim: int, full: dict[str, int]) -> SliceSpec | None:
     """The slice of checkpoint tensor ``name`` that ``shard`` holds (None: all of it).
 
-    ``full``: the unsplit sizes, ``q`` and ``kv`` (heads x head_dim), ``intermediate``, ``vocab``."""
+    ``full``: the unsplit sizes, ``q`` and ``kv`` (heads x head_dim), ``intermediate``, ``vocab``, and
+    for a mixture-of-experts model ``expert_intermediate`` (every expert's columns are split)."""
     leaf = name.rsplit(".", 2)
     module, kind = (leaf[-2], leaf[-1]) if len(leaf) == 3 else ("", name)
+    if ".experts." in name and module in _EXPERT_COLUMN + _EXPERT_ROW:
+        inter = full["expert_intermediate"]
+        span = split_span(inter, shard.tp_size, shard.rank)
+        return SliceSpec(0 if module in _EXPERT_COLUMN else 1, span, inter)
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return SliceSpec(0, _span(shard.vocab), full["vocab"])
     if module == "q_proj":

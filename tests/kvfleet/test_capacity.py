@@ -231,8 +231,8 @@ def test_a_corrupt_config_json_names_the_file(tmp_path: Path) -> None:
 
 
 def test_an_unsupported_architecture_or_a_missing_field_is_named(tmp_path: Path) -> None:
-    with pytest.raises(UnknownModelError, match="model_type 'mixtral' is not supported"):
-        resolve_model(str(_write_config(tmp_path / "moe", model_type="mixtral")))
+    with pytest.raises(UnknownModelError, match="model_type 'gpt_neox' is not supported"):
+        resolve_model(str(_write_config(tmp_path / "neox", model_type="gpt_neox")))
     with pytest.raises(UnknownModelError, match="'vocab_size' must be a positive integer, got None"):
         model_shape_from_config(
             {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 8}

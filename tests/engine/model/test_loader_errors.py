@@ -32,7 +32,7 @@ def test_an_unknown_architecture_is_named_with_the_known_ones(tiny_dir: Path, tm
     with pytest.raises(ModelLoadError) as e:
         load_model(folder, torch.float32, CPU)
     known = known_architectures()  # every registered family (engine/model/families/), sorted
-    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(known)
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"} <= set(known)
     assert str(e.value) == (
         f"{folder / 'config.json'}: architecture GPTNeoXForCausalLM is not supported; known architectures: {known}"
     )
