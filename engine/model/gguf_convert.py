@@ -10,7 +10,8 @@ is built beside its final place and renamed in one step, so a failure leaves not
 Torch-free (numpy, ``gguf``, ``safetensors.numpy``): the API process converts through here
 for its tokenizer, the engine core for its weights, and whichever comes first builds the folder.
 Weights are dequantised with ``gguf.quants.dequantize``; the Q/K row permutation that llama.cpp's
-``convert_hf_to_gguf`` applies to llama and mistral (not qwen2 nor qwen3) is undone. Which
+``convert_hf_to_gguf`` applies to llama and mistral (not qwen2 nor qwen3) is undone; qwen3moe's
+stacked expert tensors are split into one tensor per expert (:func:`split_experts`). Which
 ``general.architecture`` values are served, their Hugging Face names and their own tensors and
 fields come from the architecture registry (``registry.py``).
 """
@@ -365,7 +366,23 @@ def _hf_tensors(path: Path, model: GGUFModel) -> Iterator[tuple[str, np.ndarray]
         shift = norm_shift(model.arch, t.name)
         if shift:
             array = array - np.float32(shift)
-        yield str(hf_name(t.name, model.arch)), np.ascontiguousarray(array)
+        name = str(hf_name(t.name, model.arch))
+        if "{}" in name:  # llama.cpp's experts stacked (E, out, in): one tensor per expert
+            yield from split_experts(name, array, model.config, f"{path}: tensor {t.name}")
+        else:
+            yield name, np.ascontiguousarray(array)
+
+
+def split_experts(
+    template: str, stacked: np.ndarray, config: dict[str, Any], what: str
+) -> Iterator[tuple[str, np.ndarray]]:
+    """A stacked (E, out, in) expert tensor as E tensors named ``template.format(expert)``."""
+    if stacked.ndim != 3 or stacked.shape[0] != config["num_experts"]:
+        raise ModelLoadError(
+            f"{what} has shape {stacked.shape}; expected ({config['num_experts']}, out, in) stacked experts"
+        )
+    for expert, array in enumerate(stacked):
+        yield template.format(expert), np.ascontiguousarray(array)
 
 
 def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:

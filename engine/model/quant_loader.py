@@ -10,7 +10,10 @@ is tied to it, in the head's packed blocks: one copy of that matrix). The nn.Lin
 hold nothing. q/k/v (and gate/up) run as one matmul of their block rows stacked where they
 share a format, else as one call each. A decode step runs every layer in one native call
 (``fused_decode.py``) where each layer's four matmuls are native :class:`QuantLinear` callables (q/k/v
-and gate/up of one format each); a file mixing formats within them runs the per-op path.
+and gate/up of one format each); a file mixing formats within them runs the per-op path. A
+mixture-of-experts file's (llama.cpp's ``qwen3moe``) stacked expert tensors are cut into each
+expert's rows of blocks and run grouped (``layers/moe``: ``KernelExperts`` over the same method);
+its router is float32, and it runs op by op.
 """
 
 from __future__ import annotations
@@ -27,15 +30,18 @@ from torch import nn
 from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
 from kvfleet.engine.layers.linear.config import GgufModel
 from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding, Weight
+from kvfleet.engine.layers.moe import KernelExperts
 from kvfleet.engine.model.config import ModelLoadError
 from kvfleet.engine.model.gguf_convert import hf_name, norm_shift, permuted_qk, read_gguf, unpermute_qk
-from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
+from kvfleet.engine.model.llama import MLP, DecoderLayer, LlamaForCausalLM
 from kvfleet.engine.model.loader import build_model, load_config
+from kvfleet.engine.model.moe import SparseMoeBlock
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.resident import resident_weight_bytes
 from kvfleet.engine.model.sources import SMOLLM2, gguf_source, smollm2_gguf
 
 log = logging.getLogger(__name__)
+EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # llama.cpp's stacked experts
 __all__ = [
     "QuantEmbedding",
     "load_quantized_model",
@@ -99,9 +105,18 @@ def load_quantized_model(
             method.load([weight("attn_q"), weight("attn_k"), weight("attn_v")], qkv_bias),
             method.load([weight("attn_output")], None),
         )
-        layer.mlp.fixed = Matmuls(
-            method.load([weight("ffn_gate"), weight("ffn_up")], None), method.load([weight("ffn_down")], None)
-        )
+        ffn = layer.feed_forward()
+        if isinstance(ffn, SparseMoeBlock):  # qwen3moe: the experts in their blocks, the router float32
+            gates, ups, downs = (read_experts(tensors[f"blk.{i}.{p}.weight"]) for p in EXPERT_PARTS)
+            ffn.fixed = KernelExperts.load(method, gates, ups, downs)
+            router = _floats(tensors[f"blk.{i}.ffn_gate_inp.weight"]).reshape(ffn.gate.weight.shape)
+            ffn.gate.weight = nn.Parameter(router, requires_grad=False)
+        else:
+            assert isinstance(ffn, MLP)
+            ffn.fixed = Matmuls(
+                method.load([weight("ffn_gate"), weight("ffn_up")], None),
+                method.load([weight("ffn_down")], None),
+            )
     _load_floats(llama, tensors, gguf.arch)
     embed = method.shared(read_weight(tensors["token_embd.weight"], None))  # the lookup's and a tied head's
     llama.model.embed_tokens = method.embedding(embed)
@@ -124,6 +139,20 @@ def read_weight(t: ReaderTensor, permute_heads: int | None) -> Weight:
     if permute_heads is not None:
         values = unpermute_qk(values, permute_heads)
     return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def read_experts(t: ReaderTensor) -> list[Weight]:
+    """A stacked (E, out, in) expert tensor as each expert's weight: its rows of blocks (a quantised
+    type the kernel takes) or float32."""
+    experts, out, k = (int(d) for d in reversed(t.shape.tolist()))
+    if int(t.tensor_type) in BLOCK_LAYOUTS:
+        rows = np.asarray(t.data, dtype=np.uint8).reshape(experts, out, -1)
+        return [
+            QuantWeight(torch.from_numpy(np.array(r, order="C", copy=True)), int(t.tensor_type), k)
+            for r in rows
+        ]
+    values = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(experts, out, k)
+    return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
 
 
 def _floats(t: ReaderTensor) -> torch.Tensor:

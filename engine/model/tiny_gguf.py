@@ -60,6 +60,40 @@ GEMMA3_LAYER_NAMES = LAYER_NAMES | {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 
+# llama.cpp's qwen3moe names: the router, and each layer's experts stacked (E, out, in) by
+# :func:`stack_experts` under these names.
+QWEN3MOE_LAYER_NAMES = LAYER_NAMES | {
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.gate_proj.weight": "ffn_gate_exps.weight",
+    "mlp.experts.up_proj.weight": "ffn_up_exps.weight",
+    "mlp.experts.down_proj.weight": "ffn_down_exps.weight",
+}
+_ARCH_LAYER_NAMES = {"gemma3": GEMMA3_LAYER_NAMES, "qwen3moe": QWEN3MOE_LAYER_NAMES}
+
+
+def stack_experts(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """convert_hf_to_gguf's Qwen3-MoE experts: ``model.layers.L.mlp.experts.E.gate_proj.weight`` of
+    every E stacked (E, out, in) as ``model.layers.L.mlp.experts.gate_proj.weight``."""
+    out: dict[str, np.ndarray] = {}
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for name, array in weights.items():
+        parts = name.split(".")
+        if len(parts) == 8 and parts[3:5] == ["mlp", "experts"]:
+            stacks.setdefault(".".join(parts[:5] + parts[6:]), {})[int(parts[5])] = array
+        else:
+            out[name] = array
+    return out | {name: np.stack([e[i] for i in sorted(e)]) for name, e in stacks.items()}
+
+
+def _expert_meta(arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    if arch != "qwen3moe":
+        return {}
+    return {
+        f"{arch}.expert_count": config.get("num_experts") or config["num_local_experts"],  # transformers 5
+        f"{arch}.expert_used_count": config["num_experts_per_tok"],
+        f"{arch}.expert_feed_forward_length": config["moe_intermediate_size"],
+    }
+
 
 def _rope_theta(config: dict[str, Any]) -> float:
     """The (global layers') rotary base, in either transformers spelling."""
@@ -90,7 +124,8 @@ def write_gguf(
 ) -> Path:
     """The tiny model's config (or ``config``, a config.json over the tiny vocabulary) and tokenizer
     as GGUF metadata (and ``more`` fields), ``weights`` as tensors of ``qtype``; for ``gemma3`` under
-    llama.cpp's names, every norm stored as 1 + w as its converter stores them."""
+    llama.cpp's names, every norm stored as 1 + w as its converter stores them; for ``qwen3moe`` the
+    expert metadata, each layer's experts stacked and the router left float32 as llama.cpp does."""
     C = TINY_CONFIG if config is None else config
     w = gguf.GGUFWriter(str(path), arch)
     meta: dict[str, Any] = {
@@ -106,7 +141,7 @@ def write_gguf(
     if C.get("head_dim"):  # written by convert_hf_to_gguf where the config names it
         meta[f"{arch}.attention.key_length"] = C["head_dim"]
         meta[f"{arch}.attention.value_length"] = C["head_dim"]
-    for key, value in (meta | (more or {})).items():
+    for key, value in (meta | _expert_meta(arch, C) | (more or {})).items():
         if key not in skip:
             (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
     if vocab is None:
@@ -127,15 +162,16 @@ def write_gguf(
     w.add_add_bos_token(True)
     w.add_chat_template(CHAT_TEMPLATE)
     heads, kv_heads = C["num_attention_heads"], C["num_key_value_heads"]
-    names = GEMMA3_LAYER_NAMES if arch == "gemma3" else LAYER_NAMES
-    for name, array in weights.items():
+    names = _ARCH_LAYER_NAMES.get(arch, LAYER_NAMES)
+    for name, array in (stack_experts(weights) if arch == "qwen3moe" else weights).items():
         if arch == "gemma3" and name.endswith("norm.weight"):
             array = array + np.float32(1.0)
         if arch == "llama" and name.endswith("q_proj.weight"):
             array = permute(array, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             array = permute(array, kv_heads)
-        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        router = name.endswith("mlp.gate.weight")  # llama.cpp never quantises ffn_gate_inp
+        if array.ndim >= 2 and not router and qtype != gguf.GGMLQuantizationType.F32:
             w.add_tensor(gguf_name(name, names), gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(

@@ -4,7 +4,8 @@ Where it sits: registered in the architecture registry (``engine/model/registry.
 ``families/__init__`` is imported; their model class is ``engine/model/moe.py``'s
 ``MoeForCausalLM``, whose feed-forward (``engine/layers/moe``) a :class:`MoeSpec` shapes.
 Qwen3-MoE has Qwen3's per-head q/k norms and Qwen2's windows; Mixtral is Mistral with experts.
-No GGUF architecture yet.
+In GGUF (llama.cpp's ``qwen3moe``) the experts are stacked 3D tensors ``ffn_{gate,up,down}_exps``
+and the router ``ffn_gate_inp``, which the converter splits into the per-expert names.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.engine.model.families.common import every_layer, qwen_windows
+from kvfleet.engine.model.families.qwen3 import QK_NORMS
 from kvfleet.engine.model.registry import ArchitectureSpec, register_architecture
 
 MOE_MODEL = "kvfleet.engine.model.moe:MoeForCausalLM"
+# llama.cpp's qwen3moe layer tensors: the router, and the experts stacked (E, out, in) in one tensor
+# each, whose Hugging Face name holds ``{}`` for the expert (the converter writes one per expert).
+QWEN3MOE_EXPERTS = {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.{}.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.{}.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.{}.down_proj.weight",
+}
 
 
 @dataclass(frozen=True)
@@ -71,12 +81,27 @@ def _mixtral(raw: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
     }
 
 
+def _qwen3_moe_gguf(fields: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """llama.cpp's expert metadata as config.json names it (every layer sparse, top-k renormalised
+    as Qwen3-MoE's releases are; llama.cpp's qwen3moe always renormalises)."""
+    names = {"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count"}
+    names["moe_intermediate_size"] = "expert_feed_forward_length"
+    missing = [f"{arch}.{key}" for key in names.values() if fields.get(f"{arch}.{key}") is None]
+    if missing:
+        raise ValueError(f"field {missing[0]} is missing (a {arch} file names its experts)")
+    return {hf: int(fields[f"{arch}.{key}"]) for hf, key in names.items()} | {"norm_topk_prob": True}
+
+
 register_architecture(
     ArchitectureSpec(
         "Qwen3MoeForCausalLM",
-        None,
+        "qwen3moe",
         _qwen3_moe,
         model=MOE_MODEL,
+        gguf_layer_tensors=QK_NORMS | QWEN3MOE_EXPERTS,
+        gguf_required=(*QK_NORMS, *QWEN3MOE_EXPERTS),
+        gguf_config=_qwen3_moe_gguf,
+        gguf_dense_mlp=False,
     )
 )
 register_architecture(ArchitectureSpec("MixtralForCausalLM", None, _mixtral, model=MOE_MODEL))

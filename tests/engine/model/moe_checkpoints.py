@@ -54,9 +54,11 @@ MOE_VARIANTS: dict[str, Any] = {
 }
 
 
-def make_moe_checkpoint(variant: str, folder: Path) -> Path:
+def make_moe_checkpoint(variant: str, folder: Path, config: Any = None) -> Path:
+    """``variant``'s checkpoint (or ``config``'s, named ``variant``) saved in ``folder``."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(MOE_VARIANTS[variant](), torch_dtype=torch.float32)
+    config = MOE_VARIANTS[variant]() if config is None else config
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     with torch.no_grad():  # decisive routing and q/k norms that count
         for name, p in model.named_parameters():
             if name.endswith("gate.weight"):
