@@ -10,6 +10,8 @@ import pytest
 
 from kvfleet.engine import LLM
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.loader import build_model
+from kvfleet.engine.model.moe import MoeForCausalLM
 
 from .moe_checkpoints import make_moe_checkpoint
 
@@ -44,3 +46,14 @@ def test_lora_on_a_moe_model_is_refused_at_start_naming_the_architecture(tmp_pat
         ModelLoadError, match=r"not supported on a mixture-of-experts model \(MixtralForCausalLM\)"
     ):
         LLM(str(folder), enable_lora=True, num_kv_blocks=16)
+
+
+def test_a_moe_model_says_why_it_takes_no_native_decode_call() -> None:
+    config = ModelConfig.from_dict(QWEN3_MOE)
+    model = build_model(config)
+    assert isinstance(model, MoeForCausalLM), "the registry's model class for Qwen3MoeForCausalLM"
+    assert (
+        model.no_native_layer()
+        == "Qwen3MoeForCausalLM's sparse experts are not part of the native decode call"
+    )
+    assert model.fused_decode() is None
