@@ -80,7 +80,7 @@ class TimingModel:
         spec, shape = capacity.resolve_gpu(gpu), capacity.resolve_model(model)
         return cls(
             base_s=capacity.weights_bytes(shape, dtype) / spec.bandwidth_bytes_per_s,
-            per_token_s=2.0 * shape.num_params / (spec.bf16_flops * compute_efficiency),
+            per_token_s=2.0 * shape.active_params / (spec.bf16_flops * compute_efficiency),
             per_context_token_s=capacity.kv_bytes_per_token(shape, dtype) / spec.bandwidth_bytes_per_s,
         )
 

@@ -85,7 +85,9 @@ def format_table(plans: list[CapacityPlan]) -> str:
     """One column per GPU, one row per figure, then the reason for any plan that does not fit."""
     first = plans[0]
     head = (
-        f"model {first.model} ({first.num_params / 1e9:.2f} B params), dtype {first.dtype}, "
+        f"model {first.model} ({first.num_params / 1e9:.2f} B params"
+        + ("" if first.active_params == first.num_params else f", {first.active_params / 1e9:.2f} B active")
+        + f"), dtype {first.dtype}, "
         + ("" if first.quantization == "none" else f"quantization {first.quantization}, ")
         + f"context {first.context}, gpu-memory-utilization {first.gpu_memory_utilization}"
     )

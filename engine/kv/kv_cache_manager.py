@@ -18,6 +18,14 @@ by hash too, so the scheduler can see that a waiting sequence's prefix is being 
 right now by another one (``in_flight_tokens``) and let it wait for the hit instead of
 computing the same KV a second time; when those blocks are computed in the step being planned,
 it shares them in that step (``ride_in_flight``) and computes only its own tail.
+
+Sliding windows (``sliding_window``: the widest window, given only where every layer slides; a
+model with any global layer, Gemma 3's, frees nothing here): a block whose every position lies
+before ``num_computed - window + 1`` is read by no later query, so when the sequence next grows
+(``allocate_slots``) those blocks go back to the pool (their hashes kept: a later prefix hit can
+still revive them) and the table keeps :data:`FREED_BLOCK` in their place, as vLLM's
+SlidingWindowManager keeps its null block. One block table serves every layer, so only blocks out
+of every layer's window can go.
 """
 
 from __future__ import annotations
@@ -43,9 +51,11 @@ class CachedPrefix:
 class _SeqBlocks:
     hashes: list[BlockHash] = field(default_factory=list)  # hash chain of its computed full blocks
     in_flight: list[BlockHash] = field(default_factory=list)  # prompt blocks it registered as in flight
+    num_freed: int = 0  # its first blocks, out of the window and back in the pool
 
 
 NO_PREFIX = CachedPrefix()
+FREED_BLOCK = 0  # in a block table where a block out of every layer's window was freed: read by nobody
 
 
 def cdiv(a: int, b: int) -> int:
@@ -53,13 +63,23 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+    ) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
+        self.sliding_window = sliding_window
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._seqs: dict[int, _SeqBlocks] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens served from the cache
+        self.window_freed_blocks = 0  # blocks given back as out of every layer's window
         self._in_flight: dict[BlockHash, int] = {}  # prompt block being computed → the seq_id computing it
 
     @property
@@ -160,8 +180,9 @@ class KVCacheManager:
         """Make room for ``num_new_tokens`` more tokens of ``seq`` (after a cached prefix, if given).
 
         Returns the ids of the newly allocated blocks (cache hits are not new), or None
-        when the pool has too few free blocks.
+        when the pool has too few free blocks. First frees the blocks that fell out of the window.
         """
+        self._free_out_of_window(seq)
         if cached is None or not cached.block_ids:
             # Fast path (most decode steps): the new tokens fit in the blocks already held.
             if (
@@ -185,6 +206,7 @@ class KVCacheManager:
             state = self._seqs[seq.seq_id] = self._seqs.get(seq.seq_id) or _SeqBlocks()
             self._count_lookup(seq, cached)
             state.hashes = list(cached.hashes)
+            state.num_freed = 0
             seq.num_computed_tokens = cached.num_tokens
             seq.num_cached_tokens = cached.num_tokens
             self._unmark_in_flight(seq.seq_id, state.in_flight)
@@ -193,6 +215,29 @@ class KVCacheManager:
         seq.block_ids.extend(cached.block_ids)
         seq.block_ids.extend(new_blocks)
         return new_blocks
+
+    # Invariant: the freed blocks are the first num_freed of the table, each registered in the
+    # prefix cache first (with prefix caching on), and no query from num_computed_tokens on reads them.
+    def _free_out_of_window(self, seq: Sequence) -> None:
+        window, state = self.sliding_window, self._seqs.get(seq.seq_id)
+        if window is None or state is None:
+            return
+        first_needed = seq.num_computed_tokens - window + 1  # the oldest key the next query reads
+        upto = min(max(0, first_needed) // self.block_size, len(seq.block_ids))
+        if self.enable_prefix_caching:
+            upto = min(upto, len(state.hashes))
+        if upto <= state.num_freed:
+            return
+        gone = seq.block_ids[state.num_freed : upto]
+        self.pool.free(reversed(gone))
+        seq.block_ids[state.num_freed : upto] = [FREED_BLOCK] * len(gone)
+        state.num_freed = upto
+        self.window_freed_blocks += len(gone)
+
+    def freed_blocks(self, seq: Sequence) -> int:
+        """How many of ``seq``'s first blocks were freed as out of the window."""
+        state = self._seqs.get(seq.seq_id)
+        return 0 if state is None else state.num_freed
 
     def _count_lookup(self, seq: Sequence, cached: CachedPrefix) -> None:
         if self.enable_prefix_caching and seq.num_computed_tokens == 0:
@@ -231,6 +276,8 @@ class KVCacheManager:
         bs = self.block_size
         num_shared = min((parent.num_prompt_tokens - 1) // bs, parent.num_computed_tokens // bs)
         num_shared = min(num_shared, len(parent.block_ids))
+        if self.freed_blocks(parent):  # its head is gone: the child computes its own
+            num_shared = 0
         shared = parent.block_ids[:num_shared]
         self.pool.touch(shared)
         child.block_ids = list(shared)
@@ -243,9 +290,9 @@ class KVCacheManager:
     # tail of a sequence is evicted before its (more shareable) head.
     def free(self, seq: Sequence) -> None:
         """Release all of the sequence's blocks; its KV is gone (num_computed_tokens = 0)."""
-        self.pool.free(reversed(seq.block_ids))
+        state = self._seqs.pop(seq.seq_id, None)
+        self.pool.free(reversed(seq.block_ids[0 if state is None else state.num_freed :]))
         seq.block_ids = []
         seq.num_computed_tokens = 0
-        state = self._seqs.pop(seq.seq_id, None)
         if state is not None:
             self._unmark_in_flight(seq.seq_id, state.in_flight)

@@ -10,7 +10,10 @@ is built beside its final place and renamed in one step, so a failure leaves not
 Torch-free (numpy, ``gguf``, ``safetensors.numpy``): the API process converts through here
 for its tokenizer, the engine core for its weights, and whichever comes first builds the folder.
 Weights are dequantised with ``gguf.quants.dequantize``; the Q/K row permutation that llama.cpp's
-``convert_hf_to_gguf`` applies to llama and mistral (not qwen2) is undone.
+``convert_hf_to_gguf`` applies to llama and mistral (not qwen2 nor qwen3) is undone; qwen3moe's
+stacked expert tensors are split into one tensor per expert (:func:`split_experts`). Which
+``general.architecture`` values are served, their Hugging Face names and their own tensors and
+fields come from the architecture registry (``registry.py``).
 """
 
 from __future__ import annotations
@@ -32,12 +35,11 @@ from gguf.quants import dequantize
 from safetensors.numpy import save_file
 
 from kvfleet.engine.model.errors import ModelLoadError
+from kvfleet.engine.model.registry import ArchitectureSpec, gguf_architecture, known_gguf_architectures
 from kvfleet.engine.testing.tiny import cache_root
 from kvfleet.engine.tokenizer.gguf import TokenizerMeta, tokenizer_files
 
 CONVERTER_VERSION = "v1"  # part of the cache key: a converter fix rebuilds every folder
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-PERMUTED_QK = frozenset({"llama", "mistral"})  # convert_hf_to_gguf permutes their q/k rows for its rope
 _Q = GGMLQuantizationType
 SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
     *(_Q.F32, _Q.F16, _Q.BF16, _Q.Q8_0, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1),
@@ -61,11 +63,7 @@ _LAYER = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
 }
-_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
 
 class GGUFModel(NamedTuple):
@@ -143,19 +141,20 @@ def read_gguf(path: Path) -> GGUFModel:
     except (ValueError, OSError, IndexError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{source}: not a readable GGUF file ({e})") from e
     arch = fields.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    spec = gguf_architecture(arch) if isinstance(arch, str) else None
+    if spec is None:
         raise ModelLoadError(
-            f"{source}: field general.architecture is {arch!r}; supported: {sorted(ARCHITECTURES)}"
+            f"{source}: field general.architecture is {arch!r}; supported: {known_gguf_architectures()}"
         )
     tokenizer = _tokenizer_meta(fields, source)
     names = {t.name for t in reader.tensors}
-    config = _hf_config(fields, arch, source, len(tokenizer.tokens), tied="output.weight" not in names)
+    config = _hf_config(fields, spec, source, len(tokenizer.tokens), tied="output.weight" not in names)
     tensors = [t for t in reader.tensors if t.name != ROPE_FREQS]
     for t in reader.tensors:
         if t.name == ROPE_FREQS:  # llama3 rope scaling, written as its table of per-frequency factors
             config["rope_scaling"] = llama3_rope_scaling(np.asarray(t.data, dtype=np.float32), config, source)
-    _check_tensors(tensors, arch, config, source)
-    return GGUFModel(arch, config, tokenizer, tensors)
+    _check_tensors(tensors, spec, config, source)
+    return GGUFModel(str(arch), config, tokenizer, tensors)
 
 
 def llama3_rope_scaling(factors: np.ndarray, config: dict[str, Any], source: str) -> dict[str, Any]:
@@ -199,7 +198,11 @@ def _field(fields: dict[str, Any], key: str, source: str) -> Any:
     return value
 
 
-def _hf_config(fields: dict[str, Any], arch: str, source: str, vocab: int, tied: bool) -> dict[str, Any]:
+def _hf_config(
+    fields: dict[str, Any], spec: ArchitectureSpec, source: str, vocab: int, tied: bool
+) -> dict[str, Any]:
+    arch = str(spec.gguf_name)
+
     def need(key: str) -> Any:
         return _field(fields, f"{arch}.{key}", source)
 
@@ -220,7 +223,7 @@ def _hf_config(fields: dict[str, Any], arch: str, source: str, vocab: int, tied:
     ]
     eos_ids = sorted({eos, *eot})
     return {
-        "architectures": [ARCHITECTURES[arch]],
+        "architectures": [spec.name],
         "model_type": arch,
         "vocab_size": int(fields.get(f"{arch}.vocab_size") or vocab),
         "hidden_size": hidden,
@@ -234,7 +237,7 @@ def _hf_config(fields: dict[str, Any], arch: str, source: str, vocab: int, tied:
         "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
         "rope_theta": _f32(fields.get(f"{arch}.rope.freq_base", 10000.0)),
         "rope_scaling": _rope_scaling(fields, arch, source),
-        "sliding_window": fields.get(f"{arch}.attention.sliding_window") if arch == "mistral" else None,
+        "sliding_window": None,
         "use_sliding_window": False,
         "attention_bias": False,
         "tie_word_embeddings": tied,
@@ -242,7 +245,14 @@ def _hf_config(fields: dict[str, Any], arch: str, source: str, vocab: int, tied:
         "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
         "pad_token_id": fields.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
-    }
+    } | _family_fields(spec, fields, arch, source)
+
+
+def _family_fields(spec: ArchitectureSpec, fields: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    try:
+        return spec.gguf_config(fields, arch)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{source}: {e}") from e
 
 
 def _f32(value: Any) -> float:
@@ -290,17 +300,39 @@ def _tokenizer_meta(fields: dict[str, Any], source: str) -> TokenizerMeta:
     )
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``; None for a name not mapped."""
+def permuted_qk(arch: str) -> bool:
+    """Whether convert_hf_to_gguf permuted this architecture's q/k rows for its rope."""
+    spec = gguf_architecture(arch)
+    return spec is not None and spec.gguf_permuted_qk
+
+
+def hf_name(gguf_name: str, arch: str) -> str | None:
+    """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``; None for a name not mapped
+    (by the shared Llama names and the family's own, ``arch``'s, which win: Gemma's ``ffn_norm``)."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
-        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        layer = _layer_names(arch).get(parts[2])
+        return None if layer is None else f"model.layers.{parts[1]}.{layer}"
     return None
 
 
-def _check_tensors(tensors: list[ReaderTensor], arch: str, config: dict[str, Any], source: str) -> None:
+def _layer_names(arch: str) -> dict[str, str]:
+    spec = gguf_architecture(arch)
+    return _LAYER if spec is None else _LAYER | dict(spec.gguf_layer_tensors)
+
+
+def norm_shift(arch: str, gguf_name: str) -> float:
+    """What llama.cpp added to this tensor (Gemma's norms: 1), to subtract back."""
+    spec = gguf_architecture(arch)
+    return spec.gguf_norm_shift if spec is not None and gguf_name.endswith("norm.weight") else 0.0
+
+
+def _check_tensors(
+    tensors: list[ReaderTensor], spec: ArchitectureSpec, config: dict[str, Any], source: str
+) -> None:
+    arch = str(spec.gguf_name)
     for t in tensors:
         if t.tensor_type not in SUPPORTED_TYPES:
             supported = ", ".join(q.name for q in SUPPORTED_TYPES)
@@ -308,10 +340,11 @@ def _check_tensors(tensors: list[ReaderTensor], arch: str, config: dict[str, Any
                 f"{source}: tensor {t.name} has type {t.tensor_type.name}; supported: {supported}"
             )
     names = {t.name for t in tensors}
-    unknown = sorted(n for n in names if hf_name(n) is None)
+    unknown = sorted(n for n in names if hf_name(n, arch) is None)
     if unknown:
         raise ModelLoadError(f"{source}: tensors {unknown[:5]} are not part of a {arch} model")
-    layer_parts = [p for p in _LAYER if p not in _BIASES or arch == "qwen2"]
+    dense = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+    layer_parts = [p for p in _LAYER if spec.gguf_dense_mlp or p not in dense] + list(spec.gguf_required)
     needed = [n for n in _GLOBAL if n != "output.weight" or not config["tie_word_embeddings"]]
     needed += [f"blk.{i}.{p}" for i in range(config["num_hidden_layers"]) for p in layer_parts]
     missing = [n for n in needed if n not in names]
@@ -328,9 +361,28 @@ def _hf_tensors(path: Path, model: GGUFModel) -> Iterator[tuple[str, np.ndarray]
             array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         except (ValueError, IndexError) as e:
             raise ModelLoadError(f"{path}: tensor {t.name} cannot be read (a truncated file? {e})") from e
-        if model.arch in PERMUTED_QK and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+        if permuted_qk(model.arch) and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             array = unpermute_qk(array, heads if "attn_q" in t.name else kv_heads)
-        yield str(hf_name(t.name)), np.ascontiguousarray(array)
+        shift = norm_shift(model.arch, t.name)
+        if shift:
+            array = array - np.float32(shift)
+        name = str(hf_name(t.name, model.arch))
+        if "{}" in name:  # llama.cpp's experts stacked (E, out, in): one tensor per expert
+            yield from split_experts(name, array, model.config, f"{path}: tensor {t.name}")
+        else:
+            yield name, np.ascontiguousarray(array)
+
+
+def split_experts(
+    template: str, stacked: np.ndarray, config: dict[str, Any], what: str
+) -> Iterator[tuple[str, np.ndarray]]:
+    """A stacked (E, out, in) expert tensor as E tensors named ``template.format(expert)``."""
+    if stacked.ndim != 3 or stacked.shape[0] != config["num_experts"]:
+        raise ModelLoadError(
+            f"{what} has shape {stacked.shape}; expected ({config['num_experts']}, out, in) stacked experts"
+        )
+    for expert, array in enumerate(stacked):
+        yield template.format(expert), np.ascontiguousarray(array)
 
 
 def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:

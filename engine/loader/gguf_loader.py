@@ -17,7 +17,10 @@ method (:class:`RankCut`, ``GgufMethod.shard``) before its blocks are repacked, 
 float loader cuts it: GGUF blocks run along the input dimension, so q/k/v, gate/up and the
 vocabulary rows are whole rows of blocks, and o_proj/down_proj are cut at block boundaries (a
 boundary inside a block, e.g. a K-quant's 256 columns over SmolLM2's 384-column rank, is a
-:class:`ModelLoadError` naming the tensor and the block size).
+:class:`ModelLoadError` naming the tensor and the block size). A
+mixture-of-experts file's (llama.cpp's ``qwen3moe``) stacked expert tensors are cut into each
+expert's rows of blocks and run grouped (``layers/moe``: ``KernelExperts`` over the same method);
+its router is float32, and it runs op by op (on one rank: its experts are not cut for tensor parallelism).
 """
 
 from __future__ import annotations
@@ -35,12 +38,20 @@ from torch import nn
 from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
 from kvfleet.engine.layers.linear.config import GgufModel
 from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding, Weight
-from kvfleet.engine.loader.gguf_convert import PERMUTED_QK, hf_name, read_gguf, unpermute_qk
-from kvfleet.engine.loader.hf_loader import load_config
+from kvfleet.engine.layers.moe import KernelExperts
+from kvfleet.engine.loader.gguf_convert import (
+    hf_name,
+    norm_shift,
+    permuted_qk,
+    read_gguf,
+    unpermute_qk,
+)
+from kvfleet.engine.loader.hf_loader import build_model, load_config
 from kvfleet.engine.loader.resident import resident_weight_bytes
 from kvfleet.engine.loader.sources import SMOLLM2, gguf_source, smollm2_gguf
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
-from kvfleet.engine.model.llama import DecoderLayer, LlamaForCausalLM
+from kvfleet.engine.model.llama import MLP, DecoderLayer, LlamaForCausalLM
+from kvfleet.engine.model.moe import SparseMoeBlock
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.tp import SliceSpec, slice_for
 
@@ -48,6 +59,7 @@ if TYPE_CHECKING:  # engine/parallel loads weights through this package: named f
     from kvfleet.engine.parallel.shard import RankShard
 
 log = logging.getLogger(__name__)
+EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # llama.cpp's stacked experts
 __all__ = [
     "QuantEmbedding",
     "load_quantized_model",
@@ -101,9 +113,9 @@ def load_quantized_model(
     tensors = {t.name: t for t in gguf.tensors}
     config = load_config(folder)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(config, shard)
-    llama.model.rotary_emb.reset_buffers(device)
-    permute = gguf.arch in PERMUTED_QK
+        llama = build_model(config, shard)
+    llama.reset_buffers(device)
+    permute = permuted_qk(gguf.arch)
     heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     cut = RankCut(method, config, shard)
     for i, layer in enumerate(llama.model.layers):
@@ -121,10 +133,24 @@ def load_quantized_model(
             method.load([weight("attn_q"), weight("attn_k"), weight("attn_v")], qkv_bias),
             method.load([weight("attn_output")], None),
         )
-        layer.mlp.fixed = Matmuls(
-            method.load([weight("ffn_gate"), weight("ffn_up")], None), method.load([weight("ffn_down")], None)
-        )
-    _load_floats(llama, tensors)
+        ffn = layer.feed_forward()
+        if isinstance(ffn, SparseMoeBlock):  # qwen3moe: the experts in their blocks, the router float32
+            if shard is not None and shard.tp_size > 1:
+                raise ModelLoadError(
+                    f"{path.name}: a GGUF mixture of experts ({gguf.arch}) runs on one rank (yet): its stacked "
+                    f"experts are not cut for tensor parallelism; tensor_parallel_size must be 1, got {shard.tp_size}"
+                )
+            gates, ups, downs = (read_experts(tensors[f"blk.{i}.{p}.weight"]) for p in EXPERT_PARTS)
+            ffn.fixed = KernelExperts.load(method, gates, ups, downs)
+            router = _floats(tensors[f"blk.{i}.ffn_gate_inp.weight"]).reshape(ffn.gate.weight.shape)
+            ffn.gate.weight = nn.Parameter(router, requires_grad=False)
+        else:
+            assert isinstance(ffn, MLP)
+            ffn.fixed = Matmuls(
+                method.load([weight("ffn_gate"), weight("ffn_up")], None),
+                method.load([weight("ffn_down")], None),
+            )
+    _load_floats(llama, tensors, gguf.arch)
     # the lookup's and a tied head's (this rank's vocabulary rows under tensor parallelism)
     embed = method.shared(cut.weight("token_embd.weight", read_weight(tensors["token_embd.weight"], None)))
     llama.model.embed_tokens = method.embedding(embed)
@@ -190,21 +216,35 @@ def read_weight(t: ReaderTensor, permute_heads: int | None) -> Weight:
     return torch.from_numpy(np.ascontiguousarray(values))
 
 
+def read_experts(t: ReaderTensor) -> list[Weight]:
+    """A stacked (E, out, in) expert tensor as each expert's weight: its rows of blocks (a quantised
+    type the kernel takes) or float32."""
+    experts, out, k = (int(d) for d in reversed(t.shape.tolist()))
+    if int(t.tensor_type) in BLOCK_LAYOUTS:
+        rows = np.asarray(t.data, dtype=np.uint8).reshape(experts, out, -1)
+        return [
+            QuantWeight(torch.from_numpy(np.array(r, order="C", copy=True)), int(t.tensor_type), k)
+            for r in rows
+        ]
+    values = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(experts, out, k)
+    return [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+
+
 def _floats(t: ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(
         np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1).copy()
     )
 
 
-def _load_floats(model: LlamaForCausalLM, tensors: dict[str, ReaderTensor]) -> None:
+def _load_floats(model: LlamaForCausalLM, tensors: dict[str, ReaderTensor], arch: str) -> None:
     """Every norm weight from the file, float32 (the linears are the blocks': they are skipped)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, t in tensors.items():
-        target = hf_name(name)
+        target = hf_name(name, arch)
         if target is None or not target.endswith("norm.weight"):
             continue
         if target not in params:
             raise ModelLoadError(f"{name}: no parameter {target} in the model")
         owner, leaf = target.rsplit(".", 1)
-        values = _floats(t).reshape(params[target].shape)
+        values = (_floats(t) - norm_shift(arch, name)).reshape(params[target].shape)
         setattr(model.get_submodule(owner), leaf, nn.Parameter(values, requires_grad=False))

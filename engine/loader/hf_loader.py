@@ -27,6 +27,7 @@ from kvfleet.engine.model.tp import SliceSpec, slice_for
 
 if TYPE_CHECKING:  # engine/parallel loads weights through this package: named for the type checker only
     from kvfleet.engine.parallel.shard import RankShard
+from kvfleet.engine.model.registry import model_class, resolve_architecture
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -37,17 +38,26 @@ def load_config(folder: Path) -> ModelConfig:
     return ModelConfig.from_file(folder / "config.json")
 
 
+def build_model(config: ModelConfig, shard: RankShard | None = None) -> LlamaForCausalLM:
+    """The model class the config's family registered (``registry.py``), built at this rank's sizes."""
+    spec = resolve_architecture([config.architecture])
+    if spec is None:  # a ModelConfig is only made for a registered architecture
+        raise ModelLoadError(f"architecture {config.architecture} is not registered")
+    model: LlamaForCausalLM = model_class(spec)(config, shard)
+    return model
+
+
 def load_model(
     folder: Path, dtype: torch.dtype, device: torch.device, shard: RankShard | None = None
 ) -> LlamaForCausalLM:
     config = load_config(folder)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, shard)
+        model = build_model(config, shard)
     _materialise(model, dtype, device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # A non-persistent buffer, made on the CPU in float32: moved to the device, float32 whatever the dtype.
-    model.model.rotary_emb.reset_buffers(device)
+    model.reset_buffers(device)
     _copy_weights(model, weight_files(folder), shard)
     model.pack()
     return model.eval()

@@ -48,11 +48,13 @@ from kvfleet.engine.layers.linear.config import (
 )
 from kvfleet.engine.layers.linear.fp8 import Fp8Method
 from kvfleet.engine.layers.linear.int8 import Int8Embedding, Int8Method
-from kvfleet.engine.loader.hf_loader import load_config, weight_files
+from kvfleet.engine.layers.moe import KernelExperts
+from kvfleet.engine.loader.hf_loader import build_model, load_config, weight_files
 from kvfleet.engine.loader.resident import resident_weight_bytes
-from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.config import ModelConfig, MoeSpec
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
+from kvfleet.engine.model.moe import SparseMoeBlock
 from kvfleet.engine.model.projections import Matmuls
 from kvfleet.engine.model.tp import SliceSpec, slice_for
 
@@ -190,6 +192,20 @@ class _Plan:
             dtype=torch.float32 if self.quant.method == "int8" else self.dtype, device=self.device
         )
 
+    def experts(self, prefix: str, spec: MoeSpec, config: ModelConfig) -> KernelExperts:
+        """Every expert's gate/up and down matmuls of the sparse block ``prefix``, this rank's columns."""
+        gate, up, down = spec.linear_names
+        names = [f"{prefix}.experts.{e}" for e in range(spec.num_experts)]
+        return KernelExperts(
+            tuple(
+                linear_of(
+                    [self.weight(f"{n}.{gate}", config), self.weight(f"{n}.{up}", config)], None, self.dtype
+                )
+                for n in names
+            ),
+            tuple(linear_of([self.weight(f"{n}.{down}", config)], None, self.dtype) for n in names),
+        )
+
     def matmuls(self, prefix: str, inputs: tuple[str, ...], output: str, config: ModelConfig) -> Matmuls:
         names, out = [f"{prefix}.{n}" for n in inputs], f"{prefix}.{output}"
         # row-parallel: the output linear's bias is added once, by the rank that holds it, before the sum
@@ -221,15 +237,24 @@ def load_hf_with(
     plan = _Plan(Tensors(folder), quant, dtype, device, shard)
     config = load_config(folder)
     with torch.device("meta"):
-        llama = LlamaForCausalLM(config, shard)
-    llama.model.rotary_emb.reset_buffers(device)
+        llama = build_model(config, shard)
+    llama.reset_buffers(device)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)
         prefix = f"model.layers.{i}"
         layer.self_attn.fixed = plan.matmuls(
             f"{prefix}.self_attn", Attention.INPUTS, Attention.OUTPUT, config
         )
-        layer.mlp.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT, config)
+        ffn = layer.feed_forward()
+        if isinstance(ffn, SparseMoeBlock):  # the router stays in the compute dtype
+            assert config.moe is not None
+            block = f"{prefix}.{config.moe.block_name}"
+            ffn.fixed = plan.experts(block, config.moe, config)
+            router = plan.tensors[f"{block}.gate.weight"].to(dtype=dtype, device=device)
+            ffn.gate.weight = nn.Parameter(router, requires_grad=False)
+        else:
+            assert isinstance(ffn, MLP)
+            ffn.fixed = plan.matmuls(f"{prefix}.mlp", MLP.INPUTS, MLP.OUTPUT, config)
     _load_norms(llama, plan)
     _load_embedding_and_head(llama, plan, config)
     log.info(

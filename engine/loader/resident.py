@@ -18,6 +18,6 @@ def resident_weight_bytes(model: LlamaForCausalLM) -> int:
     held: list[object] = [*model.parameters(), model.model.embed_tokens, model.lm_head_matmul()]
     for layer in model.model.layers:
         assert isinstance(layer, DecoderLayer)
-        for block in (layer.self_attn, layer.mlp):
-            held.extend(block.matmuls())
+        for block in (layer.self_attn, layer.feed_forward()):
+            held.extend(block.matmuls())  # type: ignore[operator]
     return storage_bytes(held)

@@ -1,12 +1,12 @@
 """The model's shape and numerics, parsed once from a Hugging Face ``config.json``.
 
 Where it sits: the loader reads ``config.json`` into a :class:`ModelConfig`; the model
-(``llama.py``) is built from it; the runner sizes the KV cache from its layer, head and
-head-dim counts. Only the Llama family is known (Llama 2/3, Mistral, Qwen2); anything
-else fails here with :class:`ModelLoadError` naming the architecture and the known ones.
-Sliding windows are read per layer as transformers reads them: Mistral's ``sliding_window``
-on every layer; Qwen2's only with ``use_sliding_window``, on the layers ``layer_types`` marks
-``sliding_attention`` (when absent: layers from ``max_window_layers`` on); Llama has none.
+(the family's class, ``llama.py`` for most) is built from it; the runner sizes the KV cache from its
+layer, head and head-dim counts. The architecture is resolved in the registry
+(``registry.py``); one it does not know fails here with :class:`ModelLoadError` naming the
+architecture and the known ones. The shared fields are parsed here, each family's own (q/k/v
+biases, q/k norms, sliding windows per layer, as transformers reads them) by its registry hook
+(``families/*.py``; the mixture-of-experts families' :class:`MoeSpec` by ``families/moe.py``).
 """
 
 from __future__ import annotations
@@ -17,20 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvfleet.engine.model.errors import ModelLoadError  # re-exported: raised and caught by that name
+from kvfleet.engine.model.families.moe import MoeSpec  # re-exported: the MoE model takes it here
+from kvfleet.engine.model.registry import ArchitectureSpec, known_architectures, resolve_architecture
 from kvfleet.engine.model.rope_scaling import ROPE_TYPES, rope_context_len, rope_type
 
 if (
     TYPE_CHECKING
 ):  # annotations only: this module never imports torch (tests/engine/model/test_config_is_torch_free.py)
     import torch
-
-# Architectures served by the one Llama-family model; the value says whether q/k/v have a bias.
-KNOWN_ARCHITECTURES: dict[str, bool] = {
-    "LlamaForCausalLM": False,
-    "MistralForCausalLM": False,
-    "Qwen2ForCausalLM": True,
-}
-_QWEN2_MAX_WINDOW_LAYERS = 28  # transformers' Qwen2Config default
 
 
 @dataclass(frozen=True)
@@ -48,6 +42,12 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each q and k head before the rotary
+    # Gemma 3: the sliding layers' own rotary base (unscaled); the MLP's activation; the attention
+    # scale's 1/sqrt(query_pre_attn_scalar) (None: 1/sqrt(head_dim)).
+    local_rope_theta: float | None = None
+    activation: str = "silu"
+    query_pre_attn_scalar: float | None = None
     o_bias: bool = False
     mlp_bias: bool = False
     rope_scaling: dict[str, Any] | None = None
@@ -56,11 +56,20 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    moe: MoeSpec | None = None  # Qwen3-MoE, Mixtral: the sparse feed-forward (``model/moe.py``)
 
     @property
     def max_model_len(self) -> int:
         """The longest context served: max_position_embeddings, as far as the rope scaling stretches it."""
         return rope_context_len(self)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The widest window where every layer slides (blocks before it can be freed); None where
+        some layer attends to every key (Llama's, Gemma 3's global layers)."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(w for w in self.layer_windows if w is not None)
 
     def layer_window(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -80,38 +89,40 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        arch = _architecture(raw, source)
+        spec = _architecture(raw, source)
         try:
-            return _parse(raw, arch)
+            return _parse(raw, spec)
         except KeyError as e:
-            raise ModelLoadError(f"{source}: field {e.args[0]!r} is missing (architecture {arch})") from e
+            raise ModelLoadError(
+                f"{source}: field {e.args[0]!r} is missing (architecture {spec.name})"
+            ) from e
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: {e}") from e
 
 
-def _architecture(raw: dict[str, Any], source: str) -> str:
+def _architecture(raw: dict[str, Any], source: str) -> ArchitectureSpec:
     archs = raw.get("architectures") or []
-    known = sorted(KNOWN_ARCHITECTURES)
-    for arch in archs:
-        if arch in KNOWN_ARCHITECTURES:
-            return str(arch)
+    spec = resolve_architecture(list(archs))
+    if spec is not None:
+        return spec
+    known = known_architectures()
     named = ", ".join(archs) if archs else "none given"
     raise ModelLoadError(f"{source}: architecture {named} is not supported; known architectures: {known}")
 
 
-def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
+def _parse(raw: dict[str, Any], spec: ArchitectureSpec) -> ModelConfig:
     hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     kv_heads = int(raw.get("num_key_value_heads") or heads)
     if heads % kv_heads:
         raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     head_dim = int(raw.get("head_dim") or hidden // heads)
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={raw['hidden_act']!r} is not supported; only 'silu'")
     rope = _rope(raw)
     num_layers = int(raw["num_hidden_layers"])
-    attention_bias = bool(raw.get("attention_bias", False))
+    family = spec.config(raw, num_layers)
+    if family.get("activation", "silu") == "silu" and raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={raw['hidden_act']!r} is not supported; only 'silu'")
     return ModelConfig(
-        architecture=arch,
+        architecture=spec.name,
         vocab_size=int(raw["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
@@ -123,23 +134,26 @@ def _parse(raw: dict[str, Any], arch: str) -> ModelConfig:
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=KNOWN_ARCHITECTURES[arch] or attention_bias,
-        o_bias=attention_bias,
+        o_bias=bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
         rope_scaling=_rope_scaling(rope),
-        layer_windows=_layer_windows(raw, arch, num_layers),
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
+        **family,
     )
 
 
 def _rope(raw: dict[str, Any]) -> dict[str, Any]:
-    """Both spellings: ``rope_theta`` + ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5).
+    """Both spellings: ``rope_theta`` + ``rope_scaling`` (transformers 4) or ``rope_parameters`` (5);
+    per layer type (Gemma 3's ``rope_parameters``), the full-attention layers' (the sliding ones'
+    is the family's ``local_rope_theta``).
 
     As transformers standardises them: a top-level ``original_max_position_embeddings`` wins,
     else llama3 and yarn default it to ``max_position_embeddings``."""
     params = dict(raw.get("rope_parameters") or {})
+    if isinstance(params.get("full_attention"), dict):
+        params = dict(params["full_attention"])
     scaling = raw.get("rope_scaling") or {}
     merged = {**scaling, **params}
     if "rope_theta" in raw:
@@ -167,24 +181,6 @@ def _rope_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
     scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
     scaling["rope_type"] = kind
     return scaling
-
-
-def _layer_windows(raw: dict[str, Any], arch: str, num_layers: int) -> tuple[int | None, ...]:
-    window = raw.get("sliding_window")
-    qwen2_off = arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False)
-    if arch == "LlamaForCausalLM" or qwen2_off or window is None:
-        return (None,) * num_layers
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"sliding_window={window!r} must be a positive integer (tokens) or null")
-    if arch == "MistralForCausalLM":
-        return (window,) * num_layers
-    types = raw.get("layer_types")
-    if types is None:
-        first = int(raw.get("max_window_layers", _QWEN2_MAX_WINDOW_LAYERS))
-        return tuple(window if i >= first else None for i in range(num_layers))
-    if len(types) != num_layers:
-        raise ValueError(f"layer_types has {len(types)} entries, num_hidden_layers={num_layers}")
-    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _ids(value: Any) -> frozenset[int]:

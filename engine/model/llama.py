@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) in plain torch, over one flat token batch.
+"""The shared decoder (Llama 2/3, Mistral, Qwen2, Qwen3) in plain torch, over one flat token batch.
 
 Where it sits: the runner flattens a scheduler plan into ``input_ids`` and ``positions``
 of shape (T,) plus one :class:`AttentionMetadata`, and calls :meth:`LlamaForCausalLM.forward`;
@@ -9,7 +9,10 @@ Submodule names follow the Hugging Face checkpoints (``model.layers.0.self_attn.
 ...) so ``state_dict`` keys are the safetensors names; the numerics follow transformers
 (RMSNorm in float32, RoPE cos/sin in float32, rotate-half layout) so greedy output is
 the same token for token. Each attention layer carries its own sliding window (None: full
-causal attention) and hands it to the backend with the query.
+causal attention) and hands it to the backend with the query. A family registered in
+``registry.py`` with this class sets its differences in the config (q/k/v biases, Qwen3's
+``qk_norm``: an RMSNorm over each q and k head before the rotary); a family whose layers differ
+more builds its own class from these layers (``families/*.py``).
 """
 
 from __future__ import annotations
@@ -128,7 +131,9 @@ class Attention(ProjectedBlock):
         self.k_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(heads * d, h, bias=o_bias)
-        self.scale = d**-0.5
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.scale = (config.query_pre_attn_scalar or d) ** -0.5
 
     def forward(
         self, x: torch.Tensor, kv_cache: torch.Tensor, step: Step, keep: torch.Tensor | None = None
@@ -141,7 +146,10 @@ class Attention(ProjectedBlock):
         if meta.lora is not None:  # LoRA hook: each adapter's delta onto its token's q/k/v columns
             meta.lora.add(x, qkv, self.layer, QKV)
         # q and k heads side by side take the rotation in one call; v is a view of the rest.
-        qk = apply_rope(qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d)), *rope)
+        qk = qkv[:, : (heads + kv_heads) * d].unflatten(1, (heads + kv_heads, d))
+        if self.q_norm is not None and self.k_norm is not None:  # per head, before the rotary
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
+        qk = apply_rope(qk, *rope)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
         layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window)
@@ -198,6 +206,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, layer, shard)
 
+    def feed_forward(self) -> nn.Module:
+        """The layer's feed-forward block (``model/moe.py``'s sparse layers name theirs otherwise)."""
+        return self.mlp
+
     def forward(
         self,
         x: torch.Tensor,
@@ -228,7 +240,9 @@ def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, shard: RankShard | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, shard: RankShard | None = None, layer: type[DecoderLayer] = DecoderLayer
+    ) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
         # import torch._dynamo, over a second of every engine start: only real weights get it.
@@ -236,7 +250,7 @@ class LlamaModel(nn.Module):
         if not weight.is_meta:
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, shard) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(layer(config, i, shard) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -248,14 +262,17 @@ class LlamaForCausalLM(nn.Module):
     intermediate columns and vocabulary slice only, an all-reduce after the embedding, o_proj and
     down_proj, and the LM head's vocabulary slices gathered on rank 0 (other ranks return their own
     slice, unread). The one-call native decode cannot hold an all-reduce: with ``comm`` it is off
-    and every step runs the per-op path."""
+    and every step runs the per-op path. ``LAYER``: the decoder layer a subclass builds
+    (``model/moe.py``'s sparse one)."""
+
+    LAYER: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, config: ModelConfig, shard: RankShard | None = None) -> None:
         super().__init__()
         self.config = config
         self.shard = shard
         self.comm: TPComm | None = None  # set once the process group is up (tp > 1)
-        self.model = LlamaModel(config, shard)
+        self.model = self.decoder(config, shard)
         self.lm_head = nn.Linear(config.hidden_size, vocab_rows(config, shard), bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -266,6 +283,14 @@ class LlamaForCausalLM(nn.Module):
         # use from the weights as (pre)packed then, as (the call or None,); pack() and prepack() drop it.
         self.use_fused_decode = True
         self._fused: tuple[FusedLayers | None] | None = None
+
+    def decoder(self, config: ModelConfig, shard: RankShard | None) -> LlamaModel:
+        """The embedding, layers, final norm and rotary (a family with its own layers overrides it)."""
+        return LlamaModel(config, shard, self.LAYER)
+
+    def reset_buffers(self, device: torch.device) -> None:
+        """Recompute the rotary frequencies (non-persistent buffers, uninitialised after loading)."""
+        self.model.rotary_emb.reset_buffers(device)
 
     def pack(self) -> None:
         """Pack each layer's q/k/v and gate/up linears into one matmul each (weights held once), and
@@ -314,9 +339,15 @@ class LlamaForCausalLM(nn.Module):
             self._lm_head = FLOAT_METHOD.process(self.lm_head.weight, None, self.packed_lm_head)
         return self._lm_head
 
+    def no_native_layer(self) -> str | None:
+        """Why this model's layers cannot run in the native decode call (None: they may)."""
+        if self.config.qk_norm:
+            return f"{self.config.architecture}'s q/k norms are not part of the native decode call"
+        return None
+
     def fused_decode(self) -> FusedLayers | None:
         """The native all-layers decode call for the weights as packed now (None: the per-op path)."""
-        if not self.use_fused_decode or self.comm is not None:
+        if not self.use_fused_decode or self.comm is not None or self.no_native_layer() is not None:
             return None
         if self._fused is None:
             layers = list(self.model.layers)

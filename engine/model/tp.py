@@ -19,7 +19,7 @@ import torch
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.model.config import ModelConfig
     from kvfleet.engine.parallel.group import TPComm
-    from kvfleet.engine.parallel.shard import RankShard
+    from kvfleet.engine.parallel.shard import AxisSpan, RankShard
 
 
 class SliceSpec(NamedTuple):
@@ -30,12 +30,33 @@ class SliceSpec(NamedTuple):
     full: int
 
 
+def _span(s: AxisSpan, unit: int = 1) -> slice:
+    return slice(s.start * unit, s.stop * unit)
+
+
+def split_span(size: int, parts: int, index: int) -> slice:
+    """Part ``index`` of ``size`` cut in ``parts`` contiguous runs, the first ``size % parts`` one longer
+    (``parallel/shard.contiguous_split``'s rule: each expert's intermediate columns are cut so)."""
+    base, extra = divmod(size, parts)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (1 if index < extra else 0))
+
+
+# A mixture-of-experts expert's linears (Qwen3-MoE's names, Mixtral's): column- or row-parallel.
+_EXPERT_COLUMN, _EXPERT_ROW = ("gate_proj", "up_proj", "w1", "w3"), ("down_proj", "w2")
+
+
 def checkpoint_slice(name: str, shard: RankShard, head_dim: int, full: dict[str, int]) -> SliceSpec | None:
     """The slice of checkpoint tensor ``name`` that ``shard`` holds (None: all of it).
 
-    ``full``: the unsplit sizes, ``q`` and ``kv`` (heads x head_dim), ``intermediate``, ``vocab``."""
+    ``full``: the unsplit sizes, ``q`` and ``kv`` (heads x head_dim), ``intermediate``, ``vocab``, and
+    for a mixture-of-experts model ``expert_intermediate`` (every expert's columns are split)."""
     leaf = name.rsplit(".", 2)
     module, kind = (leaf[-2], leaf[-1]) if len(leaf) == 3 else ("", name)
+    if ".experts." in name and module in _EXPERT_COLUMN + _EXPERT_ROW:
+        inter = full["expert_intermediate"]
+        span = split_span(inter, shard.tp_size, shard.rank)
+        return SliceSpec(0 if module in _EXPERT_COLUMN else 1, span, inter)
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return SliceSpec(0, shard.vocab.scaled(1), full["vocab"])
     if module == "q_proj":
@@ -59,6 +80,8 @@ def slice_for(name: str, shard: RankShard, config: ModelConfig) -> SliceSpec | N
         "intermediate": config.intermediate_size,
         "vocab": config.vocab_size,
     }
+    if config.moe is not None:
+        full["expert_intermediate"] = config.moe.expert_intermediate_size
     return checkpoint_slice(name, shard, config.head_dim, full)
 
 

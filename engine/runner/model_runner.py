@@ -85,6 +85,7 @@ class ModelInfo:
     # False when a block's KV depends on more than its tokens (dynamic rope: on the length of
     # the step that computed it), so a prefix-cache hit would not give transformers' result.
     prefix_caching_exact: bool = True
+    kv_window: int | None = None  # every layer slides within it: the KV manager frees blocks before it
 
 
 def pick_device(config: EngineConfig) -> torch.device:
@@ -202,6 +203,11 @@ class ModelRunner(Runner):
         self._caps_key: tuple[object, ...] | None = None
         self.structured: StructuredOutputs | None = None  # set by the Engine: masks constrained rows
         self.lora: LoraManager | None = None
+        if config.lora_enabled and self.model_config.moe is not None:
+            raise ModelLoadError(
+                f"LoRA adapters (enable_lora, lora_modules) are not supported on a mixture-of-experts "
+                f"model ({self.model_config.architecture})"
+            )
         if config.lora_enabled:
             slices = None if self.shard is None else lora_slices(self.shard, self.model_config.head_dim)
             self.lora = LoraManager.for_engine(config, self.model_config, self.device, self.dtype, slices)
@@ -340,6 +346,9 @@ class ModelRunner(Runner):
             return "tensor parallelism: the native call holds no all-reduce"
         if not self.model.use_fused_decode:
             return "the native call is turned off"
+        layer = self.model.no_native_layer()
+        if layer is not None:
+            return layer
         if unbuilt:
             return f"these weights ({self.dtype}, {self.device.type}) do not fit the native call"
         return f"the {type(self.backend).__name__} runs no native call"
@@ -385,5 +394,6 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInf
         vocab_size=model_config.vocab_size,
         has_chat_template=tokenizer.chat_template is not None,
         prefix_caching_exact=not rope_is_dynamic(model_config),
+        kv_window=model_config.kv_window,
     )
     return runner, tokenizer, info

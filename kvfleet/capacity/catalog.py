@@ -77,10 +77,29 @@ class ModelShape:
     tie_word_embeddings: bool
     max_position_embeddings: int
     attention_bias: bool = False  # Qwen2 has biases on q, k and v
+    # Mixture of experts (Qwen3-MoE, Mixtral): ``sparse_layers`` of the layers hold ``num_experts``
+    # SwiGLU experts of ``expert_intermediate_size`` and a router (E x hidden), each token running
+    # ``experts_per_token`` of them; the other layers a dense MLP of ``intermediate_size``.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    sparse_layers: int = 0
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each q and k head
+    sandwich_norms: bool = False  # Gemma 3: norms after attention and before and after the MLP too
 
     @property
     def num_params(self) -> int:
-        """Parameters of a Llama-family decoder: embeddings, GQA attention, SwiGLU MLP, RMSNorms, lm_head."""
+        """Parameters of a Llama-family decoder: embeddings, GQA attention, SwiGLU MLP (every expert of
+        a sparse layer, and its router), RMSNorms, lm_head."""
+        return self._params(self.num_experts)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: :attr:`num_params` with ``experts_per_token`` experts per
+        sparse layer (the router whole); a dense model's are all of them."""
+        return self._params(self.experts_per_token)
+
+    def _params(self, experts: int) -> int:
         h, q_width, kv_width = (
             self.hidden_size,
             self.num_heads * self.head_dim,
@@ -90,10 +109,13 @@ class ModelShape:
         if self.attention_bias:
             attention += q_width + 2 * kv_width
         mlp = 3 * h * self.intermediate_size  # gate, up, down
-        per_layer = attention + mlp + 2 * h  # input and post-attention RMSNorm
+        sparse = experts * 3 * h * self.expert_intermediate_size + self.num_experts * h  # + router
+        norms = (4 if self.sandwich_norms else 2) * h + (2 * self.head_dim if self.qk_norm else 0)  # (+ q/k)
+        dense_layers = self.num_layers - self.sparse_layers
+        layers = self.num_layers * (attention + norms) + dense_layers * mlp + self.sparse_layers * sparse
         embeddings = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.num_layers * per_layer + embeddings + lm_head + h  # + final norm
+        return layers + embeddings + lm_head + h  # + final norm
 
 
 def _llama3(
@@ -111,14 +133,54 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         "qwen2-7b", 28, 3584, 28, 4, 128, 18944, 152064, False, 32768, attention_bias=True
     ),
     "mistral-7b": ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768),
+    "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, False, 40960, qk_norm=True),
+    # Gemma 3's KV counted on every layer: the engine keeps its sliding layers' whole (one block table).
+    "gemma-3-1b": ModelShape(
+        "gemma-3-1b", 26, 1152, 4, 1, 256, 6912, 262144, True, 32768, qk_norm=True, sandwich_norms=True
+    ),
+    # mixtures of experts: every expert counts in the weights, experts_per_token of them run per token
+    "mixtral-8x7b": ModelShape(
+        "mixtral-8x7b",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14336,
+        32000,
+        False,
+        32768,
+        num_experts=8,
+        experts_per_token=2,
+        expert_intermediate_size=14336,
+        sparse_layers=32,
+    ),
+    "qwen3-30b-a3b": ModelShape(
+        "qwen3-30b-a3b",
+        48,
+        2048,
+        32,
+        4,
+        128,
+        6144,
+        151936,
+        False,
+        40960,
+        qk_norm=True,
+        num_experts=128,
+        experts_per_token=8,
+        expert_intermediate_size=768,
+        sparse_layers=48,
+    ),
 }
 _MODEL_ALIASES = {
     "meta-llama-3-8b": "llama-3-8b",
     "meta-llama-3-70b": "llama-3-70b",
     "mistral-7b-v0.1": "mistral-7b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b",
 }
 
-_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}
 
 
 def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
@@ -131,7 +193,8 @@ def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | No
 
 
 def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> ModelShape:
-    """The shape of a Llama, Mistral or Qwen2 model from its Hugging Face ``config.json`` dict."""
+    """The shape of a Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Qwen3-MoE or Mixtral model from its
+    ``config.json`` dict."""
     model_type = config.get("model_type", "llama")
     if model_type not in _ARCHITECTURES:
         raise UnknownModelError(
@@ -157,7 +220,30 @@ def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> 
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_position_embeddings=_int_field(config, "max_position_embeddings", name, default=2048),
         attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
+        sandwich_norms=model_type == "gemma3_text",
+        **_experts(config, model_type, name),
     )
+
+
+def _experts(config: Mapping[str, Any], model_type: str, name: str) -> dict[str, int]:
+    """The mixture-of-experts fields (none for a dense model), read as ``engine/model/config.py`` reads them."""
+    if model_type not in ("qwen3_moe", "mixtral"):
+        return {}
+    key = "num_experts" if config.get("num_experts") else "num_local_experts"
+    layers = _int_field(config, "num_hidden_layers", name)
+    if model_type == "mixtral":
+        inter, sparse = _int_field(config, "intermediate_size", name), layers
+    else:
+        inter = _int_field(config, "moe_intermediate_size", name)
+        dense, step = set(config.get("mlp_only_layers") or []), int(config.get("decoder_sparse_step", 1))
+        sparse = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    return {
+        "num_experts": _int_field(config, key, name),
+        "experts_per_token": _int_field(config, "num_experts_per_tok", name),
+        "expert_intermediate_size": inter,
+        "sparse_layers": sparse,
+    }
 
 
 def _load_config(path: Path) -> ModelShape:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from .catalog import DTYPE_BYTES, GIB, GPUSpec, ModelShape, canonical_dtype
-from .quant import per_rank_weight_bytes
+from .quant import per_rank_expert_bytes, per_rank_weight_bytes
 from .tp import kv_heads_per_rank, q_heads_per_rank
 
 # The share of a GPU's memory the engine keeps free for activations and the sampler
@@ -58,13 +58,20 @@ def activation_bytes(
     bytes, at least 2 since fp8/int8 weights compute in 16-bit):
       T × (2·hidden [residual + normed input, replicated] + (q_heads + 2·kv_heads per rank)·head_dim
            + 2·ceil(intermediate / tp) [gate and up of SwiGLU, column-parallel]) × a
+    (a mixture of experts: the larger of that and top_k × (hidden + 2·ceil(expert intermediate / tp)),
+    each token's row gathered once per expert it goes to)
     plus the fp32 logits of the rows sampled, gathered whole on every rank,
     L = min(T, ``max_num_seqs``): L × vocab × 4.
     """
     t, a = max_num_batched_tokens, max(2, DTYPE_BYTES[canonical_dtype(dtype)])
     heads = q_heads_per_rank(shape.num_heads, shape.num_kv_heads, tp)
     qkv = (heads + 2 * kv_heads_per_rank(shape.num_kv_heads, tp)) * shape.head_dim
-    per_token = 2 * shape.hidden_size + qkv + 2 * math.ceil(shape.intermediate_size / tp)
+    dense = 2 * math.ceil(shape.intermediate_size / tp) if shape.sparse_layers < shape.num_layers else 0
+    # a sparse layer gathers each token's row once per expert it goes to: top-k rows of gate and up
+    sparse = shape.experts_per_token * (
+        shape.hidden_size + 2 * math.ceil(shape.expert_intermediate_size / tp)
+    )
+    per_token = 2 * shape.hidden_size + qkv + max(dense, sparse if shape.sparse_layers else 0)
     logits = min(t, max_num_seqs) * shape.vocab_size * 4
     return t * per_token * a + logits
 
@@ -122,8 +129,13 @@ def decode_tokens_per_s_bound(
     The ``num_gpus`` ranks read their shares in parallel; the biggest one bounds the step. One
     decode step at batch B reads that rank's weights once and its K/V heads of B sequences of
     ``context`` tokens: bytes = weights/rank + B × context × KV bytes/token/rank; it yields B tokens.
+    A mixture of experts reads only the experts its B tokens hit: with routing spread evenly,
+    E × (1 − (1 − k/E)^B) of a layer's E experts (k per token), the others' bytes not read.
     """
     step_bytes = per_rank_weights_bytes(
         shape, dtype, num_gpus, quantization
     ) + batch_size * context * per_rank_kv_bytes_per_token(shape, dtype, num_gpus)
+    if shape.num_experts:
+        unread = (1 - shape.experts_per_token / shape.num_experts) ** batch_size
+        step_bytes -= int(per_rank_expert_bytes(shape, dtype, num_gpus, quantization) * unread)
     return batch_size * gpu.bandwidth_bytes_per_s / step_bytes

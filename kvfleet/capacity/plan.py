@@ -32,7 +32,7 @@ _FROM_VERDICT = {
 @dataclass(frozen=True)
 class CapacityPlan:
     """A model on ``num_gpus`` (tensor-parallel size) × one GPU type. ``weights_bytes``,
-    ``kv_bytes_per_token`` and ``num_params`` are the whole model's; ``usable_bytes``,
+    ``kv_bytes_per_token``, ``num_params`` and ``active_params`` are the whole model's; ``usable_bytes``,
     ``activation_bytes`` (the reserve) and ``kv_bytes`` are per GPU; ``kv_tokens`` and
     ``max_concurrent_sequences`` are the replica's (every rank holds its heads of every token)."""
 
@@ -60,6 +60,7 @@ class CapacityPlan:
     kv_blocks: int
     block_size: int
     quantization: str = "none"  # the decoder linears' weight format (quant.WEIGHT_FORMATS)
+    active_params: int = 0  # parameters one token runs through (a mixture of experts: top-k experts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,6 +132,7 @@ def plan_capacity(
         gpu=gpu.name,
         num_gpus=num_gpus,
         num_params=shape.num_params,
+        active_params=shape.active_params,
         weights_bytes=per_rank_weights_bytes(shape, dtype, 1, quantization),
         kv_bytes_per_token=kv_bytes_per_token(shape, dtype),
         dtype=dtype,

@@ -51,14 +51,22 @@ def canonical_quantization(name: str | None) -> str:
 
 
 def per_rank_linears(shape: ModelShape, tp: int) -> tuple[int, int]:
-    """(weights, output rows) of every decoder layer's linears on the biggest of ``tp`` ranks."""
+    """(weights, output rows) of every decoder layer's linears on the biggest of ``tp`` ranks (every
+    expert's included; a router stays in the model dtype)."""
     h, d = shape.hidden_size, shape.head_dim
     q_width = q_heads_per_rank(shape.num_heads, shape.num_kv_heads, tp) * d
     kv_width = kv_heads_per_rank(shape.num_kv_heads, tp) * d
-    inter = math.ceil(shape.intermediate_size / tp)
-    weights = 2 * h * q_width + 2 * h * kv_width + 3 * h * inter
-    rows = q_width + 2 * kv_width + h + 2 * inter + h  # o and down: row-parallel, all h output rows
-    return shape.num_layers * weights, shape.num_layers * rows
+    inter, expert = math.ceil(shape.intermediate_size / tp), math.ceil(shape.expert_intermediate_size / tp)
+    attention = 2 * h * q_width + 2 * h * kv_width
+    attention_rows = q_width + 2 * kv_width + h  # o: row-parallel, all h output rows
+    dense, sparse = shape.num_layers - shape.sparse_layers, shape.sparse_layers
+    weights = (
+        shape.num_layers * attention + dense * 3 * h * inter + sparse * shape.num_experts * 3 * h * expert
+    )
+    rows = shape.num_layers * attention_rows + (
+        dense * (2 * inter + h) + sparse * shape.num_experts * (2 * expert + h)
+    )
+    return weights, rows
 
 
 def per_rank_weight_bytes(shape: ModelShape, dtype: str, tp: int, quantization: str | None = None) -> int:
@@ -71,3 +79,14 @@ def per_rank_weight_bytes(shape: ModelShape, dtype: str, tp: int, quantization: 
     linears, rows = per_rank_linears(shape, tp)
     scales = SCALE_BYTES * rows if canonical_quantization(quantization) in PER_CHANNEL_SCALED else 0
     return (total - linears) * dtype_bytes + math.ceil(linears * per_weight) + scales
+
+
+def per_rank_expert_bytes(shape: ModelShape, dtype: str, tp: int, quantization: str | None = None) -> int:
+    """The bytes of every expert's linears on the biggest of ``tp`` ranks, in ``quantization``'s
+    bytes per weight (0 for a dense model): what a decode step reads only of the experts it hits."""
+    per_weight = WEIGHT_FORMATS[canonical_quantization(quantization)]
+    weights = shape.sparse_layers * shape.num_experts * 3 * shape.hidden_size
+    weights *= math.ceil(shape.expert_intermediate_size / tp) if shape.num_experts else 0
+    if per_weight is None:
+        return weights * DTYPE_BYTES[canonical_dtype(dtype)]
+    return math.ceil(weights * per_weight)

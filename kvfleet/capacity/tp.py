@@ -48,8 +48,10 @@ def per_rank_params(shape: ModelShape, tp: int) -> int:
 
     Per layer: q (column) and o (row) over the rank's query heads, k and v (column) over its KV
     heads, Qwen2's q/k/v biases likewise, gate/up (column) and down (row) over ceil(intermediate
-    / tp) features, both RMSNorms whole; then the embedding and an untied lm_head over ceil(vocab
-    / tp) rows (vocab-parallel), and the final norm whole.
+    / tp) features, the RMSNorms whole (Gemma 3's four, q/k norms of one head); a sparse layer's
+    every expert over ceil(expert intermediate / tp) features and its router whole; then the
+    embedding and an untied lm_head over ceil(vocab / tp) rows (vocab-parallel), and the final norm
+    whole.
     """
     h, d = shape.hidden_size, shape.head_dim
     q_width = q_heads_per_rank(shape.num_heads, shape.num_kv_heads, tp) * d
@@ -58,7 +60,10 @@ def per_rank_params(shape: ModelShape, tp: int) -> int:
     if shape.attention_bias:
         attention += q_width + 2 * kv_width
     mlp = 3 * h * math.ceil(shape.intermediate_size / tp)
-    per_layer = attention + mlp + 2 * h
+    sparse = shape.num_experts * (3 * h * math.ceil(shape.expert_intermediate_size / tp) + h)
+    norms = (4 if shape.sandwich_norms else 2) * h + (2 * d if shape.qk_norm else 0)
+    dense_layers = shape.num_layers - shape.sparse_layers
+    layers = shape.num_layers * (attention + norms) + dense_layers * mlp + shape.sparse_layers * sparse
     vocab_rows = math.ceil(shape.vocab_size / tp)
     embeddings = vocab_rows * h * (1 if shape.tie_word_embeddings else 2)
-    return shape.num_layers * per_layer + embeddings + h
+    return layers + embeddings + h

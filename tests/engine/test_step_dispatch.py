@@ -133,12 +133,12 @@ def test_the_runner_takes_each_route_it_logs_and_the_native_call_never_refuses_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from kvfleet.engine import LLM
-    from kvfleet.engine.model.fused_layers import FusedLayers as FusedDecode
+    from kvfleet.engine.model.fused_layers import FusedLayers as FusedLayers
 
     taken: list[bool] = []
-    run = FusedDecode.run
+    run = FusedLayers.run
 
-    def spy(self: FusedDecode, *args: Any) -> Any:
+    def spy(self: FusedLayers, *args: Any) -> Any:
         out = run(self, *args)
         taken.append(out is not None)
         return out
@@ -149,7 +149,7 @@ def test_the_runner_takes_each_route_it_logs_and_the_native_call_never_refuses_o
         pytest.MonkeyPatch.context() as patch,
         caplog.at_level(logging.DEBUG, "kvfleet.engine.runner.step_dispatch"),
     ):
-        patch.setattr(FusedDecode, "run", spy)
+        patch.setattr(FusedLayers, "run", spy)
         llm.generate(["hello there", "a longer prompt about kubernetes"], params)
     routes = [m.split(":")[0] for m in caplog.messages if m.startswith("step route")]
     assert routes and set(routes) == {"step route native"}

@@ -40,6 +40,7 @@ def test_known_models_have_the_parameter_counts_their_publishers_state() -> None
     assert KNOWN_MODELS["llama-3.2-1b"].num_params == 1_235_814_400
     assert KNOWN_MODELS["qwen2-7b"].num_params == 7_615_616_512
     assert KNOWN_MODELS["mistral-7b"].num_params == 7_241_732_096
+    assert KNOWN_MODELS["gemma-3-1b"].num_params == 999_885_952
     assert weights_bytes(LLAMA_3_8B, "bfloat16") == 16_060_522_496
     assert weights_bytes(LLAMA_3_8B, "int8") == 8_030_261_248
 
@@ -57,6 +58,18 @@ def test_an_explicit_head_dim_and_tied_embeddings_are_counted_as_written() -> No
     }
     # per layer: q 64·96 + k, v 2·64·48 + o 96·64 + SwiGLU 3·64·160 + 2 norms 64 = 49280
     assert model_shape_from_config(config).num_params == 3 * 49280 + 300 * 64 + 64 == 167_104
+
+
+def test_qwen3_and_gemma3_configs_count_their_q_k_norms_and_gemmas_extra_norms() -> None:
+    config = {
+        "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 24, "intermediate_size": 160, "vocab_size": 300, "tie_word_embeddings": True,
+    }  # fmt: skip
+    # as above (49280 per layer) + q/k norms 2·24; Gemma 3: + 2 more norms of 64
+    assert model_shape_from_config({**config, "model_type": "qwen3"}).num_params == 3 * 49328 + 300 * 64 + 64
+    gemma = model_shape_from_config({**config, "model_type": "gemma3_text"})
+    assert gemma.num_params == 3 * (49328 + 128) + 300 * 64 + 64
+    assert kv_bytes_per_token(gemma, "bfloat16") == 2 * 3 * 2 * 24 * 2  # every layer's, the global ones' too
 
 
 def test_head_dim_defaults_to_hidden_size_over_heads() -> None:
@@ -218,8 +231,8 @@ def test_a_corrupt_config_json_names_the_file(tmp_path: Path) -> None:
 
 
 def test_an_unsupported_architecture_or_a_missing_field_is_named(tmp_path: Path) -> None:
-    with pytest.raises(UnknownModelError, match="model_type 'mixtral' is not supported"):
-        resolve_model(str(_write_config(tmp_path / "moe", model_type="mixtral")))
+    with pytest.raises(UnknownModelError, match="model_type 'gpt_neox' is not supported"):
+        resolve_model(str(_write_config(tmp_path / "neox", model_type="gpt_neox")))
     with pytest.raises(UnknownModelError, match="'vocab_size' must be a positive integer, got None"):
         model_shape_from_config(
             {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 8}

@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from kvfleet.engine.testing.tiny import BOS_ID, EOS_ID, PAD_ID, build_tiny_model
 
@@ -107,6 +114,27 @@ VARIANTS |= {
         max_window_layers=1,
     ),
 }
+# Qwen3: q/k norms, a head_dim (32) apart from hidden/heads (16), no biases, a window of 6 keys on layer 1.
+VARIANTS["qwen3-window"] = lambda: Qwen3Config(
+    **COMMON,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    use_sliding_window=True,
+    sliding_window=6,
+    max_window_layers=1,
+)
+# Gemma 3: a sliding layer (window 6, local rotary base 10^4) then a global one (10^6), q/k norms,
+# head_dim 32, query_pre_attn_scalar 24 (not head_dim: the scale is its own), tied embeddings.
+VARIANTS["gemma3-window"] = lambda: Gemma3TextConfig(
+    **COMMON,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    sliding_window=6,
+    layer_types=["sliding_attention", "full_attention"],
+    query_pre_attn_scalar=24,
+)
 SHARD_SIZE = "100KB"
 
 
@@ -126,6 +154,16 @@ def make_checkpoint(variant: str, folder: Path) -> Path:
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0.0, 0.2)
+    if "qwen3" in variant:  # transformers initialises norms at one; make the q/k norms count
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.normal_(1.0, 0.3)
+    if "gemma3" in variant:  # Gemma's norms scale by 1 + w, initialised at w = 0: make every one count
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.3)
     shard = SHARD_SIZE if "sharded" in variant else "50GB"
     model.save_pretrained(folder, max_shard_size=shard, safe_serialization=True)
     write_tokenizer(folder, folder.parent / f"{variant}-tok-scratch")

@@ -32,7 +32,7 @@ from kvfleet.engine.kernels.native.skinny_gemm import SKINNY_MAX_ROWS
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 from kvfleet.engine.kernels.quant_linear import dequantised
 from kvfleet.engine.loader.sources import resolve_model
-from kvfleet.engine.model.fused_layers import FusedLayers as FusedDecode
+from kvfleet.engine.model.fused_layers import FusedLayers
 from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.testing.tiny_gguf import write_gguf
 
@@ -97,17 +97,17 @@ def forward(
 def spied_forward(
     runner: ModelRunner, seqs: list[int], new: list[int], sample: list[int] | None = None
 ) -> tuple[torch.Tensor, list[bool]]:
-    """A step's logits, and for each FusedDecode.run call whether it took the step."""
+    """A step's logits, and for each FusedLayers.run call whether it took the step."""
     taken: list[bool] = []
-    run = FusedDecode.run
+    run = FusedLayers.run
 
-    def spy(self: FusedDecode, *args: object) -> object:
+    def spy(self: FusedLayers, *args: object) -> object:
         out = run(self, *args)  # type: ignore[arg-type]
         taken.append(out is not None)
         return out
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FusedDecode, "run", spy)
+        patch.setattr(FusedLayers, "run", spy)
         return forward(runner, seqs, new, sample), taken
 
 

@@ -174,7 +174,7 @@ def _garbage(path: Path, weights: dict[str, np.ndarray]) -> Path:
     [
         (
             _unsupported_arch,
-            r"field general.architecture is 'gpt2'; supported: \['llama', 'mistral', 'qwen2'\]",
+            r"field general.architecture is 'gpt2'; supported: \['gemma3', 'llama', 'mistral', 'qwen2', 'qwen3'",
         ),
         (_unsupported_type, r"tensor blk.0.ffn_up.weight has type I8; supported: F32, F16, BF16, Q8_0"),
         (_missing_field, r"field llama.block_count is missing"),

@@ -12,6 +12,7 @@ import torch
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.loader.hf_loader import load_model, weight_files
 from kvfleet.engine.model.config import ModelLoadError
+from kvfleet.engine.model.registry import known_architectures
 from kvfleet.engine.runner.model_runner import build_runner
 
 CPU = torch.device("cpu")
@@ -30,9 +31,10 @@ def test_an_unknown_architecture_is_named_with_the_known_ones(tiny_dir: Path, tm
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError) as e:
         load_model(folder, torch.float32, CPU)
+    known = known_architectures()  # every registered family (engine/model/families/), sorted
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"} <= set(known)
     assert str(e.value) == (
-        f"{folder / 'config.json'}: architecture GPTNeoXForCausalLM is not supported; known architectures: "
-        "['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM']"
+        f"{folder / 'config.json'}: architecture GPTNeoXForCausalLM is not supported; known architectures: {known}"
     )
 
 

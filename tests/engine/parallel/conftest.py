@@ -41,7 +41,8 @@ def make_uneven(folder: Path) -> Path:
 def tp_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp")
     made = {
-        v: make_checkpoint(v, root / v) for v in ("llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied")
+        v: make_checkpoint(v, root / v)
+        for v in ("llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied", "qwen3-window", "gemma3-window")
     }
     made["llama-uneven-biased"] = make_uneven(root / "llama-uneven-biased")
     return made

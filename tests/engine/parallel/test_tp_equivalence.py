@@ -42,7 +42,15 @@ def run(
 
 
 @pytest.mark.parametrize(
-    "variant", ["llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied", "llama-uneven-biased"]
+    "variant",
+    [
+        "llama-gqa-llama3-sharded",
+        "mistral-mqa",
+        "qwen2-tied",
+        "llama-uneven-biased",
+        "qwen3-window",
+        "gemma3-window",
+    ],
 )
 def test_tp2_greedy_tokens_equal_tp1(tp_checkpoints: dict[str, Path], variant: str) -> None:
     ref, _ = run(tp_checkpoints[variant], 1)
