@@ -117,7 +117,7 @@ def load_quantized_model(
     llama.reset_buffers(device)
     permute = permuted_qk(gguf.arch)
     heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
-    cut = RankCut(method, config, shard)
+    cut = RankCut(method, config, shard, gguf.arch)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)
 
@@ -168,11 +168,11 @@ class RankCut:
     by output rows (whole rows of blocks), o_proj/down_proj by input columns at block boundaries
     (the activations' blocks stay whole, so each rank's partial sum is the single rank's part)."""
 
-    def __init__(self, method: GgufMethod, config: ModelConfig, shard: RankShard | None) -> None:
-        self.method, self.config, self.shard = method, config, shard
+    def __init__(self, method: GgufMethod, config: ModelConfig, shard: RankShard | None, arch: str) -> None:
+        self.method, self.config, self.shard, self.arch = method, config, shard, arch
 
     def _spec(self, name: str, full_shape: tuple[int, ...]) -> SliceSpec | None:
-        target = hf_name(name)
+        target = hf_name(name, self.arch)
         if self.shard is None or target is None:
             return None
         spec = slice_for(target, self.shard, self.config)
