@@ -107,7 +107,9 @@ def test_an_adapter_over_gguf_blocks_on_two_ranks_keeps_the_single_ranks_tokens(
 
 def test_a_rank_boundary_inside_a_gguf_block_is_refused_naming_the_tensor() -> None:
     # intermediate 96 over two ranks: down_proj's columns 0:48 and 48:96 cut its second block of 32
-    config = SimpleNamespace(num_heads=2, num_kv_heads=2, head_dim=16, intermediate_size=96, vocab_size=64, moe=None)
+    config = SimpleNamespace(
+        num_heads=2, num_kv_heads=2, head_dim=16, intermediate_size=96, vocab_size=64, moe=None
+    )
     down = np.random.default_rng(0).standard_normal((32, 96)).astype(np.float32)
     blocks = QuantWeight(torch.from_numpy(quantize(down, gguf.GGMLQuantizationType.Q8_0)), 8, 96)
     cut = RankCut(GgufMethod(), config, rank_shard(config, 2, 0), "llama")  # type: ignore[arg-type]
