@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from pydantic import BaseModel
 
 from kvfleet import openai_api
 from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
@@ -28,6 +29,8 @@ from kvfleet.router.prefix import prompt_text
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -73,25 +76,31 @@ class ParsedRequest:
             return json.dumps(body, ensure_ascii=False).encode()
 
 
-def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
-    """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
-    if path == RESPONSES:
-        return _parse_responses(raw, default_max_tokens)
-    parsed: ChatCompletionRequest | CompletionRequest
-    model: type[ChatCompletionRequest] | type[CompletionRequest] = (
-        ChatCompletionRequest if path == CHAT else CompletionRequest
-    )
+def validated(model: type[M], raw: bytes) -> tuple[M, dict[str, Any]]:
+    """``raw`` validated by ``model`` and read as a dict: every route's parser starts here.
+
+    A refusal is the shared models' own error (a 400 naming the field), as a :class:`RouterError`.
+    """
     try:
         try:
             body = orjson.loads(raw)
-            parsed = openai_api.validate_request(model, body)
+            return openai_api.validate_request(model, body), body
         except orjson.JSONDecodeError:  # the shared parser words the 400 (or reads what only json does)
-            parsed = openai_api.parse_request(model, raw)
-            body = json.loads(raw)
+            return openai_api.parse_request(model, raw), json.loads(raw)
     except openai_api.APIError as exc:
         raise RouterError(
             exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
         ) from None
+
+
+def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
+    """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
+    if path == RESPONSES:
+        return _parse_responses(raw, default_max_tokens)
+    model: type[ChatCompletionRequest] | type[CompletionRequest] = (
+        ChatCompletionRequest if path == CHAT else CompletionRequest
+    )
+    parsed, body = validated(model, raw)
     max_tokens = parsed.requested_max_tokens
     return ParsedRequest(
         path=path,
@@ -110,13 +119,7 @@ def _parse_responses(raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """A Responses request (:mod:`kvfleet.openai_api.responses_request`), its prompt read as the chat it
     amounts to; its stream ends with the usage (``response.completed``), so its body is never rewritten
     for it."""
-    try:
-        parsed = openai_api.parse_request(ResponsesRequest, raw)
-        body = json.loads(raw)
-    except openai_api.APIError as exc:
-        raise RouterError(
-            exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
-        ) from None
+    parsed, body = validated(ResponsesRequest, raw)
     messages = parsed.input_messages()
     if parsed.instructions:
         messages.insert(0, {"role": "system", "content": parsed.instructions})
