@@ -36,8 +36,11 @@ def alice(**limits: Any) -> TenantEntry:
 
 
 @contextlib.asynccontextmanager
-async def in_process_router(urls: list[str], **cfg: Any) -> AsyncIterator[tuple[str, Any]]:
-    config = RouterConfig(engines=urls, tenants=[alice(**cfg.pop("limits", {}))], load_interval_s=0.05,
+async def in_process_router(
+    urls: list[str], *others: TenantEntry, **cfg: Any
+) -> AsyncIterator[tuple[str, Any]]:
+    """A router on ``urls`` for alice (her ``limits`` in ``cfg``) and ``others``, once every engine is ready."""
+    config = RouterConfig(engines=urls, tenants=[alice(**cfg.pop("limits", {})), *others], load_interval_s=0.05,
                           load_stale_s=5.0, **cfg)  # fmt: skip
     app = build_app(config)
     async with served(app, free_port()) as url:
