@@ -95,44 +95,34 @@ def validated(model: type[M], raw: bytes) -> tuple[M, dict[str, Any]]:
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
-    if path == RESPONSES:
-        return _parse_responses(raw, default_max_tokens)
-    model: type[ChatCompletionRequest] | type[CompletionRequest] = (
-        ChatCompletionRequest if path == CHAT else CompletionRequest
-    )
-    parsed, body = validated(model, raw)
-    max_tokens = parsed.requested_max_tokens
+    parsed: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+    if path == RESPONSES:  # its stream ends with the usage (response.completed): never rewritten for it
+        parsed, body = validated(ResponsesRequest, raw)
+        prompt, max_tokens, wants_usage = _responses_prompt(parsed), parsed.max_output_tokens, True
+    else:
+        model: type[ChatCompletionRequest] | type[CompletionRequest] = (
+            ChatCompletionRequest if path == CHAT else CompletionRequest
+        )
+        parsed, body = validated(model, raw)
+        prompt, max_tokens, wants_usage = prompt_text(body), parsed.requested_max_tokens, parsed.include_usage
     return ParsedRequest(
         path=path,
         model=parsed.model,
         body=body,
         stream=parsed.stream,
-        client_wants_usage=parsed.include_usage,
+        client_wants_usage=wants_usage,
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        prompt=prompt_text(body),
+        prompt=prompt,
         raw=raw,
         cache_salt=parsed.cache_salt,
+        previous_response_id=parsed.previous_response_id if isinstance(parsed, ResponsesRequest) else None,
     )
 
 
-def _parse_responses(raw: bytes, default_max_tokens: int) -> ParsedRequest:
-    """A Responses request (:mod:`kvfleet.openai_api.responses_request`), its prompt read as the chat it
-    amounts to; its stream ends with the usage (``response.completed``), so its body is never rewritten
-    for it."""
-    parsed, body = validated(ResponsesRequest, raw)
+def _responses_prompt(parsed: ResponsesRequest) -> str:
+    """A Responses request's prompt (:mod:`kvfleet.openai_api.responses_request`), read as the chat it
+    amounts to."""
     messages = parsed.input_messages()
     if parsed.instructions:
         messages.insert(0, {"role": "system", "content": parsed.instructions})
-    max_tokens = parsed.max_output_tokens
-    return ParsedRequest(
-        path=RESPONSES,
-        model=parsed.model,
-        body=body,
-        stream=parsed.stream,
-        client_wants_usage=True,
-        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        prompt=prompt_text({"messages": messages}),
-        raw=raw,
-        cache_salt=parsed.cache_salt,
-        previous_response_id=parsed.previous_response_id,
-    )
+    return prompt_text({"messages": messages})

@@ -61,6 +61,12 @@ def _choice(group: Group, flag: str, choices: list[str], text: str) -> None:
     group.add_argument(flag, default=choices[0], choices=choices, help=text)
 
 
+def _int(group: Group, flag: str, default: int | None, text: str, metavar: str | None = None) -> None:
+    """A flag that takes a whole number (a count, a size, a seed); ``None`` for a default the engine
+    works out."""
+    group.add_argument(flag, type=int, default=default, metavar=metavar, help=text)
+
+
 def _server_arguments(g: Group) -> None:
     from kvfleet.streaming import add_stream_arguments
 
@@ -78,7 +84,7 @@ def _server_arguments(g: Group) -> None:
         "folder's name.",
     )
     g.add_argument("--host", default="0.0.0.0", help="The address to bind. Default: 0.0.0.0, as in a pod.")
-    g.add_argument("--port", type=int, default=DEFAULT_ENGINE_PORT, help="The port to serve the HTTP API on.")
+    _int(g, "--port", DEFAULT_ENGINE_PORT, "The port to serve the HTTP API on.")
     g.add_argument(
         "--drain-timeout",
         type=float,
@@ -110,17 +116,12 @@ def _server_arguments(g: Group) -> None:
 
 
 def _scheduling_arguments(e: Group) -> None:
-    e.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=256,
-        help="The maximum number of sequences processed in a single step.",
-    )
-    e.add_argument(
+    _int(e, "--max-num-seqs", 256, "The maximum number of sequences processed in a single step.")
+    _int(
+        e,
         "--max-num-batched-tokens",
-        type=int,
-        default=2048,
-        help="The maximum number of tokens processed in a single step, prompt chunks and decodes together; "
+        2048,
+        "The maximum number of tokens processed in a single step, prompt chunks and decodes together; "
         "a hard cap, whatever the stall-free bound allows.",
     )
     e.add_argument(
@@ -172,11 +173,11 @@ def _scheduling_arguments(e: Group) -> None:
 
 
 def _cache_arguments(e: Group) -> None:
-    e.add_argument(
+    _int(
+        e,
         "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help="The size of a KV cache block, in tokens; the unit of paging and of prefix caching.",
+        DEFAULT_BLOCK_SIZE,
+        "The size of a KV cache block, in tokens; the unit of paging and of prefix caching.",
     )
     mem = e.add_mutually_exclusive_group()
     mem.add_argument(
@@ -195,17 +196,12 @@ def _cache_arguments(e: Group) -> None:
         help="The fraction of the GPU's memory, from 0 to 1, the engine may use for the weights, the "
         "activations and the KV cache; the cache gets what the others leave. Default: 0.9.",
     )
-    e.add_argument(
-        "--num-kv-blocks",
-        type=int,
-        default=None,
-        help="The exact number of KV cache blocks, overriding both memory flags.",
-    )
-    e.add_argument(
+    _int(e, "--num-kv-blocks", None, "The exact number of KV cache blocks, overriding both memory flags.")
+    _int(
+        e,
         "--max-model-len",
-        type=int,
-        default=None,
-        help="The model's context length, prompt and output together. Default: the checkpoint's, as far "
+        None,
+        "The model's context length, prompt and output together. Default: the checkpoint's, as far "
         "as its rope scaling stretches it.",
     )
     e.add_argument(
@@ -225,11 +221,11 @@ def _execution_arguments(e: Group) -> None:
     e.add_argument(
         "--device", default="auto", help="The device to run on: cuda, cpu or auto (cuda where present)."
     )
-    e.add_argument(
+    _int(
+        e,
         "--seed",
-        type=int,
-        default=0,
-        help="The seed of the sampler's random generator, which draws the tokens of requests that send "
+        0,
+        "The seed of the sampler's random generator, which draws the tokens of requests that send "
         "no seed of their own.",
     )
     _choice(
@@ -315,19 +311,19 @@ def _lora_arguments(lora: Group) -> None:
         action="store_true",
         help="Serve LoRA adapters; more can be loaded at run time with POST /v1/load_lora_adapter.",
     )
-    lora.add_argument(
+    _int(
+        lora,
         "--max-loras",
-        type=int,
-        default=1,
-        help="The maximum number of adapters resident on the device at once; an idle one is evicted "
+        1,
+        "The maximum number of adapters resident on the device at once; an idle one is evicted "
         "(least recently used) to make room.",
     )
-    lora.add_argument("--max-lora-rank", type=int, default=16, help="The largest adapter rank accepted.")
-    lora.add_argument(
+    _int(lora, "--max-lora-rank", 16, "The largest adapter rank accepted.")
+    _int(
+        lora,
         "--max-cpu-loras",
-        type=int,
-        default=None,
-        help="The maximum number of adapters kept in CPU memory. Default: --max-loras.",
+        None,
+        "The maximum number of adapters kept in CPU memory. Default: --max-loras.",
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +16,15 @@ import pytest
 from kvfleet.protocol import HEADER_ENGINE
 from kvfleet.router.config import TenantEntry
 from kvfleet.router.requests import CHAT, RESPONSES, parse_request
-from kvfleet.testing.processes import SimFlags, sim_engines
+from kvfleet.testing.processes import SimFlags
 
 from .test_integration import KEY, in_process_router
 
 BOB = "sk-bob-9876543210"
-SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=2.0, max_model_len=2048)
-
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[list[str]]:
-    with sim_engines(2, SIM) as engines:
-        yield [u for u, _ in engines]
+FLEET = (
+    2,
+    SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=2.0, max_model_len=2048),
+)  # the conftest's fleet
 
 
 def router(urls: list[str], **cfg: Any) -> contextlib.AbstractAsyncContextManager[tuple[str, Any]]:
