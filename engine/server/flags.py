@@ -67,6 +67,11 @@ def _int(group: Group, flag: str, default: int | None, text: str, metavar: str |
     group.add_argument(flag, type=int, default=default, metavar=metavar, help=text)
 
 
+def _float(group: Group, flag: str, default: float | None, text: str, metavar: str | None = None) -> None:
+    """A flag that takes a number (seconds, a factor, a fraction); ``None`` for no such bound."""
+    group.add_argument(flag, type=float, default=default, metavar=metavar, help=text)
+
+
 def _server_arguments(g: Group) -> None:
     from kvfleet.streaming import add_stream_arguments
 
@@ -85,11 +90,11 @@ def _server_arguments(g: Group) -> None:
     )
     g.add_argument("--host", default="0.0.0.0", help="The address to bind. Default: 0.0.0.0, as in a pod.")
     _int(g, "--port", DEFAULT_ENGINE_PORT, "The port to serve the HTTP API on.")
-    g.add_argument(
+    _float(
+        g,
         "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="On SIGTERM the server stops accepting requests and waits up to this many seconds for the "
+        30.0,
+        "On SIGTERM the server stops accepting requests and waits up to this many seconds for the "
         "running ones to finish before it exits.",
     )
     add_stream_arguments(g)
@@ -131,15 +136,15 @@ def _scheduling_arguments(e: Group) -> None:
         "streams. By default scheduling is stall-free: prefill chunks are sized by a time bound on each "
         "step, so decoding streams keep their pace while prompts are admitted.",
     )
-    e.add_argument(
+    _float(
+        e,
         "--stall-free-factor",
-        type=float,
-        default=2.0,
-        metavar="K",
-        help="Stall-free: a step with prefill takes at most K times a decode step, the running decodes' "
+        2.0,
+        "Stall-free: a step with prefill takes at most K times a decode step, the running decodes' "
         "own or the one midway to the batch they make with the prompts waiting, whichever is more, as "
         "predicted by a cost model fitted to the measured steps. Prefill gets the rest of the step, less "
         "the 0.9 quantile of the model's overrun. Default: 2.",
+        metavar="K",
     )
     e.add_argument(
         "--no-profile-step-cost",
@@ -147,15 +152,15 @@ def _scheduling_arguments(e: Group) -> None:
         help="Stall-free: do not time synthetic steps at start. The cost model then learns from the first "
         "steps served, and the first bursts may be planned on a guess.",
     )
-    e.add_argument(
+    _float(
+        e,
         "--target-step-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help="Stall-free: a step may always take MS milliseconds (the deployment's decode gap SLO), "
+        None,
+        "Stall-free: a step may always take MS milliseconds (the deployment's decode gap SLO), "
         "prefill filling it while the decodes are cheap; the bound is max(MS, K times the decodes' "
         "step). Default: no time target, as a time target trades time to first token for inter-token "
         "latency.",
+        metavar="MS",
     )
     e.add_argument(
         "--scheduling-policy",
@@ -188,13 +193,13 @@ def _cache_arguments(e: Group) -> None:
         help="The KV cache size in bytes (accepts sizes such as 8GiB), in place of a fraction of the "
         "device's memory.",
     )
-    mem.add_argument(
+    _float(
+        mem,
         "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        metavar="F",
-        help="The fraction of the GPU's memory, from 0 to 1, the engine may use for the weights, the "
+        0.9,
+        "The fraction of the GPU's memory, from 0 to 1, the engine may use for the weights, the "
         "activations and the KV cache; the cache gets what the others leave. Default: 0.9.",
+        metavar="F",
     )
     _int(e, "--num-kv-blocks", None, "The exact number of KV cache blocks, overriding both memory flags.")
     _int(
@@ -255,12 +260,12 @@ def _execution_arguments(e: Group) -> None:
         "quantised .gguf in its blocks, a compressed-tensors or FP8 checkpoint in its scheme, else float. "
         "gguf: serve the blocks of smollm2 or a .gguf file; int8 and fp8: quantise a float checkpoint at load.",
     )
-    e.add_argument(
+    _float(
+        e,
         "--structured-outputs-compile-timeout",
-        type=float,
-        default=30.0,
+        30.0,
+        "A structured-output request whose grammar is not compiled within S seconds gets a 400.",
         metavar="S",
-        help="A structured-output request whose grammar is not compiled within S seconds gets a 400.",
     )
     e.add_argument(
         "--enforce-eager",
@@ -288,13 +293,13 @@ def _parallel_arguments(e: Group) -> None:
         help="The number of tensor parallel ranks the model is split over, one process each "
         "(engine/parallel; cuda:0 to cuda:N-1 on a GPU host).",
     )
-    e.add_argument(
+    _float(
+        e,
         "--distributed-timeout-seconds",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="With more than one rank: a collective, or the group's set-up, that does not finish within S "
+        30.0,
+        "With more than one rank: a collective, or the group's set-up, that does not finish within S "
         "seconds fails the engine rather than hanging it.",
+        metavar="S",
     )
 
 
@@ -343,35 +348,31 @@ def _sim_arguments(s: Group) -> None:
         "--sim-model",
         help="The model whose shape times the simulated steps. Default: --model, or llama-3-8b.",
     )
-    s.add_argument(
-        "--sim-speedup",
-        type=float,
-        default=1.0,
-        help="Run the simulated clock this many times faster than real time.",
-    )
-    s.add_argument(
+    _float(s, "--sim-speedup", 1.0, "Run the simulated clock this many times faster than real time.")
+    _float(
+        s,
         "--sim-base-ms",
-        type=float,
-        default=None,
-        help="The fixed cost of a simulated step in milliseconds. Default: the weights' bytes over the "
+        None,
+        "The fixed cost of a simulated step in milliseconds. Default: the weights' bytes over the "
         "GPU's memory bandwidth.",
     )
-    s.add_argument(
+    _float(
+        s,
         "--sim-per-token-ms",
-        type=float,
-        default=None,
-        help="The cost of each batched token in milliseconds. Default: its compute on the GPU.",
+        None,
+        "The cost of each batched token in milliseconds. Default: its compute on the GPU.",
     )
-    s.add_argument(
+    _float(
+        s,
         "--sim-lora-load-ms",
-        type=float,
-        default=50.0,
-        help="The simulated time, in milliseconds, to load an adapter that is not resident onto the device.",
+        50.0,
+        "The simulated time, in milliseconds, to load an adapter that is not resident onto the device.",
     )
-    s.add_argument(
+    _float(
+        s,
         "--sim-per-context-token-us",
-        type=float,
-        help="The cost of each token of context read, in microseconds. Default: its KV bytes over the "
+        None,
+        "The cost of each token of context read, in microseconds. Default: its KV bytes over the "
         "GPU's memory bandwidth.",
     )
 
