@@ -97,14 +97,20 @@ def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedReque
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
     parsed: ChatCompletionRequest | CompletionRequest | ResponsesRequest
     if path == RESPONSES:  # its stream ends with the usage (response.completed): never rewritten for it
-        parsed, body = validated(ResponsesRequest, raw)
-        prompt, max_tokens, wants_usage = _responses_prompt(parsed), parsed.max_output_tokens, True
+        responses, body = validated(ResponsesRequest, raw)
+        prompt, max_tokens, wants_usage = _responses_prompt(responses), responses.max_output_tokens, True
+        parsed = responses
     else:
         model: type[ChatCompletionRequest] | type[CompletionRequest] = (
             ChatCompletionRequest if path == CHAT else CompletionRequest
         )
-        parsed, body = validated(model, raw)
-        prompt, max_tokens, wants_usage = prompt_text(body), parsed.requested_max_tokens, parsed.include_usage
+        request, body = validated(model, raw)
+        prompt, max_tokens, wants_usage = (
+            prompt_text(body),
+            request.requested_max_tokens,
+            request.include_usage,
+        )
+        parsed = request
     return ParsedRequest(
         path=path,
         model=parsed.model,
