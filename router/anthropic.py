@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 
-from kvfleet import openai_api
 from kvfleet.anthropic_api import (
     COUNT_TOKENS,
     MESSAGES,
@@ -24,9 +23,8 @@ from kvfleet.anthropic_api import (
     MessagesRequest,
     anthropic_error_body,
 )
-from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
-from kvfleet.router.requests import ParsedRequest
+from kvfleet.router.requests import ParsedRequest, validated
 
 PATHS = (MESSAGES, COUNT_TOKENS)
 STOP_EVENT = "message_stop"
@@ -37,17 +35,7 @@ def parse_anthropic(path: str, raw: bytes) -> ParsedRequest:
     model: type[MessagesRequest] | type[CountTokensRequest] = (
         MessagesRequest if path == MESSAGES else CountTokensRequest
     )
-    try:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            openai_api.parse_request(model, raw)  # words the 400 (or reads what only json does)
-            raise
-        parsed = openai_api.validate_request(model, body)
-    except openai_api.APIError as exc:
-        raise RouterError(
-            exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
-        ) from None
+    parsed, body = validated(model, raw)
     system = (
         parsed.system if isinstance(parsed.system, str) else "\n".join(b.text for b in parsed.system or [])
     )

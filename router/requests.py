@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from pydantic import BaseModel
 
 from kvfleet import openai_api
 from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
@@ -28,6 +29,8 @@ from kvfleet.router.prefix import prompt_text
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -73,63 +76,59 @@ class ParsedRequest:
             return json.dumps(body, ensure_ascii=False).encode()
 
 
-def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
-    """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
-    if path == RESPONSES:
-        return _parse_responses(raw, default_max_tokens)
-    parsed: ChatCompletionRequest | CompletionRequest
-    model: type[ChatCompletionRequest] | type[CompletionRequest] = (
-        ChatCompletionRequest if path == CHAT else CompletionRequest
-    )
+def validated(model: type[M], raw: bytes) -> tuple[M, dict[str, Any]]:
+    """``raw`` validated by ``model`` and read as a dict: every route's parser starts here.
+
+    A refusal is the shared models' own error (a 400 naming the field), as a :class:`RouterError`.
+    """
     try:
         try:
             body = orjson.loads(raw)
-            parsed = openai_api.validate_request(model, body)
+            return openai_api.validate_request(model, body), body
         except orjson.JSONDecodeError:  # the shared parser words the 400 (or reads what only json does)
-            parsed = openai_api.parse_request(model, raw)
-            body = json.loads(raw)
+            return openai_api.parse_request(model, raw), json.loads(raw)
     except openai_api.APIError as exc:
         raise RouterError(
             exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
         ) from None
-    max_tokens = parsed.requested_max_tokens
+
+
+def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
+    """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
+    parsed: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+    if path == RESPONSES:  # its stream ends with the usage (response.completed): never rewritten for it
+        responses, body = validated(ResponsesRequest, raw)
+        prompt, max_tokens, wants_usage = _responses_prompt(responses), responses.max_output_tokens, True
+        parsed = responses
+    else:
+        model: type[ChatCompletionRequest] | type[CompletionRequest] = (
+            ChatCompletionRequest if path == CHAT else CompletionRequest
+        )
+        request, body = validated(model, raw)
+        prompt, max_tokens, wants_usage = (
+            prompt_text(body),
+            request.requested_max_tokens,
+            request.include_usage,
+        )
+        parsed = request
     return ParsedRequest(
         path=path,
         model=parsed.model,
         body=body,
         stream=parsed.stream,
-        client_wants_usage=parsed.include_usage,
+        client_wants_usage=wants_usage,
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        prompt=prompt_text(body),
+        prompt=prompt,
         raw=raw,
         cache_salt=parsed.cache_salt,
+        previous_response_id=parsed.previous_response_id if isinstance(parsed, ResponsesRequest) else None,
     )
 
 
-def _parse_responses(raw: bytes, default_max_tokens: int) -> ParsedRequest:
-    """A Responses request (:mod:`kvfleet.openai_api.responses_request`), its prompt read as the chat it
-    amounts to; its stream ends with the usage (``response.completed``), so its body is never rewritten
-    for it."""
-    try:
-        parsed = openai_api.parse_request(ResponsesRequest, raw)
-        body = json.loads(raw)
-    except openai_api.APIError as exc:
-        raise RouterError(
-            exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
-        ) from None
+def _responses_prompt(parsed: ResponsesRequest) -> str:
+    """A Responses request's prompt (:mod:`kvfleet.openai_api.responses_request`), read as the chat it
+    amounts to."""
     messages = parsed.input_messages()
     if parsed.instructions:
         messages.insert(0, {"role": "system", "content": parsed.instructions})
-    max_tokens = parsed.max_output_tokens
-    return ParsedRequest(
-        path=RESPONSES,
-        model=parsed.model,
-        body=body,
-        stream=parsed.stream,
-        client_wants_usage=True,
-        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        prompt=prompt_text({"messages": messages}),
-        raw=raw,
-        cache_salt=parsed.cache_salt,
-        previous_response_id=parsed.previous_response_id,
-    )
+    return prompt_text({"messages": messages})

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
-from kvfleet import openai_api
 from kvfleet.openai_api import DetokenizeRequest, TokenizeRequest
 from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
-from kvfleet.router.requests import ParsedRequest
+from kvfleet.router.requests import ParsedRequest, validated
 
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
@@ -30,17 +27,7 @@ def parse_tokenizer_request(path: str, raw: bytes) -> ParsedRequest:
     model: type[TokenizeRequest] | type[DetokenizeRequest] = (
         TokenizeRequest if path == TOKENIZE else DetokenizeRequest
     )
-    try:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            openai_api.parse_request(model, raw)  # words the 400 (or reads what only json does)
-            raise
-        parsed = openai_api.validate_request(model, body)
-    except openai_api.APIError as exc:
-        raise RouterError(
-            exc.status_code, exc.code or "invalid_request", exc.message, param=exc.param
-        ) from None
+    parsed, body = validated(model, raw)
     if parsed.model is None:
         raise RouterError(
             400, "invalid_request", "model: field required (the router routes by it)", param="model"

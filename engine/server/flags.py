@@ -61,6 +61,17 @@ def _choice(group: Group, flag: str, choices: list[str], text: str) -> None:
     group.add_argument(flag, default=choices[0], choices=choices, help=text)
 
 
+def _int(group: Group, flag: str, default: int | None, text: str, metavar: str | None = None) -> None:
+    """A flag that takes a whole number (a count, a size, a seed); ``None`` for a default the engine
+    works out."""
+    group.add_argument(flag, type=int, default=default, metavar=metavar, help=text)
+
+
+def _float(group: Group, flag: str, default: float | None, text: str, metavar: str | None = None) -> None:
+    """A flag that takes a number (seconds, a factor, a fraction); ``None`` for no such bound."""
+    group.add_argument(flag, type=float, default=default, metavar=metavar, help=text)
+
+
 def _server_arguments(g: Group) -> None:
     from kvfleet.streaming import add_stream_arguments
 
@@ -78,12 +89,12 @@ def _server_arguments(g: Group) -> None:
         "folder's name.",
     )
     g.add_argument("--host", default="0.0.0.0", help="The address to bind. Default: 0.0.0.0, as in a pod.")
-    g.add_argument("--port", type=int, default=DEFAULT_ENGINE_PORT, help="The port to serve the HTTP API on.")
-    g.add_argument(
+    _int(g, "--port", DEFAULT_ENGINE_PORT, "The port to serve the HTTP API on.")
+    _float(
+        g,
         "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="On SIGTERM the server stops accepting requests and waits up to this many seconds for the "
+        30.0,
+        "On SIGTERM the server stops accepting requests and waits up to this many seconds for the "
         "running ones to finish before it exits.",
     )
     add_stream_arguments(g)
@@ -110,17 +121,12 @@ def _server_arguments(g: Group) -> None:
 
 
 def _scheduling_arguments(e: Group) -> None:
-    e.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=256,
-        help="The maximum number of sequences processed in a single step.",
-    )
-    e.add_argument(
+    _int(e, "--max-num-seqs", 256, "The maximum number of sequences processed in a single step.")
+    _int(
+        e,
         "--max-num-batched-tokens",
-        type=int,
-        default=2048,
-        help="The maximum number of tokens processed in a single step, prompt chunks and decodes together; "
+        2048,
+        "The maximum number of tokens processed in a single step, prompt chunks and decodes together; "
         "a hard cap, whatever the stall-free bound allows.",
     )
     e.add_argument(
@@ -130,15 +136,15 @@ def _scheduling_arguments(e: Group) -> None:
         "streams. By default scheduling is stall-free: prefill chunks are sized by a time bound on each "
         "step, so decoding streams keep their pace while prompts are admitted.",
     )
-    e.add_argument(
+    _float(
+        e,
         "--stall-free-factor",
-        type=float,
-        default=2.0,
-        metavar="K",
-        help="Stall-free: a step with prefill takes at most K times a decode step, the running decodes' "
+        2.0,
+        "Stall-free: a step with prefill takes at most K times a decode step, the running decodes' "
         "own or the one midway to the batch they make with the prompts waiting, whichever is more, as "
         "predicted by a cost model fitted to the measured steps. Prefill gets the rest of the step, less "
         "the 0.9 quantile of the model's overrun. Default: 2.",
+        metavar="K",
     )
     e.add_argument(
         "--no-profile-step-cost",
@@ -146,15 +152,15 @@ def _scheduling_arguments(e: Group) -> None:
         help="Stall-free: do not time synthetic steps at start. The cost model then learns from the first "
         "steps served, and the first bursts may be planned on a guess.",
     )
-    e.add_argument(
+    _float(
+        e,
         "--target-step-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help="Stall-free: a step may always take MS milliseconds (the deployment's decode gap SLO), "
+        None,
+        "Stall-free: a step may always take MS milliseconds (the deployment's decode gap SLO), "
         "prefill filling it while the decodes are cheap; the bound is max(MS, K times the decodes' "
         "step). Default: no time target, as a time target trades time to first token for inter-token "
         "latency.",
+        metavar="MS",
     )
     e.add_argument(
         "--scheduling-policy",
@@ -172,11 +178,11 @@ def _scheduling_arguments(e: Group) -> None:
 
 
 def _cache_arguments(e: Group) -> None:
-    e.add_argument(
+    _int(
+        e,
         "--block-size",
-        type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help="The size of a KV cache block, in tokens; the unit of paging and of prefix caching.",
+        DEFAULT_BLOCK_SIZE,
+        "The size of a KV cache block, in tokens; the unit of paging and of prefix caching.",
     )
     mem = e.add_mutually_exclusive_group()
     mem.add_argument(
@@ -187,25 +193,20 @@ def _cache_arguments(e: Group) -> None:
         help="The KV cache size in bytes (accepts sizes such as 8GiB), in place of a fraction of the "
         "device's memory.",
     )
-    mem.add_argument(
+    _float(
+        mem,
         "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        metavar="F",
-        help="The fraction of the GPU's memory, from 0 to 1, the engine may use for the weights, the "
+        0.9,
+        "The fraction of the GPU's memory, from 0 to 1, the engine may use for the weights, the "
         "activations and the KV cache; the cache gets what the others leave. Default: 0.9.",
+        metavar="F",
     )
-    e.add_argument(
-        "--num-kv-blocks",
-        type=int,
-        default=None,
-        help="The exact number of KV cache blocks, overriding both memory flags.",
-    )
-    e.add_argument(
+    _int(e, "--num-kv-blocks", None, "The exact number of KV cache blocks, overriding both memory flags.")
+    _int(
+        e,
         "--max-model-len",
-        type=int,
-        default=None,
-        help="The model's context length, prompt and output together. Default: the checkpoint's, as far "
+        None,
+        "The model's context length, prompt and output together. Default: the checkpoint's, as far "
         "as its rope scaling stretches it.",
     )
     e.add_argument(
@@ -225,11 +226,11 @@ def _execution_arguments(e: Group) -> None:
     e.add_argument(
         "--device", default="auto", help="The device to run on: cuda, cpu or auto (cuda where present)."
     )
-    e.add_argument(
+    _int(
+        e,
         "--seed",
-        type=int,
-        default=0,
-        help="The seed of the sampler's random generator, which draws the tokens of requests that send "
+        0,
+        "The seed of the sampler's random generator, which draws the tokens of requests that send "
         "no seed of their own.",
     )
     _choice(
@@ -259,12 +260,12 @@ def _execution_arguments(e: Group) -> None:
         "quantised .gguf in its blocks, a compressed-tensors or FP8 checkpoint in its scheme, else float. "
         "gguf: serve the blocks of smollm2 or a .gguf file; int8 and fp8: quantise a float checkpoint at load.",
     )
-    e.add_argument(
+    _float(
+        e,
         "--structured-outputs-compile-timeout",
-        type=float,
-        default=30.0,
+        30.0,
+        "A structured-output request whose grammar is not compiled within S seconds gets a 400.",
         metavar="S",
-        help="A structured-output request whose grammar is not compiled within S seconds gets a 400.",
     )
     e.add_argument(
         "--enforce-eager",
@@ -292,13 +293,13 @@ def _parallel_arguments(e: Group) -> None:
         help="The number of tensor parallel ranks the model is split over, one process each "
         "(engine/parallel; cuda:0 to cuda:N-1 on a GPU host).",
     )
-    e.add_argument(
+    _float(
+        e,
         "--distributed-timeout-seconds",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="With more than one rank: a collective, or the group's set-up, that does not finish within S "
+        30.0,
+        "With more than one rank: a collective, or the group's set-up, that does not finish within S "
         "seconds fails the engine rather than hanging it.",
+        metavar="S",
     )
 
 
@@ -315,19 +316,19 @@ def _lora_arguments(lora: Group) -> None:
         action="store_true",
         help="Serve LoRA adapters; more can be loaded at run time with POST /v1/load_lora_adapter.",
     )
-    lora.add_argument(
+    _int(
+        lora,
         "--max-loras",
-        type=int,
-        default=1,
-        help="The maximum number of adapters resident on the device at once; an idle one is evicted "
+        1,
+        "The maximum number of adapters resident on the device at once; an idle one is evicted "
         "(least recently used) to make room.",
     )
-    lora.add_argument("--max-lora-rank", type=int, default=16, help="The largest adapter rank accepted.")
-    lora.add_argument(
+    _int(lora, "--max-lora-rank", 16, "The largest adapter rank accepted.")
+    _int(
+        lora,
         "--max-cpu-loras",
-        type=int,
-        default=None,
-        help="The maximum number of adapters kept in CPU memory. Default: --max-loras.",
+        None,
+        "The maximum number of adapters kept in CPU memory. Default: --max-loras.",
     )
 
 
@@ -347,35 +348,31 @@ def _sim_arguments(s: Group) -> None:
         "--sim-model",
         help="The model whose shape times the simulated steps. Default: --model, or llama-3-8b.",
     )
-    s.add_argument(
-        "--sim-speedup",
-        type=float,
-        default=1.0,
-        help="Run the simulated clock this many times faster than real time.",
-    )
-    s.add_argument(
+    _float(s, "--sim-speedup", 1.0, "Run the simulated clock this many times faster than real time.")
+    _float(
+        s,
         "--sim-base-ms",
-        type=float,
-        default=None,
-        help="The fixed cost of a simulated step in milliseconds. Default: the weights' bytes over the "
+        None,
+        "The fixed cost of a simulated step in milliseconds. Default: the weights' bytes over the "
         "GPU's memory bandwidth.",
     )
-    s.add_argument(
+    _float(
+        s,
         "--sim-per-token-ms",
-        type=float,
-        default=None,
-        help="The cost of each batched token in milliseconds. Default: its compute on the GPU.",
+        None,
+        "The cost of each batched token in milliseconds. Default: its compute on the GPU.",
     )
-    s.add_argument(
+    _float(
+        s,
         "--sim-lora-load-ms",
-        type=float,
-        default=50.0,
-        help="The simulated time, in milliseconds, to load an adapter that is not resident onto the device.",
+        50.0,
+        "The simulated time, in milliseconds, to load an adapter that is not resident onto the device.",
     )
-    s.add_argument(
+    _float(
+        s,
         "--sim-per-context-token-us",
-        type=float,
-        help="The cost of each token of context read, in microseconds. Default: its KV bytes over the "
+        None,
+        "The cost of each token of context read, in microseconds. Default: its KV bytes over the "
         "GPU's memory bandwidth.",
     )
 

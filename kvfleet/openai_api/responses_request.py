@@ -42,16 +42,21 @@ class InputText(BaseModel):
     logprobs: list[Any] | None = None
 
 
-class MessageItem(BaseModel):
-    """A message of the conversation: ``{"role", "content"}`` (``type: "message"`` optional)."""
+class SentBackItem(BaseModel):
+    """An input item as the server gave it out and the client sends it back: with its ``id`` and ``status``."""
 
     model_config = FORBID_EXTRA
+
+    id: str | None = None
+    status: ITEM_STATUS | None = None
+
+
+class MessageItem(SentBackItem):
+    """A message of the conversation: ``{"role", "content"}`` (``type: "message"`` optional)."""
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[InputText]
-    id: str | None = None
-    status: ITEM_STATUS | None = None
 
     @property
     def text(self) -> str:
@@ -60,29 +65,21 @@ class MessageItem(BaseModel):
         return "\n".join(p.text for p in self.content)
 
 
-class FunctionCallItem(BaseModel):
+class FunctionCallItem(SentBackItem):
     """A call the model made earlier, sent back in the history."""
-
-    model_config = FORBID_EXTRA
 
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
-    id: str | None = None
-    status: ITEM_STATUS | None = None
 
 
-class FunctionCallOutputItem(BaseModel):
+class FunctionCallOutputItem(SentBackItem):
     """The result of a call, answering ``call_id``."""
-
-    model_config = FORBID_EXTRA
 
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
     output: str
-    id: str | None = None
-    status: ITEM_STATUS | None = None
 
 
 class ReasoningText(BaseModel):
@@ -92,17 +89,13 @@ class ReasoningText(BaseModel):
     text: str
 
 
-class ReasoningItem(BaseModel):
+class ReasoningItem(SentBackItem):
     """A reasoning item sent back; a model without reasoning has none to continue, so it is dropped."""
 
-    model_config = FORBID_EXTRA
-
     type: Literal["reasoning"]
-    id: str | None = None
     summary: list[ReasoningText] = Field(default_factory=list)
     content: list[ReasoningText] | None = None
     encrypted_content: str | None = None
-    status: ITEM_STATUS | None = None
 
 
 InputItem = Annotated[

@@ -9,6 +9,8 @@ admission pipeline (:func:`kvfleet.router.pipeline.admit`), then the relay
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import APIRouter, Request, Response
 
 from kvfleet.router import pipeline, proxy
@@ -24,6 +26,15 @@ async def _forward(path: str, request: Request) -> Response:
         state, pipeline.credentials(request.headers), path, await request.body(), request.headers
     )
     return await proxy.serve(state, ex)
+
+
+def proxied(path: str) -> Callable[[Request], Awaitable[Response]]:
+    """The handler of a proxied ``POST path``: admitted by the pipeline, then relayed."""
+
+    async def handler(request: Request) -> Response:
+        return await _forward(path, request)
+
+    return handler
 
 
 async def completions(request: Request) -> Response:

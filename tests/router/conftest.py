@@ -1,4 +1,4 @@
-"""Fixtures of the router's tests: a fake clock, a real Redis server, free ports."""
+"""Fixtures of the router's tests: a fake clock, a real Redis server, a module's simulated engines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvfleet.testing.processes import redis_process
+from kvfleet.testing.processes import SimFlags, redis_process, sim_engines
 
 
 @dataclass
@@ -44,3 +44,13 @@ class RedisServer:
 def redis_server() -> Iterator[RedisServer]:
     with redis_process() as (url, proc):
         yield RedisServer(url=url, process=proc)
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """The URLs of the module's simulated engines, ``FLEET = (count, SimFlags)`` in the module, shared by
+    the tests that leave them as they found them."""
+    count, flags = request.module.FLEET
+    assert isinstance(flags, SimFlags)
+    with sim_engines(count, flags) as engines:
+        yield [e.url for e in engines]

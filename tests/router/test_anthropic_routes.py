@@ -11,10 +11,10 @@ from typing import Any
 
 import anthropic
 import httpx
-import jsonschema
 import pytest
 
 from kvfleet.testing.processes import SimFlags, engine_process, sim_engines
+from kvfleet.testing.tools import answered, tool_use
 
 from .test_integration import KEY, in_process_router
 
@@ -100,14 +100,7 @@ async def test_a_tool_round_trip_through_the_router_on_the_real_tiny_model() -> 
             called = await client.messages.create(
                 **ask, messages=HI, tool_choice={"type": "tool", "name": "get_weather"}
             )
-            (use,) = [b for b in called.content if b.type == "tool_use"]
-            jsonschema.validate(use.input, WEATHER)
-            result: Any = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny"}
-            history = [
-                *HI,
-                {"role": "assistant", "content": called.content},
-                {"role": "user", "content": [result]},
-            ]
+            history = answered(HI, called, tool_use(called, WEATHER), "Sunny")
             answer = await client.messages.create(**ask, messages=history, tool_choice={"type": "none"})
     assert called.stop_reason == "tool_use"
     assert [b.type for b in answer.content] == [

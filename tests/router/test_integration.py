@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-import pytest
 import redis.asyncio as aioredis
 
 from kvfleet.router.app import build_app
@@ -22,13 +21,7 @@ from .fakes import FakeEngine, served
 
 KEY = "sk-alice-0123456789"
 SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=5.0, max_model_len=2048)
-
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[list[str]]:
-    """Three simulated engines shared by the tests that leave them as they found them."""
-    with sim_engines(3, SIM) as engines:
-        yield [u for u, _ in engines]
+FLEET = (3, SIM)  # the conftest's fleet
 
 
 def alice(**limits: Any) -> TenantEntry:
@@ -36,8 +29,11 @@ def alice(**limits: Any) -> TenantEntry:
 
 
 @contextlib.asynccontextmanager
-async def in_process_router(urls: list[str], **cfg: Any) -> AsyncIterator[tuple[str, Any]]:
-    config = RouterConfig(engines=urls, tenants=[alice(**cfg.pop("limits", {}))], load_interval_s=0.05,
+async def in_process_router(
+    urls: list[str], *others: TenantEntry, **cfg: Any
+) -> AsyncIterator[tuple[str, Any]]:
+    """A router on ``urls`` for alice (her ``limits`` in ``cfg``) and ``others``, once every engine is ready."""
+    config = RouterConfig(engines=urls, tenants=[alice(**cfg.pop("limits", {})), *others], load_interval_s=0.05,
                           load_stale_s=5.0, **cfg)  # fmt: skip
     app = build_app(config)
     async with served(app, free_port()) as url:

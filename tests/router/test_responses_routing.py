@@ -4,10 +4,8 @@ of two router replicas."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,37 +14,22 @@ import openai
 import pytest
 
 from kvfleet.protocol import HEADER_ENGINE
-from kvfleet.router.app import build_app
-from kvfleet.router.config import RouterConfig, TenantEntry
+from kvfleet.router.config import TenantEntry
 from kvfleet.router.requests import CHAT, RESPONSES, parse_request
-from kvfleet.testing.processes import SimFlags, free_port, sim_engines
+from kvfleet.testing.processes import SimFlags
 
-from .fakes import served
+from .test_integration import KEY, in_process_router
 
-KEY = "sk-alice-0123456789"
 BOB = "sk-bob-9876543210"
-SIM = SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=2.0, max_model_len=2048)
+FLEET = (
+    2,
+    SimFlags(max_num_seqs=8, num_kv_blocks=256, base_ms=2.0, max_model_len=2048),
+)  # the conftest's fleet
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[list[str]]:
-    with sim_engines(2, SIM) as engines:
-        yield [u for u, _ in engines]
-
-
-@contextlib.asynccontextmanager
-async def router(urls: list[str], **cfg: Any) -> AsyncIterator[tuple[str, Any]]:
-    tenant = TenantEntry.model_validate({"tenant": "alice", "apiKey": KEY, "limits": cfg.pop("limits", {})})
-    bob = TenantEntry.model_validate({"tenant": "bob", "apiKey": BOB})
-    config = RouterConfig(engines=urls, tenants=[tenant, bob], load_interval_s=0.05, load_stale_s=5.0, **cfg)
-    app = build_app(config)
-    async with served(app, free_port()) as url:
-        state = app.state.router
-        for _ in range(500):
-            if all(state.fleet.is_ready(e) for e in state.fleet.engines.values()):
-                break
-            await asyncio.sleep(0.02)
-        yield url, state
+def router(urls: list[str], **cfg: Any) -> contextlib.AbstractAsyncContextManager[tuple[str, Any]]:
+    """The router of :mod:`test_integration` for alice, and for bob with no limits."""
+    return in_process_router(urls, TenantEntry.model_validate({"tenant": "bob", "apiKey": BOB}), **cfg)
 
 
 def _client(url: str) -> openai.AsyncOpenAI:

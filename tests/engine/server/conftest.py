@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -41,6 +42,10 @@ class LiveServer:
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10)
+
+    def openai_client(self) -> openai.OpenAI:
+        """The official ``openai`` client on this server (no retries: a test sees every refusal)."""
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
 
     def wait_until(self, predicate: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
         deadline = time.monotonic() + limit_s
@@ -87,6 +92,13 @@ def _serve(*args: str, simulate: bool = True) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def fast_server() -> Iterator[LiveServer]:
     yield from _serve(*FAST)
+
+
+@pytest.fixture
+def client(fast_server: LiveServer) -> Iterator[openai.OpenAI]:
+    """The ``openai`` client on :func:`fast_server` (a module that speaks another API overrides it)."""
+    with fast_server.openai_client() as c:
+        yield c
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import anthropic
 import httpx
-import jsonschema
 import pytest
+
+from kvfleet.testing.tools import answered, tool_use
 
 if TYPE_CHECKING:
     from conftest import LiveServer
@@ -127,23 +128,16 @@ def test_a_tool_round_trip_calls_the_named_tool_then_answers_from_its_result(
             **ask, messages=question, tool_choice={"type": "tool", "name": "get_weather"}
         )
         assert called.stop_reason == "tool_use"
-        (use,) = [b for b in called.content if b.type == "tool_use"]
+        use = tool_use(called, WEATHER)
         assert use.name == "get_weather"
-        jsonschema.validate(use.input, WEATHER)
         with client.messages.stream(
             **ask, messages=question, tool_choice={"type": "any", "disable_parallel_tool_use": True}
         ) as stream:
             kinds = [e.type for e in stream]
             streamed = stream.get_final_message()
         assert "input_json" in kinds and streamed.stop_reason == "tool_use"
-        (streamed_use,) = [b for b in streamed.content if b.type == "tool_use"]
-        jsonschema.validate(streamed_use.input, WEATHER)
-        result: Any = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}
-        history = [
-            *question,
-            {"role": "assistant", "content": called.content},
-            {"role": "user", "content": [result]},
-        ]
+        tool_use(streamed, WEATHER)
+        history = answered(question, called, use, "Sunny, 21 C")
         answer = client.messages.create(**ask, messages=history, tool_choice={"type": "none"})
         counted = client.messages.count_tokens(model="tiny", messages=history, tools=TOOLS)
     assert answer.stop_reason in ("end_turn", "max_tokens")

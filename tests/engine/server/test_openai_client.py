@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import openai
@@ -10,12 +9,6 @@ import pytest
 
 if TYPE_CHECKING:
     from conftest import LiveServer
-
-
-@pytest.fixture
-def client(fast_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fast_server.url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def test_a_completion_returns_the_text_the_finish_reason_and_the_usage(client: openai.OpenAI) -> None:
@@ -47,7 +40,7 @@ def test_a_streamed_n_2_completion_sends_each_choices_text_once_and_its_finish_o
     slow_server: LiveServer,
 ) -> None:
     # 20 ms steps: the reader keeps up, so every step is its own chunk (nothing coalesces).
-    with openai.OpenAI(base_url=slow_server.url + "/v1", api_key="unused", max_retries=0) as client:
+    with slow_server.openai_client() as client:
         chunks = list(client.completions.create(model="tiny", prompt="x", max_tokens=3, n=2, stream=True))
     texts = {0: "", 1: ""}
     finishes = []

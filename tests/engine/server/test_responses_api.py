@@ -3,7 +3,6 @@ k-th token is the k-th letter, so every text is known; structured outputs and to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -14,10 +13,11 @@ if TYPE_CHECKING:
     from conftest import LiveServer
 
 
-@pytest.fixture
-def client(fast_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fast_server.url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
+def _assert_prompt_of_chat(client: openai.OpenAI, done: Any, messages: Any) -> None:
+    """``done``'s prompt is, token for token, the prompt of the chat of ``messages``."""
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    assert done.usage is not None and chat.usage is not None
+    assert done.usage.input_tokens == chat.usage.prompt_tokens
 
 
 def test_a_string_input_gets_a_response_with_its_text_and_usage(client: openai.OpenAI) -> None:
@@ -35,18 +35,9 @@ def test_instructions_and_message_items_are_the_prompt_of_the_equivalent_chat(cl
     items: Any = [{"role": "user", "content": "Hi"}, {"type": "message", "role": "assistant", "content": "yo"},
                   {"role": "user", "content": [{"type": "input_text", "text": "more"}]}]  # fmt: skip
     done = client.responses.create(model="tiny", input=items, instructions="Be brief", max_output_tokens=2)
-    chat = client.chat.completions.create(
-        model="tiny",
-        messages=[
-            {"role": "system", "content": "Be brief"},
-            {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "yo"},
-            {"role": "user", "content": "more"},
-        ],  # fmt: skip
-        max_tokens=2,
-    )
-    assert done.usage is not None and chat.usage is not None
-    assert done.usage.input_tokens == chat.usage.prompt_tokens
+    chat: Any = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]  # fmt: skip
+    _assert_prompt_of_chat(client, done, chat)
     assert done.instructions == "Be brief"
 
 
@@ -110,7 +101,7 @@ def test_a_follow_up_of_an_unknown_or_unstored_response_is_a_404_naming_previous
 
 
 def test_a_background_response_is_followed_by_get_and_stopped_by_cancel(slow_server: LiveServer) -> None:
-    with openai.OpenAI(base_url=slow_server.url + "/v1", api_key="unused", max_retries=0) as c:
+    with slow_server.openai_client() as c:
         started = c.responses.create(model="tiny", input="Hello", max_output_tokens=200, background=True)
         assert (started.status, started.background) == ("queued", True)
         cancelled = c.responses.cancel(started.id)
@@ -126,17 +117,9 @@ def test_a_background_response_is_followed_by_get_and_stopped_by_cancel(slow_ser
         follow = c.responses.create(
             model="tiny", input="Again", previous_response_id=done.id, max_output_tokens=1
         )
-        chat = c.chat.completions.create(
-            model="tiny",
-            messages=[
-                {"role": "user", "content": "Hello"},
-                {"role": "assistant", "content": "abc"},
-                {"role": "user", "content": "Again"},
-            ],  # fmt: skip
-            max_tokens=1,
-        )
-        assert follow.usage is not None and chat.usage is not None
-        assert follow.usage.input_tokens == chat.usage.prompt_tokens
+        chat: Any = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "abc"},
+                     {"role": "user", "content": "Again"}]  # fmt: skip
+        _assert_prompt_of_chat(c, follow, chat)
 
 
 def test_a_deleted_response_is_gone(client: openai.OpenAI) -> None:

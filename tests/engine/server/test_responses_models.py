@@ -12,22 +12,15 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from kvfleet.testing.tools import WEATHER_PARAMETERS, WEATHER_QUESTION
+
 if TYPE_CHECKING:
     from conftest import LiveServer
 
-WEATHER: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 40},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
 TOOLS: list[Any] = [
     {"type": "function", "name": "get_weather", "description": "The current weather in a city",
-     "parameters": WEATHER},
+     "parameters": WEATHER_PARAMETERS},
 ]  # fmt: skip
-QUESTION = "What is the weather in Paris, in celsius?"
 NAMED: Any = {"type": "function", "name": "get_weather"}
 
 
@@ -36,15 +29,11 @@ class Person(BaseModel):
     age: int
 
 
-def _client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 def test_text_format_json_schema_gives_json_that_validates(tiny_server: LiveServer) -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
               "required": ["n"], "additionalProperties": False}  # fmt: skip
     fmt: Any = {"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": True}}
-    with _client(tiny_server) as client:
+    with tiny_server.openai_client() as client:
         done = client.responses.create(model="tiny", input="x", text=fmt, max_output_tokens=40)
     assert done.status == "completed"
     jsonschema.validate(json.loads(done.output_text), schema)
@@ -52,7 +41,7 @@ def test_text_format_json_schema_gives_json_that_validates(tiny_server: LiveServ
 
 
 def test_the_openai_client_parses_a_pydantic_model_from_smollm2(smollm2_server: LiveServer) -> None:
-    with _client(smollm2_server) as client:
+    with smollm2_server.openai_client() as client:
         done = client.responses.parse(
             model="smollm2",
             input="Alice is 30 years old. Give her name and age as JSON.",
@@ -65,73 +54,49 @@ def test_the_openai_client_parses_a_pydantic_model_from_smollm2(smollm2_server: 
 
 def _answer(client: openai.OpenAI, first: Any, call: Any) -> str:
     """The tool's result goes back as a ``function_call_output`` after the stored call; the model answers."""
-    answer = client.responses.create(
-        model="smollm2",
-        previous_response_id=first.id,
-        input=[
-            {
-                "type": "function_call_output",
-                "call_id": call.call_id,
-                "output": '{"temperature": 18, "sky": "sunny"}',
-            }
-        ],  # fmt: skip
-        tools=TOOLS,
-        tool_choice="none",
-        max_output_tokens=24,
-        temperature=0,
-    )
+    result: Any = {"type": "function_call_output", "call_id": call.call_id,
+                   "output": '{"temperature": 18, "sky": "sunny"}'}  # fmt: skip
+    then: Any = {"model": "smollm2", "tools": TOOLS, "tool_choice": "none", "max_output_tokens": 24,
+                 "temperature": 0}  # fmt: skip
+    answer = client.responses.create(**then, previous_response_id=first.id, input=[result])
     assert not [i for i in answer.output if i.type == "function_call"]
     assert (
         answer.usage is not None and answer.usage.input_tokens > 60
     )  # the call and its result were rendered
     assert answer.output_text
     # The same conversation sent whole, without the store, is the same prompt.
-    resent = client.responses.create(
-        model="smollm2",
-        input=[
-            {"role": "user", "content": QUESTION},
-            {
-                "type": "function_call",
-                "call_id": call.call_id,
-                "name": call.name,
-                "arguments": call.arguments,
-            },
-            {
-                "type": "function_call_output",
-                "call_id": call.call_id,
-                "output": '{"temperature": 18, "sky": "sunny"}',
-            },
-        ],  # fmt: skip
-        tools=TOOLS,
-        tool_choice="none",
-        max_output_tokens=24,
-        temperature=0,
-        store=False,
-    )
+    sent_call = {
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
+    whole: Any = [{"role": "user", "content": WEATHER_QUESTION}, sent_call, result]
+    resent = client.responses.create(**then, input=whole, store=False)
     assert resent.output_text == answer.output_text
     return answer.output_text
 
 
 @pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
 def test_a_function_call_round_trip_whole(smollm2_server: LiveServer, tool_choice: Any) -> None:
-    with _client(smollm2_server) as client:
+    with smollm2_server.openai_client() as client:
         first = client.responses.create(
-            model="smollm2", input=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_output_tokens=60,
+            model="smollm2", input=WEATHER_QUESTION, tools=TOOLS, tool_choice=tool_choice, max_output_tokens=60,
             temperature=0,
         )  # fmt: skip
         calls = [i for i in first.output if i.type == "function_call"]
         assert len(calls) >= 1
         call = calls[0]
         assert call.name == "get_weather" and call.call_id and call.id.startswith("fc_")
-        jsonschema.validate(json.loads(call.arguments), WEATHER)
+        jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
         _answer(client, first, call)
 
 
 def test_a_function_call_round_trip_streamed(smollm2_server: LiveServer) -> None:
-    with _client(smollm2_server) as client:
+    with smollm2_server.openai_client() as client:
         with client.responses.stream(
             model="smollm2",
-            input=QUESTION,
+            input=WEATHER_QUESTION,
             tools=TOOLS,
             tool_choice=NAMED,
             max_output_tokens=60,
@@ -148,5 +113,5 @@ def test_a_function_call_round_trip_streamed(smollm2_server: LiveServer) -> None
         [call] = [i for i in first.output if i.type == "function_call"]
         streamed = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
         assert streamed == call.arguments
-        jsonschema.validate(json.loads(call.arguments), WEATHER)
+        jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
         _answer(client, first, call)

@@ -10,7 +10,6 @@ import json
 from typing import TYPE_CHECKING
 
 import httpx
-import openai
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ class Person(BaseModel):
 
 
 def test_the_openai_client_parses_a_pydantic_model_from_smollm2(smollm2_server: LiveServer) -> None:
-    with openai.OpenAI(base_url=smollm2_server.url + "/v1", api_key="unused", max_retries=0) as client:
+    with smollm2_server.openai_client() as client:
         done = client.chat.completions.parse(
             model="smollm2",
             messages=[{"role": "user", "content": "Alice is 30 years old. Give her name and age as JSON."}],

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import openai
-
 from kvfleet.engine.client.llm import LLM
 from kvfleet.engine.sampling_params import SamplingParams
 
@@ -17,7 +15,7 @@ def test_the_served_greedy_completion_equals_the_offline_one(tiny_server: LiveSe
     offline = LLM("tiny", num_kv_blocks=64, max_model_len=256).generate(
         ["Once upon a time"], SamplingParams(max_tokens=6, temperature=0.0)
     )[0]
-    with openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0) as client:
+    with tiny_server.openai_client() as client:
         done = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0)
         streamed = client.completions.create(
             model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import openai
 import pytest
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ def test_a_chats_token_count_is_the_prompt_tokens_its_completion_reports(
 ) -> None:
     counted = http.post("/tokenize", json={"model": "tiny", "messages": CHAT}).json()["count"]
     without = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()["count"]
-    with openai.OpenAI(base_url=fast_server.url + "/v1", api_key="unused", max_retries=0) as client:
+    with fast_server.openai_client() as client:
         done = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=1)
     assert done.usage is not None and counted == done.usage.prompt_tokens
     assert without == counted - len("<|assistant|>\n")

@@ -11,17 +11,11 @@ import jsonschema
 import openai
 import pytest
 
+from kvfleet.testing.tools import WEATHER_PARAMETERS, WEATHER_QUESTION
+
 if TYPE_CHECKING:
     from conftest import LiveServer
 
-WEATHER_PARAMETERS: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 40},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-}
 TOOLS: list[Any] = [
     {
         "type": "function",
@@ -40,12 +34,8 @@ TOOLS: list[Any] = [
         },
     },
 ]
-QUESTION = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+QUESTION = [{"role": "user", "content": WEATHER_QUESTION}]
 NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
-
-
-def _client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def _check_call(name: str, arguments: str) -> None:
@@ -107,7 +97,7 @@ def _final_answer(client: openai.OpenAI, call_id: str, name: str, arguments: str
 
 @pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
 def test_a_forced_tool_call_round_trip_whole(smollm2_server: LiveServer, tool_choice: Any) -> None:
-    with _client(smollm2_server) as client:
+    with smollm2_server.openai_client() as client:
         response = client.chat.completions.create(**_asking(tool_choice))
         choice = response.choices[0]
         assert choice.finish_reason == "tool_calls"
@@ -124,7 +114,7 @@ def test_a_forced_tool_call_round_trip_whole(smollm2_server: LiveServer, tool_ch
 
 @pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
 def test_a_forced_tool_call_round_trip_streamed(smollm2_server: LiveServer, tool_choice: Any) -> None:
-    with _client(smollm2_server) as client:
+    with smollm2_server.openai_client() as client:
         call_id, name, arguments, finish = _stream_call(client, tool_choice)
         assert finish == "tool_calls"
         assert call_id.startswith("chatcmpl-tool-")
@@ -136,6 +126,6 @@ def test_a_forced_tool_call_round_trip_streamed(smollm2_server: LiveServer, tool
 
 
 def test_auto_tool_choice_without_the_flag_is_a_400_naming_it(smollm2_server: LiveServer) -> None:
-    with _client(smollm2_server) as client, pytest.raises(openai.BadRequestError) as err:
+    with smollm2_server.openai_client() as client, pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="smollm2", messages=QUESTION, tools=TOOLS, tool_choice="auto")
     assert "--enable-auto-tool-choice" in str(err.value)
