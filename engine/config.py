@@ -7,7 +7,7 @@ batch size, policy). Invalid values fail here, naming the field and the limit.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -84,6 +84,11 @@ class EngineConfig(BaseModel):
     # checkpoint in its scheme, else float); gguf serves smollm2's or a .gguf's blocks; int8 (CPU) and
     # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (loader/hf_quant.py)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
+    # vLLM's flags: "pooling" serves embeddings (POST /v1/embeddings) and nothing else: the engine core
+    # pools the final hidden states of each prompt (engine/model/pooling.py), writes no KV cache and samples
+    # nothing; override_pooler_config's pooling_type / normalize go over what the checkpoint says
+    runner: Literal["generate", "pooling"] = "generate"
+    override_pooler_config: dict[str, Any] | None = None
 
     @property
     def plans_stall_free(self) -> bool:
@@ -115,4 +120,6 @@ class EngineConfig(BaseModel):
                 f"quantization={self.quantization!r} runs on one rank (yet): tensor_parallel_size must be 1, "
                 f"got {self.tensor_parallel_size}"
             )
+        if self.runner == "pooling" and (self.tensor_parallel_size > 1 or self.lora_enabled):
+            raise ValueError("runner='pooling' runs on one rank without LoRA adapters (yet)")
         return self

@@ -53,6 +53,8 @@ from kvfleet.engine.loader.sources import resolve_model, served_name
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.batch import FlatBatch
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.pooler_config import resolve_pooler_config
+from kvfleet.engine.model.pooling import pool_to_bytes
 from kvfleet.engine.model.rope_scaling import rope_is_dynamic
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.parallel.group import TPComm
@@ -193,6 +195,10 @@ class ModelRunner(Runner):
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
+        pooling = config.runner == "pooling"  # embeddings only: one KV block, never written
+        self.pooler = (
+            resolve_pooler_config(self.model_path, config.override_pooler_config) if pooling else None
+        )
         self.backend = get_backend(backend)
         self.block_size = config.block_size
         self.decode: DecodePath | None = None
@@ -266,8 +272,8 @@ class ModelRunner(Runner):
         block_bytes = self.block_size * self.model_config.kv_bytes_per_token(self.dtype)
         if self.shard is not None:  # this rank's KV heads only
             block_bytes = block_bytes * self.shard.kv_heads.size // self.model_config.num_kv_heads
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
+        if self.config.num_kv_blocks is not None or self.pooler is not None:
+            return self.config.num_kv_blocks or 1
         if self.config.kv_cache_memory is not None:
             budget = self.config.kv_cache_memory
         elif self.device.type == "cuda":
@@ -293,6 +299,11 @@ class ModelRunner(Runner):
             self.config, self.model_path, self.dtype, self.max_model_len,
             used=total - free + self._graph_bytes, total=total,
         )  # fmt: skip
+
+    def pool(self, prompts: list[list[int]], dimensions: int | None) -> list[bytes]:
+        if self.pooler is None:
+            return super().pool(prompts, dimensions)
+        return pool_to_bytes(self.model, prompts, self.pooler, dimensions)
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         return {} if plan.is_empty else self.launch(plan).read()
