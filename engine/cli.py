@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.server.flags import add_arguments, byte_size
+from kvfleet.engine.server.pooling_flags import runner_of
 from kvfleet.flags import same_named
 
 # kvfleet.cli builds the parser through here; the flags themselves are engine/server/flags.py's
@@ -57,6 +58,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             "prepack_weights": not args.no_prepack_weights,
             "attention_backend": args.attention,
             "lora_modules": parse_lora_modules(args.lora_modules),
+            "runner": runner_of(args),
         }
     )
 
@@ -110,6 +112,7 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
         max_model_len=max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
+        runner=runner_of(args),
     )
     state.tools = tools
     return state

@@ -21,7 +21,7 @@ from kvfleet.engine.client.async_engine import AsyncEngine
 from kvfleet.engine.client.core_client import CoreTransport
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
-from kvfleet.engine.server.routes import chat, completions, lora, models, ops
+from kvfleet.engine.server.routes import chat, completions, embeddings, lora, models, ops
 from kvfleet.engine.server.state import ServedModel, ServerState
 from kvfleet.engine.server.tracing import install_tracing
 from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
@@ -37,12 +37,13 @@ def build_state(
     max_model_len: int,
     block_size: int,
     max_num_seqs: int,
+    runner: str = "generate",
 ) -> ServerState:
     """The engine core (a process or a thread) behind its asyncio handle, with the metrics observing it."""
     async_engine = AsyncEngine(core)
     metrics = ServerMetrics(name, stats=lambda: async_engine.stats_snapshot)
     async_engine.observer = metrics
-    model = ServedModel(name, max_model_len, block_size, max_num_seqs, created=int(time.time()))
+    model = ServedModel(name, max_model_len, block_size, max_num_seqs, int(time.time()), runner)
     return ServerState(engine=async_engine, tokenizer=tokenizer, model=model, metrics=metrics)
 
 
@@ -66,7 +67,7 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     install_error_handlers(app)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     app.add_middleware(IgnoreUnknownFields, report=IgnoredFields(state.metrics.count_ignored_field))
-    for module in (completions, chat, models, ops, lora):
+    for module in (completions, chat, embeddings, models, ops, lora):
         app.include_router(module.router)
     install_tracing(app, state)  # OTEL_* variables; nothing when they leave tracing off
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
