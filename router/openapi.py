@@ -17,14 +17,15 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from kvfleet.http_guard import document_errors
-from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from kvfleet.openai_responses import (
     SSE_EVENT_SCHEMA,
     ChatCompletionResponse,
     CompletionResponse,
+    EmbeddingResponse,
     ErrorResponse,
 )
-from kvfleet.router.requests import CHAT, COMPLETIONS
+from kvfleet.router.requests import CHAT, COMPLETIONS, EMBEDDINGS
 
 _REF = "#/components/schemas/{model}"
 _ERRORS = {
@@ -42,6 +43,7 @@ _ERRORS = {
 _GENERATION: dict[str, tuple[str, type[BaseModel], type[BaseModel]]] = {
     COMPLETIONS: ("create a completion", CompletionRequest, CompletionResponse),
     CHAT: ("create a chat completion", ChatCompletionRequest, ChatCompletionResponse),
+    EMBEDDINGS: ("create embeddings", EmbeddingRequest, EmbeddingResponse),
 }
 
 

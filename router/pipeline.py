@@ -35,7 +35,7 @@ from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement, first_poll_done
 from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
 from kvfleet.router.quota import Denial, QuotaUnavailable
-from kvfleet.router.requests import ParsedRequest, parse_request
+from kvfleet.router.requests import EMBEDDINGS, ParsedRequest, parse_request
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
 from kvfleet.router.tracing import AUTHENTICATED, CHECKED, PLACED, QUOTA, RequestTrace
@@ -201,6 +201,8 @@ async def settled_on_error(ex: Exchange) -> AsyncIterator[None]:
 
 def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequest:
     """The request with the ``cache_salt`` its engine gets (:func:`~kvfleet.router.prefix.engine_cache_salt`)."""
+    if req.path == EMBEDDINGS:  # a pooling engine keeps no KV cache to share: its body goes as sent
+        return req
     shared = shares_prefix_cache(state.fleet.service_for(req.model), state.config.shared_prefix_cache)
     return dataclasses.replace(req, cache_salt=engine_cache_salt(tenant.name, req.cache_salt, shared))
 

@@ -20,12 +20,18 @@ from typing import Any
 import orjson
 
 from kvfleet import openai_api
-from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"  # admitted and charged as the others: its prompt tokens, no completion
+BODIES: dict[str, type[ChatCompletionRequest] | type[CompletionRequest] | type[EmbeddingRequest]] = {
+    COMPLETIONS: CompletionRequest,
+    CHAT: ChatCompletionRequest,
+    EMBEDDINGS: EmbeddingRequest,
+}
 
 
 @dataclass(frozen=True)
@@ -67,10 +73,8 @@ class ParsedRequest:
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
-    parsed: ChatCompletionRequest | CompletionRequest
-    model: type[ChatCompletionRequest] | type[CompletionRequest] = (
-        ChatCompletionRequest if path == CHAT else CompletionRequest
-    )
+    parsed: ChatCompletionRequest | CompletionRequest | EmbeddingRequest
+    model = BODIES[path]
     try:
         try:
             body = orjson.loads(raw)
