@@ -22,6 +22,7 @@ AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
 LIMIT = 64 * 1024  # the router's --max-request-bytes here
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
 GOOD = b'{"model": "tiny", "prompt": "x", "max_tokens": 2}'
 
 
@@ -76,6 +77,12 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools.0.function", "field required"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}', 400, "response_format", "json_schema is required"),
         (CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "frobnicate": 1}', 400, "frobnicate", "not a field this server knows"),
+        (EMBEDDINGS, b'{"model": "tiny"}', 400, "input", "input: field required"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": []}', 400, "input", "must be a string, a list of strings"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": "x", "encoding_format": "hex"}', 400, "encoding_format", "Input should be 'float' or 'base64'"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": "x", "dimensions": 0}', 400, "dimensions", "greater than or equal to 1"),
+        (EMBEDDINGS, b'{"model": "nope", "input": "x"}', 404, "model", "model 'nope' is not served here"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": "x"}', 400, "model", "serves embeddings only when started with --runner pooling"),
     ],
 )  # fmt: skip
 def test_every_kind_of_bad_request_is_a_4xx_naming_what_is_wrong(

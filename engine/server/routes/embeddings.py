@@ -19,7 +19,6 @@ import numpy as np
 from fastapi import APIRouter
 
 from kvfleet.engine.sampling_params import RequestError
-from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.openai_api import APIError, EmbeddingRequest
@@ -31,14 +30,24 @@ RESPONSES = {k: v for k, v in GENERATION_RESPONSES.items() if k != 200}
 
 def _tokenize(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
     prompts = []
+    vocab, limit = state.tokenizer.vocab_size, state.model.max_model_len
     for i, p in enumerate(body.inputs()):
         ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
-        try:
-            gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len + 1, i)
-        except APIError as exc:  # the same checks as a prompt's, worded for this API's field
+        where = "input" if i == 0 else f"input[{i}]"
+        if not ids:
+            raise APIError(400, f"input: {where} is empty (0 tokens)", param="input")
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
             raise APIError(
-                exc.status_code, exc.message.replace("prompt", "input"), param="input", code=exc.code
-            ) from None
+                400, f"input: token id {bad} is outside the vocabulary (size {vocab})", param="input"
+            )
+        if len(ids) > limit:
+            raise APIError(
+                400,
+                f"input: {where} is {len(ids)} tokens, but this model's maximum context length is {limit} tokens",
+                param="input",
+                code="context_length_exceeded",
+            )
         prompts.append(ids)
     return prompts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
 
 
 def _post(live: LiveServer, path: str, content: bytes | None = None, json: Any = None) -> httpx.Response:
@@ -230,3 +232,31 @@ def test_one_model_is_retrieved_by_its_id_and_an_unknown_one_is_a_404(fast_serve
         assert card["created"] == c.get("/v1/models").json()["data"][0]["created"]
         err = _error(c.get("/v1/models/gpt-4"), 404)
     assert (err["code"], err["param"]) == ("model_not_found", "model")
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({}, "input", "input: field required"),
+        ({"input": []}, "input", "input: must be a string, a list of strings, a list of token ids, or a list of token-id lists (non-empty)"),
+        ({"input": [[]]}, "input", None),
+        ({"input": [[999999]]}, "input", "input: token id 999999 is outside the vocabulary (size 259)"),
+        ({"input": [[256] * 300]}, "input", "input: input is 300 tokens, but this model's maximum context length is 256 tokens"),
+        ({"input": ["x"] * 2049}, "input", "input: at most 2048 inputs in one request, got 2049"),
+        ({"input": "x", "encoding_format": "hex"}, "encoding_format", "encoding_format: Input should be 'float' or 'base64' (got 'hex')"),
+        ({"input": "x", "dimensions": 0}, "dimensions", "dimensions: Input should be greater than or equal to 1 (got 0)"),
+        ({"input": "x", "dimensions": 129}, "dimensions", "dimensions: dimensions must be between 1 and 128, got 129"),
+    ],
+)  # fmt: skip
+def test_bad_embeddings_input_names_the_field_and_disturbs_a_request_in_flight_not(
+    pooling_server: LiveServer, body: dict[str, Any], param: str, message: str | None
+) -> None:
+    big = {"model": "tiny-embed", "input": [[256, *range(i % 200, i % 200 + 40)] for i in range(256)]}
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(_post, pooling_server, EMBEDDINGS, None, big)
+        err = _error(_post(pooling_server, EMBEDDINGS, json={"model": "tiny-embed", **body}), 400)
+        done = in_flight.result(timeout=60)
+    assert err["param"] == param
+    if message is not None:
+        assert err["message"] == message
+    assert done.status_code == 200 and len(done.json()["data"]) == 256
