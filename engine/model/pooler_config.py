@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.sampling_params import RequestError
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")  # the poolers by name (engine/model/pooling.py: POOLERS)
@@ -52,6 +53,13 @@ class PoolerConfig:
             raise RequestError(
                 "dimensions", f"dimensions must be between 1 and {hidden_size}, got {dimensions}"
             )
+
+
+def pooler_for(config: EngineConfig, model_dir: Path) -> PoolerConfig | None:
+    """The runner's pooler: None unless ``--runner pooling``."""
+    if config.runner != "pooling":
+        return None
+    return resolve_pooler_config(model_dir, config.override_pooler_config)
 
 
 def resolve_pooler_config(model_dir: Path, override: dict[str, Any] | None) -> PoolerConfig:

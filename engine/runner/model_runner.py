@@ -53,7 +53,7 @@ from kvfleet.engine.loader.sources import resolve_model, served_name
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.batch import FlatBatch
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
-from kvfleet.engine.model.pooler_config import resolve_pooler_config
+from kvfleet.engine.model.pooler_config import pooler_for
 from kvfleet.engine.model.pooling import pool_to_bytes
 from kvfleet.engine.model.rope_scaling import rope_is_dynamic
 from kvfleet.engine.outputs import SampleResult
@@ -195,10 +195,7 @@ class ModelRunner(Runner):
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
-        pooling = config.runner == "pooling"  # embeddings only: one KV block, never written
-        self.pooler = (
-            resolve_pooler_config(self.model_path, config.override_pooler_config) if pooling else None
-        )
+        self.pooler = pooler_for(config, self.model_path)  # --runner pooling: embeddings only, one KV block
         self.backend = get_backend(backend)
         self.block_size = config.block_size
         self.decode: DecodePath | None = None
