@@ -94,7 +94,10 @@ class EngineConfig(BaseModel):
     def plans_stall_free(self) -> bool:
         """Whether the scheduler plans steps stall-free: asked for, with chunked prefill to size, and
         not static batching (a benchmark baseline that runs whole batches as they were admitted)."""
-        return self.stall_free and self.enable_chunked_prefill and self.scheduling_policy != "static"
+        stepped = self.runner == "generate"  # a pooling engine plans no steps (nor profiles them at start)
+        return (
+            stepped and self.stall_free and self.enable_chunked_prefill and self.scheduling_policy != "static"
+        )
 
     @property
     def lora_enabled(self) -> bool:

@@ -199,7 +199,8 @@ class ModelRunner(Runner):
         self.backend = get_backend(backend)
         self.block_size = config.block_size
         self.decode: DecodePath | None = None
-        self._allocate(decode_setup(config, self.device, backend, self.model_config, self.max_model_len))
+        setup = decode_setup(config, self.device, backend, self.model_config, self.max_model_len)
+        self._allocate(None if self.pooler else setup)  # a pooling runner never decodes: no CUDA graphs
         self.sampler = Sampler(config.seed, self.device)
         self._last: PickedStep | None = None  # the last launched step: the next one may feed on it
         self.dispatcher = StepDispatcher(RunnerCaps())  # its capabilities read at the first step

@@ -91,6 +91,7 @@ def test_the_pooling_flags_name_the_runner_as_vllm_does() -> None:
         )
     )
     assert (pooling.runner, pooling.override_pooler_config) == ("pooling", {"pooling_type": "MEAN"})
+    assert not pooling.plans_stall_free  # no steps to plan, no step profile at start
     assert cli.engine_config(_args("--model", "tiny", "--task", "embed")).runner == "pooling"
     with pytest.raises(ValueError, match="runner='pooling'"):
         cli.engine_config(_args("--model", "tiny", "--runner", "pooling", "-tp", "2"))
