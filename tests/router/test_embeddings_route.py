@@ -67,7 +67,7 @@ async def test_embeddings_are_charged_their_prompt_tokens_and_logged(engine: str
         direct = httpx.post(f"{engine}/v1/embeddings", json={"model": "tiny", "input": "there was"}).json()
         async with httpx.AsyncClient() as http:
             metrics = (await http.get(f"{url}/metrics")).text
-    assert len(out.data) == 3  # the same vector as the engine's own (batched with others: float32 rounding apart)
+    assert len(out.data) == 3  # the engine's own vector, batched with others: float32 rounding apart
     np.testing.assert_allclose(out.data[1].embedding, direct["data"][0]["embedding"], rtol=1e-5, atol=1e-6)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 1
