@@ -41,6 +41,11 @@ def embed(engine: Engine, cmd: EmbedCmd) -> Embedded:
         for i, p in enumerate(cmd.prompts):
             if not p:
                 raise RequestError("input", f"input[{i}] is empty (0 tokens)")
+            bad = next((t for t in p if not 0 <= t < engine.tokenizer.vocab_size), None)
+            if bad is not None:
+                raise RequestError(
+                    "input", f"token id {bad} is outside the vocabulary (size {engine.tokenizer.vocab_size})"
+                )
             if len(p) > engine.max_model_len:
                 raise RequestError(
                     "input",

@@ -73,3 +73,26 @@ def test_dimensions_truncate_before_normalising(checkpoints: dict[str, Path]) ->
 
 def test_a_pooling_runner_holds_one_kv_block(checkpoints: dict[str, Path]) -> None:
     assert _runner(checkpoints["qwen2-window"]).num_kv_blocks == 1
+
+
+def test_the_offline_llm_embeds_as_the_server_does_and_refuses_by_field(checkpoints: dict[str, Path]) -> None:
+    from kvfleet.engine.client.llm import LLM
+    from kvfleet.engine.sampling_params import RequestError
+
+    folder = checkpoints["mistral-window"]
+    llm = LLM(str(folder), runner="pooling", attention_backend="torch")
+    got = llm.embed(PROMPTS_MORE)
+    hf = load_hf(folder)
+    for vec, prompt in zip(got, PROMPTS_MORE, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(vec), _reference(hf, prompt, "LAST", True, None), rtol=1e-5, atol=1e-5
+        )
+    with pytest.raises(RequestError) as vocab:
+        llm.embed([[256, 9999]])
+    assert vocab.value.field == "input"
+    with pytest.raises(RequestError) as dims:
+        llm.embed(PROMPTS_MORE, dimensions=8)  # not a matryoshka model
+    assert dims.value.field == "dimensions"
+    with pytest.raises(RequestError) as generating:
+        LLM(str(folder), attention_backend="torch", num_kv_blocks=8).embed(PROMPTS_MORE)
+    assert generating.value.field == "model"
