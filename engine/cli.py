@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.server.flags import add_arguments, byte_size
+from kvfleet.engine.server.pooling_flags import runner_of
 from kvfleet.engine.server.response_store import store_from_args
 from kvfleet.flags import same_named
 
@@ -58,6 +59,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             "prepack_weights": not args.no_prepack_weights,
             "attention_backend": args.attention,
             "lora_modules": parse_lora_modules(args.lora_modules),
+            "runner": runner_of(args),
         }
     )
 
@@ -111,6 +113,7 @@ def build_server_state(args: argparse.Namespace) -> ServerState:
         max_model_len=max_model_len,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
+        runner=runner_of(args),
     )
     state.tools = tools
     return state

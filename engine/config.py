@@ -7,7 +7,7 @@ batch size, policy). Invalid values fail here, naming the field and the limit.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -85,12 +85,20 @@ class EngineConfig(BaseModel):
     # fp8 (GPU, cc >= 8.9) quantise a float checkpoint's linears at load (loader/hf_quant.py);
     # each takes LoRA adapters and tensor_parallel_size > 1 (every loader shards)
     quantization: Literal[None, "gguf", "int8", "fp8"] = None
+    # vLLM's flags: "pooling" serves embeddings (POST /v1/embeddings) and nothing else: the engine core
+    # pools the final hidden states of each prompt (engine/model/pooling.py), writes no KV cache and samples
+    # nothing; override_pooler_config's pooling_type / normalize go over what the checkpoint says
+    runner: Literal["generate", "pooling"] = "generate"
+    override_pooler_config: dict[str, Any] | None = None
 
     @property
     def plans_stall_free(self) -> bool:
         """Whether the scheduler plans steps stall-free: asked for, with chunked prefill to size, and
         not static batching (a benchmark baseline that runs whole batches as they were admitted)."""
-        return self.stall_free and self.enable_chunked_prefill and self.scheduling_policy != "static"
+        stepped = self.runner == "generate"  # a pooling engine plans no steps (nor profiles them at start)
+        return (
+            stepped and self.stall_free and self.enable_chunked_prefill and self.scheduling_policy != "static"
+        )
 
     @property
     def lora_enabled(self) -> bool:
@@ -106,4 +114,6 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 "target_step_ms sizes prefill chunks: it needs enable_chunked_prefill and stall_free"
             )
+        if self.runner == "pooling" and (self.tensor_parallel_size > 1 or self.lora_enabled):
+            raise ValueError("runner='pooling' runs on one rank without LoRA adapters (yet)")
         return self

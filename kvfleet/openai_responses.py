@@ -174,3 +174,23 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     token_strs: list[str] | None = None  # with return_token_strs
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # a string: base64 of the little-endian float32 vector (encoding_format)
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_OPERATIONS = {CHAT: "chat", RESPONSES: "chat", "/v1/embeddings": "embeddings"}  # GenAI semconv names
+
 
 def _has_content(obj: dict[str, Any]) -> bool:
     for choice in obj.get("choices") or []:
@@ -250,7 +252,7 @@ class Exchange:
             max_tokens=self.req.max_tokens,
             usage=(self.prompt_tokens(), self.completion_tokens()) if self.placement is not None else None,
             finish_reason=self.finish_reason,
-            operation="chat" if self.req.path in (CHAT, RESPONSES) else "text_completion",
+            operation=_OPERATIONS.get(urlsplit(self.req.path).path, "text_completion"),
         )
 
     def _record_success(self) -> None:

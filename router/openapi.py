@@ -17,15 +17,16 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from kvfleet.http_guard import document_errors
-from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from kvfleet.openai_api.responses_request import ResponseObject, ResponsesRequest
 from kvfleet.openai_responses import (
     SSE_EVENT_SCHEMA,
     ChatCompletionResponse,
     CompletionResponse,
+    EmbeddingResponse,
     ErrorResponse,
 )
-from kvfleet.router.requests import CHAT, COMPLETIONS, RESPONSES
+from kvfleet.router.requests import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 _REF = "#/components/schemas/{model}"
 _ERRORS = {
@@ -44,6 +45,7 @@ _GENERATION: dict[str, tuple[str, type[BaseModel], type[BaseModel]]] = {
     COMPLETIONS: ("create a completion", CompletionRequest, CompletionResponse),
     CHAT: ("create a chat completion", ChatCompletionRequest, ChatCompletionResponse),
     RESPONSES: ("create a response (OpenAI Responses API)", ResponsesRequest, ResponseObject),
+    EMBEDDINGS: ("create embeddings", EmbeddingRequest, EmbeddingResponse),
 }
 
 

@@ -36,7 +36,7 @@ from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement, first_poll_done
 from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
 from kvfleet.router.quota import Denial, QuotaUnavailable
-from kvfleet.router.requests import ParsedRequest, parse_request
+from kvfleet.router.requests import EMBEDDINGS, ParsedRequest, parse_request
 from kvfleet.router.responses import pinned_exclusions
 from kvfleet.router.state import RouterState
 from kvfleet.router.tenants import Tenant
@@ -221,6 +221,8 @@ def salted(state: RouterState, tenant: Tenant, req: ParsedRequest) -> ParsedRequ
     """The request with the ``cache_salt`` its engine gets (:func:`~kvfleet.router.prefix.engine_cache_salt`)."""
     if req.path in tokenize.PATHS or req.path == anthropic.COUNT_TOKENS:
         return req  # nothing is cached: the engine takes no cache_salt there
+    if req.path == EMBEDDINGS:  # a pooling engine keeps no KV cache to share: its body goes as sent
+        return req
     shared = shares_prefix_cache(state.fleet.service_for(req.model), state.config.shared_prefix_cache)
     return dataclasses.replace(req, cache_salt=engine_cache_salt(tenant.name, req.cache_salt, shared))
 

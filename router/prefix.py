@@ -18,7 +18,7 @@ from kvfleet.router.discovery import Service
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """The text a completion or chat request's prompt is made of, in order."""
+    """The text a completion, chat or embeddings request's prompt is made of, in order."""
     if "messages" in body:
         parts: list[str] = []
         for message in body.get("messages") or []:
@@ -29,7 +29,7 @@ def prompt_text(body: Mapping[str, Any]) -> str:
                 f"{message.get('role', '') if isinstance(message, Mapping) else ''}\n{content or ''}\n"
             )
         return "".join(parts)
-    prompt = body.get("prompt", "")
+    prompt = body.get("prompt", body.get("input", ""))  # an embeddings request's is its input
     if isinstance(prompt, list):
         return "".join(str(p) for p in prompt)
     return str(prompt)

@@ -21,7 +21,7 @@ import orjson
 from pydantic import BaseModel
 
 from kvfleet import openai_api
-from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest
+from kvfleet.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from kvfleet.openai_api.responses_request import ResponsesRequest
 from kvfleet.router.errors import RouterError
 from kvfleet.router.prefix import prompt_text
@@ -29,6 +29,12 @@ from kvfleet.router.prefix import prompt_text
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+EMBEDDINGS = "/v1/embeddings"  # admitted and charged as the others: its prompt tokens, no completion
+BODIES: dict[str, type[ChatCompletionRequest] | type[CompletionRequest] | type[EmbeddingRequest]] = {
+    COMPLETIONS: CompletionRequest,
+    CHAT: ChatCompletionRequest,
+    EMBEDDINGS: EmbeddingRequest,
+}
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -95,16 +101,13 @@ def validated(model: type[M], raw: bytes) -> tuple[M, dict[str, Any]]:
 
 def parse_request(path: str, raw: bytes, default_max_tokens: int) -> ParsedRequest:
     """Validate with the shared OpenAI models (:mod:`kvfleet.openai_api`); forward the body as sent."""
-    parsed: ChatCompletionRequest | CompletionRequest | ResponsesRequest
+    parsed: ChatCompletionRequest | CompletionRequest | EmbeddingRequest | ResponsesRequest
     if path == RESPONSES:  # its stream ends with the usage (response.completed): never rewritten for it
         responses, body = validated(ResponsesRequest, raw)
         prompt, max_tokens, wants_usage = _responses_prompt(responses), responses.max_output_tokens, True
         parsed = responses
     else:
-        model: type[ChatCompletionRequest] | type[CompletionRequest] = (
-            ChatCompletionRequest if path == CHAT else CompletionRequest
-        )
-        request, body = validated(model, raw)
+        request, body = validated(BODIES[path], raw)
         prompt, max_tokens, wants_usage = (
             prompt_text(body),
             request.requested_max_tokens,

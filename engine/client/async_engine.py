@@ -22,11 +22,11 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvfleet.engine.client.core_client import CoreTransport
 from kvfleet.engine.client.request_stream import RequestMetrics, RequestStream
-from kvfleet.engine.core.messages import AbortCmd, AddCmd, LoraCmd, StepBatch, Verdict
+from kvfleet.engine.core.messages import AbortCmd, AddCmd, EmbedCmd, Embedded, LoraCmd, StepBatch, Verdict
 from kvfleet.engine.lora.config import LoraError
 from kvfleet.engine.outputs import EngineStats, ReqDelta
 from kvfleet.engine.sampling_params import RequestError, SamplingParams
@@ -70,6 +70,7 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, _Pending] = {}
         self._lora_ops: dict[str, asyncio.Future[None]] = {}
+        self._embeds: dict[str, asyncio.Future[Embedded]] = {}
         self._op_ids = itertools.count()
         self._started = False
         self._stopped = False
@@ -147,6 +148,20 @@ class AsyncEngine:
         self.core.send(LoraCmd(op_id, name, path))
         await done
 
+    async def embed(self, request_id: str, prompts: list[list[int]], dimensions: int | None) -> Embedded:
+        """The core's embeddings of ``prompts`` (``--runner pooling``); its RequestError if it refused them."""
+        if not self.is_running:
+            raise EngineDeadError(f"the engine core is not running{f': {self.error}' if self.error else ''}")
+        if request_id in self._embeds:
+            raise RequestError("request_id", f"{request_id!r} is already running")
+        done: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
+        self._embeds[request_id] = done
+        self.core.send(EmbedCmd(request_id, prompts, dimensions))
+        result = await done  # a caller that leaves drops the answer: the core does the work once anyway
+        if result.reason is not None:
+            raise RequestError(result.field, result.reason)
+        return result
+
     def abort(self, request_id: str) -> None:
         """Ask the core to abort; the stream ends with the core's final "abort" output."""
         self.core.send(AbortCmd(request_id))
@@ -167,6 +182,10 @@ class AsyncEngine:
             if delta.finished:
                 del self._streams[delta.request_id]
             stream.push(delta)
+        for e in batch.embedded:
+            waiting = self._embeds.pop(e.request_id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(e)
         if batch.error is not None and self.error is None:
             self.error = batch.error
             self._fail_all(batch.error)
@@ -222,8 +241,9 @@ class AsyncEngine:
         for stream in streams:
             stream.fail(EngineDeadError(message))
         pending, self._pending = list(self._pending.values()), {}
-        waiting = [p.verdict for p in pending] + list(self._lora_ops.values())
-        self._lora_ops = {}
+        waiting: list[asyncio.Future[Any]] = [p.verdict for p in pending] + list(self._lora_ops.values())
+        waiting += list(self._embeds.values())
+        self._lora_ops, self._embeds = {}, {}
         for future in waiting:
             if not future.done():
                 future.set_exception(EngineDeadError(message))

@@ -14,10 +14,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.core.engine import Engine
+from kvfleet.engine.core.messages import EmbedCmd
+from kvfleet.engine.core.pooling import embed
 from kvfleet.engine.outputs import RequestOutput
-from kvfleet.engine.sampling_params import RequestOutputKind, SamplingParams
+from kvfleet.engine.sampling_params import RequestError, RequestOutputKind, SamplingParams
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 
@@ -56,6 +60,17 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return list(outputs.values())
+
+    def embed(self, prompts: Prompts, dimensions: int | None = None) -> list[list[float]]:
+        """Each prompt's embedding, in order (``runner="pooling"``, as vLLM's ``LLM.embed``); a RequestError
+        naming the field if the engine refuses them (a generating engine names ``model``)."""
+        tokenizer = self.engine.tokenizer
+        ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in _as_batch(prompts)]
+        self._counter += 1
+        done = embed(self.engine, EmbedCmd(f"llm-{self._counter - 1}", ids, dimensions))
+        if done.reason is not None:
+            raise RequestError(done.field, done.reason)
+        return [np.frombuffer(v, dtype="<f4").tolist() for v in done.vectors]
 
     def load_lora(self, name: str, path: str) -> None:
         """Register a PEFT adapter folder under ``name`` (needs ``enable_lora=True`` or ``lora_modules``)."""

@@ -42,6 +42,8 @@ from kvfleet.engine.core.messages import (
     AbortCmd,
     AddCmd,
     Command,
+    EmbedCmd,
+    Embedded,
     Hello,
     LoraCmd,
     ShutdownCmd,
@@ -50,6 +52,7 @@ from kvfleet.engine.core.messages import (
     Verdict,
     to_wire,
 )
+from kvfleet.engine.core.pooling import embed
 from kvfleet.engine.link import BlockingLink
 from kvfleet.engine.lora.config import LoraError
 from kvfleet.engine.outputs import ReqDelta
@@ -78,6 +81,7 @@ class CoreLoop:
         self._idle_wait_s = idle_wait_s
         self._verdicts: list[Verdict] = []
         self._deltas: list[ReqDelta] = []
+        self._embedded: list[Embedded] = []  # EmbedCmd answers (--runner pooling), made in apply
         self._step_started: float | None = None
 
     # Invariant: commands are applied in the order sent, only between steps; a verdict leaves
@@ -108,6 +112,8 @@ class CoreLoop:
                     self._deltas.append(final)
             elif isinstance(cmd, LoraCmd):
                 self._lora(cmd)
+            elif isinstance(cmd, EmbedCmd):
+                self._embedded.append(embed(self.engine, cmd))
 
     def _add(self, cmd: AddCmd) -> None:
         try:
@@ -145,9 +151,10 @@ class CoreLoop:
             refusal = () if error is None else (error.reason, error.field)
             self._verdicts.append(Verdict(request_id, *refusal))
         batch = StepBatch(
-            self._clock(), self._step_started, self._verdicts, self._deltas, self.engine.stats()
-        )
-        self._verdicts, self._deltas, self._step_started = [], [], None
+            self._clock(), self._step_started, self._verdicts, self._deltas, self.engine.stats(),
+            embedded=self._embedded,
+        )  # fmt: skip
+        self._verdicts, self._deltas, self._step_started, self._embedded = [], [], None, []
         return batch
 
     def failed(self, exc: BaseException) -> StepBatch:

@@ -3,9 +3,10 @@
 Where it sits: between ``engine/client/core_client.py`` (the API side: :class:`~kvfleet.engine.client.core_client.ThreadCore`,
 :class:`~kvfleet.engine.client.core_client.ProcessCore`) and ``engine/core/loop.py`` (the core side:
 :class:`~kvfleet.engine.core.loop.CoreLoop`, :func:`~kvfleet.engine.core.loop.core_main`). The API side
-sends :class:`AddCmd`, :class:`AbortCmd`, :class:`LoraCmd` and :class:`ShutdownCmd`; the core
-answers with one :class:`StepBatch` per loop iteration (verdicts on new requests, the step's
-:class:`~kvfleet.engine.outputs.ReqDelta` values, a snapshot of ``Engine.stats()``). A core
+sends :class:`AddCmd`, :class:`AbortCmd`, :class:`LoraCmd`, :class:`EmbedCmd` and :class:`ShutdownCmd`;
+the core answers with one :class:`StepBatch` per loop iteration (verdicts on new requests, the step's
+:class:`~kvfleet.engine.outputs.ReqDelta` values, the :class:`Embedded` answers, a snapshot of
+``Engine.stats()``). A core
 process greets with :class:`Hello` (or :class:`StartFailed`), and its batches travel as plain
 tuples (:func:`to_wire`, :func:`from_wire`). Both sides import this module; it imports neither.
 Nothing here imports torch.
@@ -41,11 +42,19 @@ class AbortCmd(NamedTuple):
     request_id: str
 
 
+class EmbedCmd(NamedTuple):
+    """Embed these prompts (``--runner pooling``): answered by one :class:`Embedded` for ``request_id``."""
+
+    request_id: str
+    prompts: list[list[int]]
+    dimensions: int | None = None
+
+
 class ShutdownCmd(NamedTuple):
     reason: str = "the engine is shutting down"
 
 
-Command = AddCmd | AbortCmd | LoraCmd | ShutdownCmd
+Command = AddCmd | AbortCmd | LoraCmd | EmbedCmd | ShutdownCmd
 
 
 # ---- core → API side
@@ -59,6 +68,16 @@ class Verdict(NamedTuple):
     code: str | None = None
 
 
+class Embedded(NamedTuple):
+    """The core's answer to one EmbedCmd: a float32 vector's bytes per prompt, or a refusal naming the field."""
+
+    request_id: str
+    vectors: list[bytes]
+    num_prompt_tokens: int
+    reason: str | None = None
+    field: str | None = None
+
+
 class StepBatch(NamedTuple):
     """One loop iteration's news. ``step_started`` is None when no step ran (verdicts, aborts only)."""
 
@@ -68,6 +87,7 @@ class StepBatch(NamedTuple):
     deltas: list[ReqDelta]
     stats: EngineStats | None  # None only in the batch that reports a core that died before greeting
     error: str | None = None  # set once: the core is dead, every stream fails with this
+    embedded: list[Embedded] = []  # noqa: RUF012 (a NamedTuple's default, never mutated)
 
 
 class Hello(NamedTuple):
@@ -91,11 +111,12 @@ WireBatch = tuple[Any, ...]
 
 def to_wire(b: StepBatch) -> WireBatch:
     deltas = [(d[0], d[1], d[2], d[3], [tuple(s) for s in d[4]]) for d in b.deltas]
-    return (b.now, b.step_started, [tuple(v) for v in b.verdicts], deltas, b.stats, b.error)
+    embedded = [tuple(e) for e in b.embedded]
+    return (b.now, b.step_started, [tuple(v) for v in b.verdicts], deltas, b.stats, b.error, embedded)
 
 
 def from_wire(w: WireBatch) -> StepBatch:
-    now, started, verdicts, deltas, stats, error = w
+    now, started, verdicts, deltas, stats, error, embedded = w
     return StepBatch(
         now,
         started,
@@ -103,4 +124,5 @@ def from_wire(w: WireBatch) -> StepBatch:
         [ReqDelta(r, f, p, c, [SeqDelta(*s) for s in seqs]) for r, f, p, c, seqs in deltas],
         stats,
         error,
+        [Embedded(*e) for e in embedded],
     )

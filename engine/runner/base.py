@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from kvfleet.engine.outputs import SampleResult
+from kvfleet.engine.sampling_params import RequestError
 from kvfleet.engine.sched.plan import SchedulerPlan
 
 
@@ -25,3 +26,10 @@ class Runner(ABC):
     @abstractmethod
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         """Compute the plan's tokens; return a sample for each ``seq_id`` whose entry samples."""
+
+    def pool(self, prompts: list[list[int]], dimensions: int | None) -> list[bytes]:
+        """Each prompt's embedding as float32 bytes (``--runner pooling``); a generating runner refuses."""
+        raise RequestError(
+            "model",
+            "this engine generates text: it serves embeddings only when started with --runner pooling",
+        )

@@ -53,6 +53,8 @@ from kvfleet.engine.loader.sources import resolve_model, served_name
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.batch import FlatBatch
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.pooler_config import pooler_for
+from kvfleet.engine.model.pooling import pool_to_bytes
 from kvfleet.engine.model.rope_scaling import rope_is_dynamic
 from kvfleet.engine.outputs import SampleResult
 from kvfleet.engine.parallel.group import TPComm
@@ -193,10 +195,12 @@ class ModelRunner(Runner):
         self.weight_packing = self.model.prepack(config.weight_packing) if prepack else None
         self.model_config = self.model.config
         self.max_model_len = resolve_max_model_len(config, self.model_config)
+        self.pooler = pooler_for(config, self.model_path)  # --runner pooling: embeddings only, one KV block
         self.backend = get_backend(backend)
         self.block_size = config.block_size
         self.decode: DecodePath | None = None
-        self._allocate(decode_setup(config, self.device, backend, self.model_config, self.max_model_len))
+        setup = decode_setup(config, self.device, backend, self.model_config, self.max_model_len)
+        self._allocate(None if self.pooler else setup)  # a pooling runner never decodes: no CUDA graphs
         self.sampler = Sampler(config.seed, self.device)
         self._last: PickedStep | None = None  # the last launched step: the next one may feed on it
         self.dispatcher = StepDispatcher(RunnerCaps())  # its capabilities read at the first step
@@ -271,8 +275,8 @@ class ModelRunner(Runner):
         block_bytes = self.block_size * self.model_config.kv_bytes_per_token(self.dtype)
         if self.shard is not None:  # this rank's KV heads only
             block_bytes = block_bytes * self.shard.kv_heads.size // self.model_config.num_kv_heads
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
+        if self.config.num_kv_blocks is not None or self.pooler is not None:
+            return self.config.num_kv_blocks or 1
         if self.config.kv_cache_memory is not None:
             budget = self.config.kv_cache_memory
         elif self.device.type == "cuda":
@@ -298,6 +302,11 @@ class ModelRunner(Runner):
             self.config, self.model_path, self.dtype, self.max_model_len,
             used=total - free + self._graph_bytes, total=total,
         )  # fmt: skip
+
+    def pool(self, prompts: list[list[int]], dimensions: int | None) -> list[bytes]:
+        if self.pooler is None:
+            return super().pool(prompts, dimensions)
+        return pool_to_bytes(self.model, prompts, self.pooler, dimensions)
 
     def execute(self, plan: SchedulerPlan) -> dict[int, SampleResult]:
         return {} if plan.is_empty else self.launch(plan).read()

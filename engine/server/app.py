@@ -22,7 +22,17 @@ from kvfleet.engine.client.async_engine import AsyncEngine
 from kvfleet.engine.client.core_client import CoreTransport
 from kvfleet.engine.server.errors import install_error_handlers
 from kvfleet.engine.server.metrics import ServerMetrics
-from kvfleet.engine.server.routes import chat, completions, lora, messages, models, ops, responses, tokenize
+from kvfleet.engine.server.routes import (
+    chat,
+    completions,
+    embeddings,
+    lora,
+    messages,
+    models,
+    ops,
+    responses,
+    tokenize,
+)
 from kvfleet.engine.server.state import ServedModel, ServerState
 from kvfleet.engine.server.tracing import install_tracing
 from kvfleet.engine.server.unknown_fields import IgnoredFields, IgnoreUnknownFields
@@ -38,12 +48,13 @@ def build_state(
     max_model_len: int,
     block_size: int,
     max_num_seqs: int,
+    runner: str = "generate",
 ) -> ServerState:
     """The engine core (a process or a thread) behind its asyncio handle, with the metrics observing it."""
     async_engine = AsyncEngine(core)
     metrics = ServerMetrics(name, stats=lambda: async_engine.stats_snapshot)
     async_engine.observer = metrics
-    model = ServedModel(name, max_model_len, block_size, max_num_seqs, created=int(time.time()))
+    model = ServedModel(name, max_model_len, block_size, max_num_seqs, int(time.time()), runner)
     return ServerState(engine=async_engine, tokenizer=tokenizer, model=model, metrics=metrics)
 
 
@@ -68,7 +79,7 @@ def create_app(state: ServerState, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
     app.add_middleware(IgnoreUnknownFields, report=IgnoredFields(state.metrics.count_ignored_field))
     app.add_middleware(AnthropicErrors)  # /v1/messages errors in Anthropic's shape
-    for module in (completions, chat, models, ops, lora, responses, messages, tokenize):
+    for module in (completions, chat, models, ops, lora, responses, messages, tokenize, embeddings):
         app.include_router(module.router)
     install_tracing(app, state)  # OTEL_* variables; nothing when they leave tracing off
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

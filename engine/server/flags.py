@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from kvfleet.engine.server.pooling_flags import add_pooling_arguments
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 Group = argparse._ArgumentGroup
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _scheduling_arguments(parser.add_argument_group("scheduling"))
     _cache_arguments(parser.add_argument_group("KV cache and memory"))
     _execution_arguments(parser.add_argument_group("model execution"))
+    add_pooling_arguments(parser.add_argument_group("pooling (embeddings)"))
     _parallel_arguments(parser.add_argument_group("tensor parallelism"))
     _lora_arguments(
         parser.add_argument_group("LoRA adapters (PEFT folders; a request names one as its model)")

@@ -34,6 +34,7 @@ class ServedModel:
     block_size: int
     max_num_seqs: int
     created: int  # unix time the server started (the /v1/models "created")
+    runner: str = "generate"  # --runner: "pooling" serves /v1/embeddings and no generation route
 
 
 class InFlight:
@@ -125,6 +126,18 @@ class ServerState:
         if model in self.adapters:
             return model
         raise model_not_found(model, self.model.name)
+
+    def check_generating(self, model: str) -> str | None:
+        """:meth:`check_accepting` for a generation route: a pooling engine refuses it (400 naming model)."""
+        lora = self.check_accepting(model)
+        if self.model.runner == "pooling":
+            raise APIError(
+                400,
+                f"model: {self.model.name!r} is served with --runner pooling: it serves POST /v1/embeddings "
+                "only, and generates no text",
+                param="model",
+            )
+        return lora
 
 
 def get_state(request: Request) -> ServerState:

@@ -1,4 +1,5 @@
-"""The request bodies: ``/v1/completions``, ``/v1/chat/completions`` (messages, tool calls) and ``/tokenize``.
+"""The request bodies: ``/v1/completions``, ``/v1/chat/completions`` (messages, tool calls), ``/v1/embeddings``
+and ``/tokenize``.
 
 Where it sits: parsed by :func:`kvfleet.openai_api.parse_request` from a client's body, read by
 the router (before spending quota) and the engine server (before building ``SamplingParams``).
@@ -266,3 +267,50 @@ class DetokenizeRequest(_Request):
 
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the inputs of one embeddings request
+
+
+class EmbeddingRequest(_Request):
+    """``POST /v1/embeddings`` (OpenAI's shape): one input or many, each a string or token ids."""
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1, description="matryoshka models only: truncate to this")
+    user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, v: Any) -> Any:
+        v = _check_prompt(v)
+        if isinstance(v, list) and not all(_is_token_id(x) for x in v) and len(v) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs in one request, got {len(v)}")
+        return v
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input as a list of inputs, each a string or a list of token ids."""
+        v = self.input
+        if isinstance(v, str):
+            return [v]
+        if all(isinstance(x, int) for x in v):
+            return [list(v)]  # type: ignore[arg-type]
+        return list(v)  # type: ignore[arg-type]
+
+    # what the router reads of every body it admits: an embedding streams nothing and completes no token
+    @property
+    def stream(self) -> bool:
+        return False
+
+    @property
+    def include_usage(self) -> bool:
+        return False
+
+    @property
+    def cache_salt(self) -> str | None:
+        return None
+
+    @property
+    def requested_max_tokens(self) -> int:
+        return 0

@@ -1,4 +1,4 @@
-"""``POST /v1/completions`` and ``POST /v1/chat/completions``: the proxied OpenAI endpoints.
+"""``POST /v1/completions``, ``POST /v1/chat/completions`` and ``POST /v1/embeddings``: the proxied OpenAI endpoints.
 
 These are the hot path, so they are plain Starlette routes (no FastAPI dependency solving
 or response-model handling per request; they are left out of the OpenAPI schema) and the
@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Request, Response
 
 from kvfleet.router import pipeline, proxy
-from kvfleet.router.requests import CHAT, COMPLETIONS
+from kvfleet.router.requests import CHAT, COMPLETIONS, EMBEDDINGS
 from kvfleet.router.state import RouterState
 
 router = APIRouter(tags=["openai"])
@@ -45,5 +45,10 @@ async def chat_completions(request: Request) -> Response:
     return await _forward(CHAT, request)
 
 
+async def embeddings(request: Request) -> Response:
+    return await _forward(EMBEDDINGS, request)
+
+
 router.add_route(COMPLETIONS, completions, methods=["POST"], include_in_schema=False)
 router.add_route(CHAT, chat_completions, methods=["POST"], include_in_schema=False)
+router.add_route(EMBEDDINGS, embeddings, methods=["POST"], include_in_schema=False)

@@ -66,6 +66,8 @@ def test_the_flags_build_one_engine_config() -> None:
         "tensor_parallel_size": 2,
         "distributed_timeout_seconds": 12.0,
         "quantization": None,
+        "runner": "generate",
+        "override_pooler_config": None,
     }
     assert config.lora_enabled
     default = cli.engine_config(_args("--model", "tiny"))
@@ -80,6 +82,21 @@ def test_stall_free_is_the_default_and_no_stall_free_plans_by_the_token_cap_alon
     assert not off.plans_stall_free
     with pytest.raises(ValueError, match="target_step_ms"):
         cli.engine_config(_args("--model", "tiny", "--no-stall-free", "--target-step-ms", "200"))
+
+
+def test_the_pooling_flags_name_the_runner_as_vllm_does() -> None:
+    pooling = cli.engine_config(
+        _args(
+            "--model", "tiny", "--runner", "pooling", "--override-pooler-config", '{"pooling_type": "MEAN"}'
+        )
+    )
+    assert (pooling.runner, pooling.override_pooler_config) == ("pooling", {"pooling_type": "MEAN"})
+    assert not pooling.plans_stall_free  # no steps to plan, no step profile at start
+    assert cli.engine_config(_args("--model", "tiny", "--task", "embed")).runner == "pooling"
+    with pytest.raises(ValueError, match="runner='pooling'"):
+        cli.engine_config(_args("--model", "tiny", "--runner", "pooling", "-tp", "2"))
+    with pytest.raises(SystemExit):
+        _args("--override-pooler-config", "[1]")
 
 
 def test_byte_sizes_take_binary_and_decimal_units() -> None:

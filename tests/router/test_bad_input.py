@@ -23,6 +23,7 @@ LIMIT = 64 * 1024  # the router's --max-request-bytes here
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"
+EMBEDDINGS = "/v1/embeddings"
 GOOD = b'{"model": "tiny", "prompt": "x", "max_tokens": 2}'
 
 
@@ -83,6 +84,12 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
         (RESPONSES, b'{"model": "tiny", "input": "' + b"x" * 400 + b'"}', 400, "input", "maximum context length is 256"),
         (RESPONSES, b'{"model": "tiny", "input": "x", "previous_response_id": "resp_gone"}', 404, "previous_response_id", "no stored response 'resp_gone'"),
         (RESPONSES, b'{"model": "tiny", "input": "x", "previous_response_id": "resp_' + b"0" * 32 + b'_00000000"}', 404, "previous_response_id", "is not in the fleet"),
+        (EMBEDDINGS, b'{"model": "tiny"}', 400, "input", "input: field required"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": []}', 400, "input", "must be a string, a list of strings"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": "x", "encoding_format": "hex"}', 400, "encoding_format", "Input should be 'float' or 'base64'"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": "x", "dimensions": 0}', 400, "dimensions", "greater than or equal to 1"),
+        (EMBEDDINGS, b'{"model": "nope", "input": "x"}', 404, "model", "model 'nope' is not served here"),
+        (EMBEDDINGS, b'{"model": "tiny", "input": "x"}', 400, "model", "serves embeddings only when started with --runner pooling"),
     ],
 )  # fmt: skip
 def test_every_kind_of_bad_request_is_a_4xx_naming_what_is_wrong(

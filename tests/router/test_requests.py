@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvfleet.router.errors import RouterError
-from kvfleet.router.requests import CHAT, COMPLETIONS, parse_request
+from kvfleet.router.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_request
 
 
 def test_a_plain_request_is_forwarded_byte_for_byte() -> None:
@@ -82,3 +82,20 @@ def test_a_named_tool_choice_that_names_no_tool_is_refused_naming_the_field() ->
     with pytest.raises(RouterError) as info:
         parse_request(CHAT, json.dumps(body).encode(), 256)
     assert (info.value.status, info.value.param) == (400, "tool_choice")
+
+
+def test_an_embeddings_request_is_forwarded_byte_for_byte_and_charged_no_completion() -> None:
+    raw = b'{"model": "tiny",  "input": ["hi", "there"], "encoding_format": "base64", "dimensions": 8}'
+    req = parse_request(EMBEDDINGS, raw, 256)
+    assert req.upstream_content() is raw
+    assert (req.max_tokens, req.stream, req.client_wants_usage, req.prompt) == (0, False, False, "hithere")
+
+
+def test_an_embeddings_request_gets_no_cache_salt_from_its_tenant() -> None:
+    from types import SimpleNamespace
+
+    from kvfleet.router.pipeline import salted
+
+    req = parse_request(EMBEDDINGS, b'{"model": "tiny", "input": "hi"}', 256)
+    tenant = SimpleNamespace(name="alice")  # a pooling engine keeps no KV cache: nothing to partition
+    assert salted(SimpleNamespace(), tenant, req).upstream_content() is req.raw  # type: ignore[arg-type]

@@ -55,7 +55,7 @@ __all__ = ["chat_prompt_ids", "router"]
 async def create_chat_completion(
     body: ChatCompletionRequest, state: State, request: Request
 ) -> ChatCompletionResponse | GenerationStream:
-    lora = state.check_accepting(body.model)
+    lora = state.check_generating(body.model)
     plan = plan_tools(body, state.tools)
     ids = chat_prompt_ids(state, body.message_dicts(), plan.tools)
     gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)

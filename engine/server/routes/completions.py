@@ -38,7 +38,7 @@ def _tokenize(state: ServerState, req: CompletionRequest) -> list[list[int]]:
 async def create_completion(
     body: CompletionRequest, state: State, request: Request
 ) -> CompletionResponse | GenerationStream:
-    lora = state.check_accepting(body.model)
+    lora = state.check_generating(body.model)
     prompts = _tokenize(state, body)
     params = [
         gen.sampling_params(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +19,7 @@ import uvicorn
 from kvfleet.engine import cli
 from kvfleet.engine.server.app import create_app
 from kvfleet.engine.server.state import ServerState
+from kvfleet.engine.testing.tiny import ensure_tiny_model
 from kvfleet.testing.faults import children
 
 
@@ -135,6 +138,28 @@ def smollm2_server() -> Iterator[LiveServer]:
     yield from _serve(
         "--model", "smollm2", "--num-kv-blocks", "64", "--max-model-len", "512", "--max-num-seqs", "4",
         simulate=False,
+    )  # fmt: skip
+
+
+EMBED_MODEL = "tiny-embed"  # the pooling server's model: the tiny decoder, told it is matryoshka-trained
+
+
+@pytest.fixture(scope="module")
+def embed_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny model's folder whose config.json says ``is_matryoshka`` (``dimensions`` allowed)."""
+    target = tmp_path_factory.mktemp("embed") / EMBED_MODEL
+    shutil.copytree(ensure_tiny_model(), target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "is_matryoshka": True}))
+    return target
+
+
+@pytest.fixture(scope="module")
+def pooling_server(embed_folder: Path) -> Iterator[LiveServer]:
+    """The tiny model served for embeddings (``--runner pooling``): torch, CPU."""
+    yield from _serve(
+        "--model", str(embed_folder), "--served-model-name", EMBED_MODEL, "--runner", "pooling",
+        "--max-model-len", "256", "--max-num-batched-tokens", "512", simulate=False,
     )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
 
 
 def _post(live: LiveServer, path: str, content: bytes | None = None, json: Any = None) -> httpx.Response:
@@ -301,3 +303,31 @@ def test_a_bad_message_is_an_error_in_anthropics_shape_naming_the_field(
     fast_server: LiveServer, raw: bytes, status: int, kind: str, message: str
 ) -> None:
     assert message in _anthropic_error(_post(fast_server, "/v1/messages", content=raw), status, kind)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({}, "input", "input: field required"),
+        ({"input": []}, "input", "input: must be a string, a list of strings, a list of token ids, or a list of token-id lists (non-empty)"),
+        ({"input": [[]]}, "input", None),
+        ({"input": [[999999]]}, "input", "input: token id 999999 is outside the vocabulary (size 259)"),
+        ({"input": [[256] * 300]}, "input", "input: input is 300 tokens, but this model's maximum context length is 256 tokens"),
+        ({"input": ["x"] * 2049}, "input", "input: at most 2048 inputs in one request, got 2049"),
+        ({"input": "x", "encoding_format": "hex"}, "encoding_format", "encoding_format: Input should be 'float' or 'base64' (got 'hex')"),
+        ({"input": "x", "dimensions": 0}, "dimensions", "dimensions: Input should be greater than or equal to 1 (got 0)"),
+        ({"input": "x", "dimensions": 129}, "dimensions", "dimensions: dimensions must be between 1 and 128, got 129"),
+    ],
+)  # fmt: skip
+def test_bad_embeddings_input_names_the_field_and_disturbs_a_request_in_flight_not(
+    pooling_server: LiveServer, body: dict[str, Any], param: str, message: str | None
+) -> None:
+    big = {"model": "tiny-embed", "input": [[256, *range(i % 200, i % 200 + 40)] for i in range(256)]}
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(_post, pooling_server, EMBEDDINGS, None, big)
+        err = _error(_post(pooling_server, EMBEDDINGS, json={"model": "tiny-embed", **body}), 400)
+        done = in_flight.result(timeout=60)
+    assert err["param"] == param
+    if message is not None:
+        assert err["message"] == message
+    assert done.status_code == 200 and len(done.json()["data"]) == 256
