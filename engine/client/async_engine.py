@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from kvfleet.engine.client.core_client import CoreTransport
@@ -75,7 +75,20 @@ class AsyncEngine:
         self._started = False
         self._stopped = False
         self.error: str | None = None
-        self.stats_snapshot: EngineStats = core.initial_stats
+        self._stats: EngineStats = core.initial_stats
+
+    @property
+    def stats_snapshot(self) -> EngineStats:
+        """The core's latest stats, with the embeddings requests it holds (``--runner pooling``) counted as requests.
+
+        The core pools one EmbedCmd at a time between steps and keeps no sequence for it, so its own
+        counts miss them: the oldest unanswered one is running, the others wait (what ``/load`` and the
+        running/waiting gauges report, so a picker sees a busy pooling engine as busy)."""
+        embeds = len(self._embeds)
+        if not embeds:
+            return self._stats
+        s = self._stats
+        return replace(s, num_running=s.num_running + 1, num_waiting=s.num_waiting + embeds - 1)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -170,7 +183,7 @@ class AsyncEngine:
 
     def _on_batch(self, batch: StepBatch) -> None:
         if batch.stats is not None:
-            self.stats_snapshot = batch.stats
+            self._stats = batch.stats
         for v in batch.verdicts:
             self._settle(v)
         started = batch.step_started if batch.step_started is not None else batch.now

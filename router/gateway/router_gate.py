@@ -12,30 +12,43 @@ Where the router's own proxy retries a failed connection on another engine, Envo
 it here: the ticket lists fallback engines after the chosen one, and when the response
 names another engine than the chosen one (``x-kvfleet-upstream``), the chosen one is
 taken out as failed and the request is counted on the engine that served it.
+
+A stored response's ``GET``, cancel and ``DELETE`` (``/v1/responses/{id}``) take no quota
+and no queue, as on the router's own routes: a :class:`StoredTicket` sends them to the one
+engine the id's tag names (:func:`kvfleet.router.responses.engine_for`), with no fallback.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from kvfleet.anthropic_api import anthropic_error_body
 from kvfleet.protocol import HEADER_ENGINE
-from kvfleet.router import anthropic, pipeline, tokenize
+from kvfleet.router import anthropic, pipeline, responses, tokenize
 from kvfleet.router.accounting import Exchange
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement
 from kvfleet.router.gateway.gate import Admitted, Outcome, Reply, reply_for
 from kvfleet.router.gateway.xds import is_ip
 from kvfleet.router.gateway_config import UPSTREAM_HEADER
-from kvfleet.router.requests import CHAT, COMPLETIONS
+from kvfleet.router.requests import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from kvfleet.router.state import RouterState
 from kvfleet.sse import SseReader
 
 UPSTREAM_TIME = "x-envoy-upstream-service-time"  # present only on responses an upstream sent
-PROXIED = (COMPLETIONS, CHAT, *anthropic.PATHS, *tokenize.PATHS)  # the POST routes Envoy carries
+PROXIED = (
+    COMPLETIONS,
+    CHAT,
+    RESPONSES,
+    EMBEDDINGS,
+    *anthropic.PATHS,
+    *tokenize.PATHS,
+)  # POST routes Envoy carries
+_STORED = re.compile(r"/v1/responses/(?P<id>[^/]+)(?P<cancel>/cancel)?")
 
 
 def anthropic_reply(err: RouterError) -> Reply:
@@ -143,6 +156,48 @@ class RouterTicket:
         await self.ex.finish(200, used=self.ex.used_tokens(), reason=None)
 
 
+@dataclass
+class StoredTicket:
+    """A stored response's ``GET``/cancel/``DELETE``, sent to the engine that stored it: nothing to settle."""
+
+    model: str  # one the engine serves: Envoy reaches it through that model's cluster
+    engine: str
+    fallbacks: tuple[str, ...] = ()
+    upstream_body: bytes | None = None
+    upstream_headers: Mapping[str, str] = field(default_factory=dict)
+    from_engine: bool = False
+
+    def response_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        self.from_engine = UPSTREAM_TIME in headers
+        return {HEADER_ENGINE: self.engine, **({} if self.from_engine else _unreachable().headers)}
+
+    def response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes | None:
+        if self.from_engine:
+            return None
+        return _unreachable().body if end_of_stream else b""
+
+    async def finish(self, outcome: Outcome) -> None:
+        return None
+
+
+def stored(state: RouterState, method: str, path: str) -> StoredTicket | None:
+    """The ticket of a stored response's route (None: ``path`` is not one); 404 when no engine of the fleet holds it."""
+    match = _STORED.fullmatch(path)
+    wanted = "POST" if match is not None and match["cancel"] else ("GET", "DELETE")
+    if match is None or method not in wanted:
+        return None
+    url = responses.engine_for(state, match["id"])
+    engine = state.fleet.engines.get(url) if url is not None else None
+    model = state.fleet.model_of(engine) if engine is not None else None
+    if engine is None or model is None or not state.fleet.is_ready(engine):
+        raise RouterError(
+            404,
+            "response_not_found",
+            f"response {match['id']!r} was not stored by a ready engine of this fleet",
+        )
+    return StoredTicket(model, urlsplit(engine.url).netloc)
+
+
 def _unreachable() -> Reply:
     """What the client gets when Envoy could not reach the chosen engine (not Envoy's plain text)."""
     err = RouterError(503, "engine_unreachable", "the chosen engine could not be reached", retry_after_s=1.0)
@@ -183,6 +238,9 @@ class RouterGate:
                 assert ex.placement is not None  # admit returns only once placed
                 return RouterTicket(ex, fallbacks(state, ex.placement, self.num_retries))
             tenant = pipeline.authenticate(state, authorization)  # a bad key is a 401 on every path
+            ticket = stored(state, method, path)
+            if ticket is not None:
+                return ticket
             if method == "GET" and path == "/v1/models":
                 return Reply.json(200, pipeline.models_listing(state, tenant))
         except RouterError as err:
