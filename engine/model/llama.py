@@ -231,7 +231,7 @@ class DecoderLayer(nn.Module):
         if keep is not None:
             residual = residual[keep]
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h, step.meta.lora, step.comm), residual
+        return self.feed_forward()(h, step.meta.lora, step.comm), residual
 
 
 def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
@@ -354,6 +354,18 @@ class LlamaForCausalLM(nn.Module):
             self._fused = (FusedLayers.build(layers, self.config.hidden_size, self.config.intermediate_size),)
         return self._fused[0]
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows' embeddings (under tensor parallelism each rank holds a slice of the vocabulary)."""
+        if self.comm is not None:
+            assert self.shard is not None
+            return vocab_parallel_embed(self.model.embed_tokens, input_ids, self.shard, self.comm)
+        x: torch.Tensor = self.model.embed_tokens(input_ids)
+        return x
+
+    def layer_steps(self, step: Step, positions: torch.Tensor, dtype: torch.dtype) -> list[Step]:
+        """Each layer's ``Step``: the one for all here (``gemma3.py``'s sliding layers take their own rope)."""
+        return [step] * len(self.model.layers)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -366,12 +378,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """``native``: the step dispatcher's route (``engine/runner/step_dispatch.py``): the layers in one
         native call (True) or op by op (False); None (a caller without a route) tries the call."""
-        comm = self.comm
-        if comm is None:
-            x = self.model.embed_tokens(input_ids)
-        else:
-            assert self.shard is not None
-            x = vocab_parallel_embed(self.model.embed_tokens, input_ids, self.shard, comm)
+        comm, x = self.comm, self.embed(input_ids)
         rope = self.model.rotary_emb(positions, meta, x.dtype)
         residual: torch.Tensor | None = None
         # A prefill step's last layer runs o_proj and the MLP at the sampling rows only (with
@@ -385,8 +392,10 @@ class LlamaForCausalLM(nn.Module):
         if done is not None:  # every row decodes and samples (prune is False): all layers in one call
             x, residual = done
         else:
-            step = Step(rope, meta, backend, comm)
-            for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            steps = self.layer_steps(Step(rope, meta, backend, comm), positions, x.dtype)
+            for i, (layer, kv_cache, step) in enumerate(
+                zip(self.model.layers, kv_caches, steps, strict=True)
+            ):
                 keep = sample_rows if prune and i == last_layer else None
                 x, residual = layer(x, kv_cache, step, residual, keep)
         if prune:
