@@ -56,13 +56,6 @@ def qwen3moe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_moe_checkpoint("qwen3moe-gguf", tmp_path_factory.mktemp("qwen3moe"), config)
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KVFLEET_CACHE", str(root))
-    return root
-
-
 def _gguf(folder: Path, path: Path, qtype: Q) -> Path:
     config = json.loads((folder / "config.json").read_text())
     return write_gguf(
