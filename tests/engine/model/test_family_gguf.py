@@ -17,14 +17,11 @@ from safetensors.numpy import load_file, save_file
 from transformers import Gemma3TextConfig, Qwen3Config
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.loader.gguf_convert import gguf_folder
-from kvfleet.engine.model.batch import flatten_plan
-from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from .conftest import COMMON, GEMMA_NORMS, save_checkpoint
-from .test_runner_hf_equivalence import HandScheduler, new_seq
+from .test_runner_hf_equivalence import prefill_logits
 
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, *range(40, 69)], [256, 1, 2, 3]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -60,15 +57,7 @@ def test_an_f32_qwen3_gguf_converts_back_to_its_checkpoint_with_q_k_norms_and_un
 
 
 def _prefill_logits(model: Path, folder: Path) -> tuple[torch.Tensor, str]:
-    """The last-position logits of every prompt, one prefill step, and the loader that served them."""
-    config = EngineConfig(model=str(model), block_size=4, num_kv_blocks=64, attention_backend="torch")
-    runner, sched = ModelRunner(config, folder), HandScheduler()
-    batch = flatten_plan(sched.decode_all([new_seq(p) for p in PROMPTS]), runner.block_size, runner.device)
-    with torch.inference_mode():
-        logits = runner.model(
-            batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, batch.sample_rows
-        )
-    return logits, runner.quantization.loader
+    return prefill_logits(model, folder, PROMPTS, num_kv_blocks=64)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
