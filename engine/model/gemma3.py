@@ -97,22 +97,16 @@ class Gemma3DecoderLayer(DecoderLayer):
         self.mlp = GemmaMLP(config, layer, shard)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv_cache: torch.Tensor,
-        step: Step,
-        residual: torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the stream before it), as the shared layer's: the next adds them."""
+    def enter(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         stream = x if residual is None else x + residual
-        h = self.self_attn(self.input_layernorm(stream), kv_cache, step, keep)
-        if keep is not None:
-            stream = stream[keep]
-        stream = stream + self.post_attention_layernorm(h)
-        h = self.mlp(self.pre_feedforward_layernorm(stream), step.meta.lora, step.comm)
-        return self.post_feedforward_layernorm(h), stream
+        return self.input_layernorm(stream), stream
+
+    def after_attention(self, h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = residual + self.post_attention_layernorm(h)
+        return self.pre_feedforward_layernorm(stream), stream
+
+    def leave(self, out: torch.Tensor) -> torch.Tensor:
+        return self.post_feedforward_layernorm(out)
 
 
 class Gemma3Model(LlamaModel):

@@ -222,16 +222,28 @@ class DecoderLayer(nn.Module):
         in its first norm, so each add rides along with a norm (``residual`` None: x is the stream).
 
         ``keep``: only these rows go on past the attention (the last layer, whose other rows
-        nobody reads: their K/V is stored all the same)."""
-        if residual is None:
-            h, residual = self.input_layernorm.add_forward(None, x)
-        else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+        nobody reads: their K/V is stored all the same). ``enter``, ``after_attention`` and ``leave``
+        place the norms (``gemma3.py``'s sandwich them)."""
+        h, residual = self.enter(x, residual)
         h = self.self_attn(h, kv_cache, step, keep)
         if keep is not None:
             residual = residual[keep]
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.feed_forward()(h, step.meta.lora, step.comm), residual
+        h, residual = self.after_attention(h, residual)
+        return self.leave(self.feed_forward()(h, step.meta.lora, step.comm)), residual
+
+    def enter(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the attention's input, the stream): the previous layer's add rides along with the first norm."""
+        if residual is None:
+            return self.input_layernorm.add_forward(None, x)
+        return self.input_layernorm.add_forward(x, residual)
+
+    def after_attention(self, h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the feed-forward's input, the stream with the attention added)."""
+        return self.post_attention_layernorm.add_forward(h, residual)
+
+    def leave(self, out: torch.Tensor) -> torch.Tensor:
+        """The feed-forward's output as the layer hands it on."""
+        return out
 
 
 def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
