@@ -30,7 +30,6 @@ from kvfleet.engine.model.llama import (
     RMSNorm,
     RotaryEmbedding,
     Step,
-    vocab_rows,
 )
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
@@ -111,14 +110,7 @@ class Gemma3DecoderLayer(DecoderLayer):
 
 class Gemma3Model(LlamaModel):
     def __init__(self, config: ModelConfig, shard: RankShard | None = None) -> None:
-        nn.Module.__init__(self)  # not LlamaModel's: its layers and norm are Llama's
-        weight = torch.empty(vocab_rows(config, shard), config.hidden_size)
-        if not weight.is_meta:
-            nn.init.normal_(weight)
-        self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i, shard) for i in range(config.num_layers))
-        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config)
+        super().__init__(config, shard, Gemma3DecoderLayer, GemmaRMSNorm)
         local = dataclasses.replace(config, rope_theta=config.local_rope_theta or 10000.0, rope_scaling=None)
         self.local_rotary_emb = RotaryEmbedding(local)
 

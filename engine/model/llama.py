@@ -253,7 +253,11 @@ def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: ModelConfig, shard: RankShard | None = None, layer: type[DecoderLayer] = DecoderLayer
+        self,
+        config: ModelConfig,
+        shard: RankShard | None = None,
+        layer: type[DecoderLayer] = DecoderLayer,
+        norm: type[RMSNorm] = RMSNorm,
     ) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
@@ -263,7 +267,7 @@ class LlamaModel(nn.Module):
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(layer(config, i, shard) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
 
