@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, LoraContext
 from kvfleet.engine.model.config import ModelConfig
 from kvfleet.engine.model.llama import (
@@ -31,9 +30,7 @@ from kvfleet.engine.model.llama import (
     RMSNorm,
     RotaryEmbedding,
     Step,
-    vocab_rows,
 )
-from kvfleet.engine.model.tp import vocab_parallel_embed
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -99,34 +96,21 @@ class Gemma3DecoderLayer(DecoderLayer):
         self.mlp = GemmaMLP(config, layer, shard)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv_cache: torch.Tensor,
-        step: Step,
-        residual: torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's MLP output, the stream before it), as the shared layer's: the next adds them."""
+    def enter(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         stream = x if residual is None else x + residual
-        h = self.self_attn(self.input_layernorm(stream), kv_cache, step, keep)
-        if keep is not None:
-            stream = stream[keep]
-        stream = stream + self.post_attention_layernorm(h)
-        h = self.mlp(self.pre_feedforward_layernorm(stream), step.meta.lora, step.comm)
-        return self.post_feedforward_layernorm(h), stream
+        return self.input_layernorm(stream), stream
+
+    def after_attention(self, h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = residual + self.post_attention_layernorm(h)
+        return self.pre_feedforward_layernorm(stream), stream
+
+    def leave(self, out: torch.Tensor) -> torch.Tensor:
+        return self.post_feedforward_layernorm(out)
 
 
 class Gemma3Model(LlamaModel):
     def __init__(self, config: ModelConfig, shard: RankShard | None = None) -> None:
-        nn.Module.__init__(self)  # not LlamaModel's: its layers and norm are Llama's
-        weight = torch.empty(vocab_rows(config, shard), config.hidden_size)
-        if not weight.is_meta:
-            nn.init.normal_(weight)
-        self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i, shard) for i in range(config.num_layers))
-        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config)
+        super().__init__(config, shard, Gemma3DecoderLayer, GemmaRMSNorm)
         local = dataclasses.replace(config, rope_theta=config.local_rope_theta or 10000.0, rope_scaling=None)
         self.local_rotary_emb = RotaryEmbedding(local)
 
@@ -145,35 +129,17 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         assert isinstance(self.model, Gemma3Model)
         self.model.local_rotary_emb.reset_buffers(device)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
-        sample_rows: torch.Tensor,
-        native: bool | None = None,
-    ) -> torch.Tensor:
-        comm, model = self.comm, self.model
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = super().embed(input_ids)
+        return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)  # as transformers rounds it
+
+    def layer_steps(self, step: Step, positions: torch.Tensor, dtype: torch.dtype) -> list[Step]:
+        """The global layers take the shared ``Step``; the sliding ones the local rotary base's."""
+        model = self.model
         assert isinstance(model, Gemma3Model)
-        if comm is None:
-            x = model.embed_tokens(input_ids)
-        else:
-            assert self.shard is not None
-            x = vocab_parallel_embed(model.embed_tokens, input_ids, self.shard, comm)
-        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)  # as transformers rounds it
-        full = Step(model.rotary_emb(positions, meta, x.dtype), meta, backend, comm)
-        local = full._replace(rope=model.local_rotary_emb(positions, meta, x.dtype))
-        prune = meta.lora is None and sample_rows.shape[0] < input_ids.shape[0]
-        last_layer = len(model.layers) - 1
-        residual: torch.Tensor | None = None
-        for i, (layer, kv_cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
-            keep = sample_rows if prune and i == last_layer else None
+        local = step._replace(rope=model.local_rotary_emb(positions, step.meta, dtype))
+        steps = []
+        for layer in model.layers:
             assert isinstance(layer, Gemma3DecoderLayer)
-            step = full if layer.self_attn.sliding_window is None else local
-            x, residual = layer(x, kv_cache, step, residual, keep)
-        assert residual is not None
-        last = x + residual if prune else x[sample_rows] + residual[sample_rows]
-        logits = self.lm_head_matmul()(model.norm(last)).float()
-        return logits if comm is None else comm.gather_vocab(logits)
+            steps.append(step if layer.self_attn.sliding_window is None else local)
+        return steps

@@ -222,16 +222,28 @@ class DecoderLayer(nn.Module):
         in its first norm, so each add rides along with a norm (``residual`` None: x is the stream).
 
         ``keep``: only these rows go on past the attention (the last layer, whose other rows
-        nobody reads: their K/V is stored all the same)."""
-        if residual is None:
-            h, residual = self.input_layernorm.add_forward(None, x)
-        else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+        nobody reads: their K/V is stored all the same). ``enter``, ``after_attention`` and ``leave``
+        place the norms (``gemma3.py``'s sandwich them)."""
+        h, residual = self.enter(x, residual)
         h = self.self_attn(h, kv_cache, step, keep)
         if keep is not None:
             residual = residual[keep]
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h, step.meta.lora, step.comm), residual
+        h, residual = self.after_attention(h, residual)
+        return self.leave(self.feed_forward()(h, step.meta.lora, step.comm)), residual
+
+    def enter(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the attention's input, the stream): the previous layer's add rides along with the first norm."""
+        if residual is None:
+            return self.input_layernorm.add_forward(None, x)
+        return self.input_layernorm.add_forward(x, residual)
+
+    def after_attention(self, h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the feed-forward's input, the stream with the attention added)."""
+        return self.post_attention_layernorm.add_forward(h, residual)
+
+    def leave(self, out: torch.Tensor) -> torch.Tensor:
+        """The feed-forward's output as the layer hands it on."""
+        return out
 
 
 def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
@@ -241,7 +253,11 @@ def vocab_rows(config: ModelConfig, shard: RankShard | None) -> int:
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: ModelConfig, shard: RankShard | None = None, layer: type[DecoderLayer] = DecoderLayer
+        self,
+        config: ModelConfig,
+        shard: RankShard | None = None,
+        layer: type[DecoderLayer] = DecoderLayer,
+        norm: type[RMSNorm] = RMSNorm,
     ) -> None:
         super().__init__()
         # On the meta device (the loader's) Embedding's random init would run through torch._refs and
@@ -251,7 +267,7 @@ class LlamaModel(nn.Module):
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(weight.shape[0], config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(layer(config, i, shard) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
 
@@ -354,6 +370,18 @@ class LlamaForCausalLM(nn.Module):
             self._fused = (FusedLayers.build(layers, self.config.hidden_size, self.config.intermediate_size),)
         return self._fused[0]
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows' embeddings (under tensor parallelism each rank holds a slice of the vocabulary)."""
+        if self.comm is not None:
+            assert self.shard is not None
+            return vocab_parallel_embed(self.model.embed_tokens, input_ids, self.shard, self.comm)
+        x: torch.Tensor = self.model.embed_tokens(input_ids)
+        return x
+
+    def layer_steps(self, step: Step, positions: torch.Tensor, dtype: torch.dtype) -> list[Step]:
+        """Each layer's ``Step``: the one for all here (``gemma3.py``'s sliding layers take their own rope)."""
+        return [step] * len(self.model.layers)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -366,12 +394,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """``native``: the step dispatcher's route (``engine/runner/step_dispatch.py``): the layers in one
         native call (True) or op by op (False); None (a caller without a route) tries the call."""
-        comm = self.comm
-        if comm is None:
-            x = self.model.embed_tokens(input_ids)
-        else:
-            assert self.shard is not None
-            x = vocab_parallel_embed(self.model.embed_tokens, input_ids, self.shard, comm)
+        comm, x = self.comm, self.embed(input_ids)
         rope = self.model.rotary_emb(positions, meta, x.dtype)
         residual: torch.Tensor | None = None
         # A prefill step's last layer runs o_proj and the MLP at the sampling rows only (with
@@ -385,8 +408,10 @@ class LlamaForCausalLM(nn.Module):
         if done is not None:  # every row decodes and samples (prune is False): all layers in one call
             x, residual = done
         else:
-            step = Step(rope, meta, backend, comm)
-            for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            steps = self.layer_steps(Step(rope, meta, backend, comm), positions, x.dtype)
+            for i, (layer, kv_cache, step) in enumerate(
+                zip(self.model.layers, kv_caches, steps, strict=True)
+            ):
                 keep = sample_rows if prune and i == last_layer else None
                 x, residual = layer(x, kv_cache, step, residual, keep)
         if prune:

@@ -27,7 +27,7 @@ from torch import nn
 from kvfleet.engine.layers.moe import Experts, KernelExperts, StackedExperts, get_router, grouped_moe
 from kvfleet.engine.lora.context import LoraContext
 from kvfleet.engine.model.config import ModelConfig, MoeSpec
-from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm, Step
+from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from kvfleet.engine.model.projections import store_for_matmul
 from kvfleet.engine.model.tp import split_span
 
@@ -132,24 +132,6 @@ class MoeDecoderLayer(DecoderLayer):
 
     def feed_forward(self) -> nn.Module:
         return self.get_submodule(self.ffn_name)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv_cache: torch.Tensor,
-        step: Step,
-        residual: torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            h, residual = self.input_layernorm.add_forward(None, x)
-        else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
-        h = self.self_attn(h, kv_cache, step, keep)
-        if keep is not None:
-            residual = residual[keep]
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.feed_forward()(h, step.meta.lora, step.comm), residual
 
 
 class MoeForCausalLM(LlamaForCausalLM):

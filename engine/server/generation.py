@@ -29,15 +29,22 @@ from kvfleet.openai_responses import FinishReason, Usage
 DISCONNECT_POLL_S = 0.2
 
 
-def check_prompt_ids(ids: list[int], vocab_size: int, max_model_len: int, index: int) -> None:
-    where = "prompt" if index == 0 else f"prompt[{index}]"
+def check_token_ids(ids: list[int], vocab_size: int, param: str, index: int) -> str:
+    """A 400 naming ``param`` for an empty item or a token outside the vocabulary, as the generation
+    routes and ``routes/embeddings.py`` check theirs; returns the item's name (``param[index]`` past 0)."""
+    where = param if index == 0 else f"{param}[{index}]"
     if not ids:
-        raise APIError(400, f"{where}: the prompt is empty (0 tokens)", param="prompt")
+        raise APIError(400, f"{where}: the {param} is empty (0 tokens)", param=param)
     bad = next((t for t in ids if t >= vocab_size), None)
     if bad is not None:
         raise APIError(
-            400, f"{where}: token id {bad} is outside the vocabulary (size {vocab_size})", param="prompt"
+            400, f"{where}: token id {bad} is outside the vocabulary (size {vocab_size})", param=param
         )
+    return where
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, max_model_len: int, index: int) -> None:
+    where = check_token_ids(ids, vocab_size, "prompt", index)
     if len(ids) >= max_model_len:
         raise APIError(
             400,

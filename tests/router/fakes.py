@@ -18,6 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvfleet.protocol import EngineLoad
+from kvfleet.router.app import build_app
+from kvfleet.router.config import RouterConfig
+from kvfleet.testing.processes import free_port
 
 
 @dataclass
@@ -182,3 +185,16 @@ async def served(app: FastAPI, port: int) -> AsyncIterator[str]:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
         RUNNING.pop(port, None)
+
+
+@contextlib.asynccontextmanager
+async def served_router(config: RouterConfig) -> AsyncIterator[str]:
+    """A router built from ``config``, served on a free port, yielded once one of its engines is ready."""
+    app = build_app(config)
+    async with served(app, free_port()) as url:
+        fleet = app.state.router.fleet
+        for _ in range(1000):
+            if any(fleet.is_ready(e) for e in fleet.engines.values()):
+                break
+            await asyncio.sleep(0.02)
+        yield url

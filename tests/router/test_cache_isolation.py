@@ -9,7 +9,6 @@ engine's own ``kvfleet_engine_prefix_cache_hits_total`` counter: prompt tokens s
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -19,11 +18,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
-from kvfleet.testing.processes import engine_process, free_port
+from kvfleet.testing.processes import engine_process
 
-from .fakes import served
+from .fakes import served_router
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
 BLOCK = 16  # the engine's default block size
@@ -38,13 +36,9 @@ def engine() -> Iterator[str]:
 @contextlib.asynccontextmanager
 async def router(engine: str, **config: Any) -> AsyncIterator[str]:
     tenants = [TenantEntry.model_validate({"tenant": t, "apiKey": k}) for t, k in KEYS.items()]
-    app = build_app(RouterConfig(engines=[engine], tenants=tenants, load_interval_s=0.05, **config))
-    async with served(app, free_port()) as url:
-        fleet = app.state.router.fleet
-        for _ in range(1000):
-            if any(fleet.is_ready(e) for e in fleet.engines.values()):
-                break
-            await asyncio.sleep(0.02)
+    async with served_router(
+        RouterConfig(engines=[engine], tenants=tenants, load_interval_s=0.05, **config)
+    ) as url:
         yield url
 
 

@@ -3,7 +3,6 @@ logged as a completion is, with its prompt tokens (and no completion tokens) cou
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -16,11 +15,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfleet.router.app import build_app
 from kvfleet.router.config import RouterConfig, TenantEntry
-from kvfleet.testing.processes import engine_process, free_port
+from kvfleet.testing.processes import engine_process
 
-from .fakes import served
+from .fakes import served_router
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
 TENANTS = [
@@ -40,13 +38,7 @@ def engine() -> Iterator[str]:
 async def router(engine: str, usage_log: Path) -> AsyncIterator[str]:
     tenants = [TenantEntry.model_validate(t) for t in TENANTS]
     config = RouterConfig(engines=[engine], tenants=tenants, load_interval_s=0.05, usage_log=str(usage_log))
-    app = build_app(config)
-    async with served(app, free_port()) as url:
-        fleet = app.state.router.fleet
-        for _ in range(1000):
-            if any(fleet.is_ready(e) for e in fleet.engines.values()):
-                break
-            await asyncio.sleep(0.02)
+    async with served_router(config) as url:
         yield url
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from fastapi import APIRouter
 
 from kvfleet.engine.sampling_params import RequestError
+from kvfleet.engine.server.generation import check_token_ids
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.openai_api import APIError, EmbeddingRequest
@@ -33,14 +34,7 @@ def _tokenize(state: ServerState, body: EmbeddingRequest) -> list[list[int]]:
     vocab, limit = state.tokenizer.vocab_size, state.model.max_model_len
     for i, p in enumerate(body.inputs()):
         ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
-        where = "input" if i == 0 else f"input[{i}]"
-        if not ids:
-            raise APIError(400, f"input: {where} is empty (0 tokens)", param="input")
-        bad = next((t for t in ids if t >= vocab), None)
-        if bad is not None:
-            raise APIError(
-                400, f"input: token id {bad} is outside the vocabulary (size {vocab})", param="input"
-            )
+        where = check_token_ids(ids, vocab, "input", i)
         if len(ids) > limit:
             raise APIError(
                 400,

@@ -86,6 +86,14 @@ VARIANTS: dict[str, Any] = {
         use_sliding_window=False,
     ),
 }
+# A window of 6 keys on layer 1 only (layers from max_window_layers=1 on slide), as Qwen2 and Qwen3 name it.
+LAYER1_WINDOW: dict[str, Any] = dict(
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    use_sliding_window=True,
+    sliding_window=6,
+    max_window_layers=1,
+)
 # Rope scaling past a short original context (32 positions), so the test prompts reach beyond it.
 SHORT: dict[str, Any] = {
     **COMMON,
@@ -104,26 +112,10 @@ VARIANTS |= {
     "mistral-window": lambda: MistralConfig(
         **COMMON, num_attention_heads=4, num_key_value_heads=2, sliding_window=7
     ),
-    # A window of 6 keys on layer 1 only (layers from max_window_layers=1 on slide).
-    "qwen2-window": lambda: Qwen2Config(
-        **COMMON,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=6,
-        max_window_layers=1,
-    ),
+    "qwen2-window": lambda: Qwen2Config(**COMMON, **LAYER1_WINDOW),
 }
 # Qwen3: q/k norms, a head_dim (32) apart from hidden/heads (16), no biases, a window of 6 keys on layer 1.
-VARIANTS["qwen3-window"] = lambda: Qwen3Config(
-    **COMMON,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    use_sliding_window=True,
-    sliding_window=6,
-    max_window_layers=1,
-)
+VARIANTS["qwen3-window"] = lambda: Qwen3Config(**COMMON, **LAYER1_WINDOW, head_dim=32)
 # Gemma 3: a sliding layer (window 6, local rotary base 10^4) then a global one (10^6), q/k norms,
 # head_dim 32, query_pre_attn_scalar 24 (not head_dim: the scale is its own), tied embeddings.
 VARIANTS["gemma3-window"] = lambda: Gemma3TextConfig(
@@ -145,29 +137,43 @@ def write_tokenizer(folder: Path, scratch: Path) -> None:
         shutil.copy(scratch / name, folder / name)
 
 
-def make_checkpoint(variant: str, folder: Path) -> Path:
-    torch.manual_seed(0)
-    config = VARIANTS[variant]()
+# Draws that make weights transformers initialises at a constant count: (name suffixes, mean, std).
+Draw = tuple[str | tuple[str, ...], float, float]
+QK_NORMS: Draw = (("q_norm.weight", "k_norm.weight"), 1.0, 0.3)  # norms start at one
+GEMMA_NORMS: Draw = ("norm.weight", 0.0, 0.3)  # Gemma's norms scale by 1 + w, w starting at 0
+BIASES: Draw = ("bias", 0.0, 0.2)  # biases start at zero
+
+
+def save_checkpoint(
+    config: Any, folder: Path, name: str, draws: tuple[Draw, ...] = (), seed: int = 0, shard: str = "50GB"
+) -> Path:
+    """transformers' model of ``config`` (seeded) saved in ``folder`` with the tiny tokenizer; each
+    parameter takes the first of ``draws`` whose suffix its name ends with, in the model's order."""
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    if "qwen2" in variant:  # transformers initialises biases at zero; make them count
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("bias"):
-                    p.normal_(0.0, 0.2)
-    if "qwen3" in variant:  # transformers initialises norms at one; make the q/k norms count
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(("q_norm.weight", "k_norm.weight")):
-                    p.normal_(1.0, 0.3)
-    if "gemma3" in variant:  # Gemma's norms scale by 1 + w, initialised at w = 0: make every one count
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.normal_(0.0, 0.3)
-    shard = SHARD_SIZE if "sharded" in variant else "50GB"
+    with torch.no_grad():
+        for param_name, p in model.named_parameters():
+            draw = next((d for d in draws if param_name.endswith(d[0])), None)
+            if draw is not None:
+                p.normal_(draw[1], draw[2])
     model.save_pretrained(folder, max_shard_size=shard, safe_serialization=True)
-    write_tokenizer(folder, folder.parent / f"{variant}-tok-scratch")
+    write_tokenizer(folder, folder.parent / f"{name}-tok-scratch")
     return folder
+
+
+def make_checkpoint(variant: str, folder: Path) -> Path:
+    families = {"qwen2": BIASES, "qwen3": QK_NORMS, "gemma3": GEMMA_NORMS}
+    draws = tuple(d for family, d in families.items() if family in variant)
+    shard = SHARD_SIZE if "sharded" in variant else "50GB"
+    return save_checkpoint(VARIANTS[variant](), folder, variant, draws, shard=shard)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty ``KVFLEET_CACHE`` for the test: what it converts or downloads lands here."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KVFLEET_CACHE", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.outputs import RequestOutput
 
-from .conftest import COMMON, write_tokenizer
+from .conftest import COMMON, QK_NORMS, save_checkpoint
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
@@ -27,26 +27,15 @@ LOGPROB_TOL = 1e-4
 
 
 SHAPE: dict[str, Any] = {**COMMON, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2}
+# The two Qwen3-MoE variants' experts: 8 of width 40 (narrower than the dense MLP), 2 per token.
+QWEN3_EXPERTS: dict[str, Any] = dict(
+    head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=40
+)
 MOE_VARIANTS: dict[str, Any] = {
     # Qwen3-MoE: per-head q/k norms, experts narrower than the dense MLP, layer 1 dense, no renormalisation.
-    "qwen3-moe": lambda: Qwen3MoeConfig(
-        **SHAPE,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=40,
-        norm_topk_prob=False,
-        mlp_only_layers=[1],
-    ),
+    "qwen3-moe": lambda: Qwen3MoeConfig(**SHAPE, **QWEN3_EXPERTS, norm_topk_prob=False, mlp_only_layers=[1]),
     # Qwen3-MoE renormalising its top-k weights (norm_topk_prob), every layer sparse.
-    "qwen3-moe-norm": lambda: Qwen3MoeConfig(
-        **SHAPE,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=40,
-        norm_topk_prob=True,
-    ),
+    "qwen3-moe-norm": lambda: Qwen3MoeConfig(**SHAPE, **QWEN3_EXPERTS, norm_topk_prob=True),
     # Mixtral: always renormalised, experts of intermediate_size (an odd 161: uneven at tp=2).
     "mixtral": lambda: MixtralConfig(
         **{**SHAPE, "intermediate_size": 161}, num_local_experts=8, num_experts_per_tok=2
@@ -56,18 +45,8 @@ MOE_VARIANTS: dict[str, Any] = {
 
 def make_moe_checkpoint(variant: str, folder: Path, config: Any = None) -> Path:
     """``variant``'s checkpoint (or ``config``'s, named ``variant``) saved in ``folder``."""
-    torch.manual_seed(0)
     config = MOE_VARIANTS[variant]() if config is None else config
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    with torch.no_grad():  # decisive routing and q/k norms that count
-        for name, p in model.named_parameters():
-            if name.endswith("gate.weight"):
-                p.normal_(0.0, 0.5)
-            elif name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.normal_(1.0, 0.3)
-    model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(folder, folder.parent / f"{variant}-tok-scratch")
-    return folder
+    return save_checkpoint(config, folder, variant, (("gate.weight", 0.0, 0.5), QK_NORMS))  # decisive routing
 
 
 def hf_eager(folder: Path) -> Any:

@@ -14,17 +14,14 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file, save_file
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen3Config
+from transformers import Gemma3TextConfig, Qwen3Config
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.loader.gguf_convert import gguf_folder
-from kvfleet.engine.model.batch import flatten_plan
-from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.testing.tiny_gguf import write_gguf
 
-from .conftest import COMMON, write_tokenizer
-from .test_runner_hf_equivalence import HandScheduler, new_seq
+from .conftest import COMMON, GEMMA_NORMS, save_checkpoint
+from .test_runner_hf_equivalence import prefill_logits
 
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, *range(40, 69)], [256, 1, 2, 3]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -34,23 +31,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 def qwen3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3 (q/k norms made to count, head_dim 32 over hidden 64 / 4 heads) as transformers writes it."""
     folder = tmp_path_factory.mktemp("qwen3")
-    torch.manual_seed(0)
     config = Qwen3Config(**COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.3)
-    model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(folder, folder.parent / "qwen3-tok-scratch")
-    return folder
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KVFLEET_CACHE", str(root))
-    return root
+    return save_checkpoint(config, folder, "qwen3", (("norm.weight", 1.0, 0.3),))
 
 
 def _gguf(folder: Path, path: Path, qtype: gguf.GGMLQuantizationType, arch: str = "qwen3") -> Path:
@@ -75,15 +57,7 @@ def test_an_f32_qwen3_gguf_converts_back_to_its_checkpoint_with_q_k_norms_and_un
 
 
 def _prefill_logits(model: Path, folder: Path) -> tuple[torch.Tensor, str]:
-    """The last-position logits of every prompt, one prefill step, and the loader that served them."""
-    config = EngineConfig(model=str(model), block_size=4, num_kv_blocks=64, attention_backend="torch")
-    runner, sched = ModelRunner(config, folder), HandScheduler()
-    batch = flatten_plan(sched.decode_all([new_seq(p) for p in PROMPTS]), runner.block_size, runner.device)
-    with torch.inference_mode():
-        logits = runner.model(
-            batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, batch.sample_rows
-        )
-    return logits, runner.quantization.loader
+    return prefill_logits(model, folder, PROMPTS, num_kv_blocks=64)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
@@ -117,20 +91,12 @@ def test_a_quantised_gguf_served_in_its_blocks_is_within_the_stated_tolerance_of
 def gemma3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Gemma 3 of 6 layers (llama.cpp's fixed pattern: 5 sliding, then a global one), window 6."""
     folder = tmp_path_factory.mktemp("gemma3")
-    torch.manual_seed(0)
     shape = {**COMMON, "num_hidden_layers": 6}
     config = Gemma3TextConfig(
         **shape, num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=6
     )
     config.query_pre_attn_scalar = 32  # llama.cpp scales by 1/sqrt(head_dim)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(0.0, 0.3)
-    model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(folder, folder.parent / "gemma3-tok-scratch")
-    return folder
+    return save_checkpoint(config, folder, "gemma3", (GEMMA_NORMS,))
 
 
 def test_an_f32_gemma3_gguf_converts_back_to_its_checkpoint_and_serves_transformers_tokens(

@@ -41,13 +41,6 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KVFLEET_CACHE", str(root))
-    return root
-
-
 def test_an_f32_llama_gguf_converts_back_to_the_checkpoint_it_was_written_from(
     tiny_folder: Path, tmp_path: Path, cache: Path
 ) -> None:

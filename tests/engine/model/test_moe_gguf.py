@@ -19,20 +19,17 @@ from safetensors.numpy import load_file, save_file
 from transformers import Qwen3MoeConfig
 
 from kvfleet.engine import LLM, SamplingParams
-from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.layers.moe import KernelExperts, Routing
 from kvfleet.engine.layers.moe import router as router_module
 from kvfleet.engine.layers.moe.router import softmax_topk
 from kvfleet.engine.loader.gguf_convert import gguf_folder, read_gguf
 from kvfleet.engine.loader.gguf_loader import load_quantized_model
-from kvfleet.engine.model.batch import flatten_plan
 from kvfleet.engine.model.errors import ModelLoadError
 from kvfleet.engine.model.moe import SparseMoeBlock
-from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from .moe_checkpoints import PROMPTS, SHAPE, hf_eager, hf_tokens_and_logprobs, make_moe_checkpoint
-from .test_runner_hf_equivalence import HandScheduler, new_seq
+from .test_runner_hf_equivalence import prefill_logits
 
 Q = gguf.GGMLQuantizationType
 TOKENS = 8
@@ -54,13 +51,6 @@ def qwen3moe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         norm_topk_prob=True,
     )
     return make_moe_checkpoint("qwen3moe-gguf", tmp_path_factory.mktemp("qwen3moe"), config)
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KVFLEET_CACHE", str(root))
-    return root
 
 
 def _gguf(folder: Path, path: Path, qtype: Q) -> Path:
@@ -173,15 +163,7 @@ def _rows_of(prompt: int, gaps: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _prefill(model: Path, folder: Path) -> tuple[torch.Tensor, str]:
-    """The last-position logits of every ``SHORT`` prompt, one prefill step, and the loader that served them."""
-    config = EngineConfig(model=str(model), block_size=4, num_kv_blocks=160, attention_backend="torch")
-    runner, sched = ModelRunner(config, folder), HandScheduler()
-    batch = flatten_plan(sched.decode_all([new_seq(p) for p in SHORT]), runner.block_size, runner.device)
-    with torch.inference_mode():
-        logits = runner.model(
-            batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, batch.sample_rows
-        )
-    return logits, runner.quantization.loader
+    return prefill_logits(model, folder, SHORT, num_kv_blocks=160)
 
 
 def test_each_q8_0_expert_gets_its_own_rows_of_blocks_and_the_router_stays_float(

@@ -65,6 +65,23 @@ def new_seq(prompt: list[int]) -> Sequence:
     return Sequence(request_id="r", prompt_token_ids=list(prompt), params=GREEDY)
 
 
+def prefill_logits(
+    model: Path, folder: Path, prompts: list[list[int]], num_kv_blocks: int
+) -> tuple[torch.Tensor, str]:
+    """The last-position logits of every prompt, one prefill step (torch attention), and the loader
+    that served them: what the GGUF tests hold a converted checkpoint's to its reference's."""
+    config = EngineConfig(
+        model=str(model), block_size=4, num_kv_blocks=num_kv_blocks, attention_backend="torch"
+    )
+    runner, sched = ModelRunner(config, folder), HandScheduler()
+    batch = flatten_plan(sched.decode_all([new_seq(p) for p in prompts]), runner.block_size, runner.device)
+    with torch.inference_mode():
+        logits = runner.model(
+            batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, batch.sample_rows
+        )
+    return logits, runner.quantization.loader
+
+
 @pytest.fixture(params=["llama-gqa-llama3-sharded", "mistral-mqa", "qwen2-tied", "tiny"])
 def checkpoint(request: Any, hf_checkpoints: dict[str, Path], tiny_dir: Path) -> Path:
     return tiny_dir if request.param == "tiny" else hf_checkpoints[request.param]

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import LlamaConfig
 
-from ..model.conftest import COMMON, make_checkpoint, write_tokenizer
+from ..model.conftest import BIASES, COMMON, make_checkpoint, save_checkpoint
 
 # 6 query heads over 3 KV heads (tp=2: {0,1}+4 heads, {2}+2), intermediate 161 and vocabulary 259
 # (both odd: uneven columns), and every bias (q/k/v, o_proj, gate/up, down_proj: row-parallel ones too).
@@ -26,15 +25,7 @@ UNEVEN: dict[str, Any] = {
 
 
 def make_uneven(folder: Path) -> Path:
-    torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**UNEVEN), torch_dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True)
-    write_tokenizer(folder, folder.parent / "uneven-tok-scratch")
-    return folder
+    return save_checkpoint(LlamaConfig(**UNEVEN), folder, "uneven", (BIASES,), seed=1)
 
 
 @pytest.fixture(scope="session")
