@@ -7,7 +7,7 @@ same active size, per token, in float32 and int8, on this CPU.
 The MoE layer: ``experts`` SwiGLU experts of ``expert_inter`` columns, ``top_k`` per token (router
 logits random, so tokens spread over the experts); the dense MLP: ``top_k x expert_inter`` columns,
 the same multiply-adds per token. Medians of ``rounds`` calls at 1, 8, 64 and 256 tokens, alternated.
-Writes bench/results/moe_experts_micro.txt. A shared, loaded box: compare rows of one run only.
+Prints its table (and publishes it to the bench results folder as moe_experts_micro.txt); on a shared, loaded box compare rows of one run only.
 """
 
 from __future__ import annotations
