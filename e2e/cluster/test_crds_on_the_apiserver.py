@@ -14,16 +14,8 @@ import pytest
 import yaml
 
 from kvfleet.cluster import local
-from kvfleet.operator.testing.crd_cases import (
-    ADMITTED_ADAPTER_URIS,
-    ADMITTED_MODEL_URIS,
-    REFUSED_ISVC_CEL,
-    REFUSED_ISVC_SCHEMA,
-    REFUSED_MODEL_URIS,
-    REFUSED_TQ,
-    Refused,
-    isvc,
-)
+from kvfleet.operator.testing import crd_cases as cases
+from kvfleet.operator.testing.crd_cases import Refused, isvc
 from kvfleet.operator.testing.crdschema import admit, load_crds
 
 from .conftest import get
@@ -64,7 +56,7 @@ def test_every_example_is_admitted_by_the_real_server(installed: local.Cluster, 
         assert admitted, message
 
 
-CASES = [*REFUSED_ISVC_CEL, *REFUSED_ISVC_SCHEMA, *REFUSED_TQ]
+CASES = [*cases.REFUSED_ISVC_CEL, *cases.REFUSED_ISVC_SCHEMA, *cases.REFUSED_TQ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.field + ": " + c.message[-40:] for c in CASES])
@@ -75,20 +67,20 @@ def test_each_bad_manifest_is_refused_by_the_real_server_naming_the_field(
     assert not admitted, f"the API server admitted what the emulator refuses ({case.message})"
     assert "is invalid" in message or "unknown field" in message, message
     assert case.field in message, message
-    if case in REFUSED_ISVC_CEL or "must be" in case.message and not case.message.startswith("."):
+    if case in cases.REFUSED_ISVC_CEL or "must be" in case.message and not case.message.startswith("."):
         assert case.message in message, message  # our CEL rule's own words, from the real server
     assert not emulator_admits(case.obj)
 
 
-@pytest.mark.parametrize("uri", ADMITTED_MODEL_URIS + REFUSED_MODEL_URIS)
+@pytest.mark.parametrize("uri", cases.ADMITTED_MODEL_URIS + cases.REFUSED_MODEL_URIS)
 def test_the_model_uri_rule_gives_the_same_verdict_on_both_servers(
     installed: local.Cluster, uri: str
 ) -> None:
     obj = isvc(model={"name": "m", "uri": uri})
-    assert server_verdict(installed, obj)[0] == emulator_admits(obj) == (uri in ADMITTED_MODEL_URIS)
+    assert server_verdict(installed, obj)[0] == emulator_admits(obj) == (uri in cases.ADMITTED_MODEL_URIS)
 
 
-@pytest.mark.parametrize("uri", ADMITTED_ADAPTER_URIS)
+@pytest.mark.parametrize("uri", cases.ADMITTED_ADAPTER_URIS)
 def test_the_adapter_uri_rule_gives_the_same_verdict_on_both_servers(
     installed: local.Cluster, uri: str
 ) -> None:

@@ -39,13 +39,7 @@ from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS, QuantWeight
 from kvfleet.engine.layers.linear.config import GgufModel
 from kvfleet.engine.layers.linear.gguf_blocks import GgufMethod, QuantEmbedding, Weight
 from kvfleet.engine.layers.moe import KernelExperts
-from kvfleet.engine.loader.gguf_convert import (
-    hf_name,
-    norm_shift,
-    permuted_qk,
-    read_gguf,
-    unpermute_qk,
-)
+from kvfleet.engine.loader.gguf_convert import hf_name, norm_shift, permuted_qk, read_gguf, unpermute_qk
 from kvfleet.engine.loader.hf_loader import build_model, load_config
 from kvfleet.engine.loader.resident import resident_weight_bytes
 from kvfleet.engine.loader.sources import SMOLLM2, gguf_source, smollm2_gguf

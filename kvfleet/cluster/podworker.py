@@ -23,17 +23,10 @@ from typing import Any
 
 import httpx
 
-from kvfleet.cluster import processes
+from kvfleet.cluster import podspec, processes
 from kvfleet.cluster.apiclient import Api, ApiError, pod_kubeconfig
 from kvfleet.cluster.containers import ContainerRun
-from kvfleet.cluster.podspec import (
-    ConfigError,
-    NodeSettings,
-    PodFolders,
-    grace_seconds,
-    launch_plan,
-    restart_policy,
-)
+from kvfleet.cluster.podspec import ConfigError, NodeSettings, PodFolders
 from kvfleet.cluster.podstatus import ConditionClock, PodView, now_rfc3339, pod_status, status_patch
 from kvfleet.cluster.volumes import TokenSource, materialise, object_data
 
@@ -72,14 +65,14 @@ class PodWorker:
         self.name, self.namespace = meta["name"], meta["namespace"]
         self.pod_dir = node.state_dir / "pods" / pod_dir_name(pod)
         self._pod = pod
-        self._policy = restart_policy(pod)
-        grace = float(grace_seconds({"spec": spec}))
+        self._policy = podspec.restart_policy(pod)
+        grace = float(podspec.grace_seconds({"spec": spec}))
         init_policy = "Never" if self._policy == "Never" else "OnFailure"
         self.init = [
             ContainerRun(
                 c,
                 self._log(c),
-                restart_policy(pod, c) if c.get("restartPolicy") else init_policy,
+                podspec.restart_policy(pod, c) if c.get("restartPolicy") else init_policy,
                 grace,
                 "PodInitializing",
             )
@@ -261,7 +254,9 @@ class PodWorker:
     def _start(self, run: ContainerRun, now: float) -> None:
         assert self.folders is not None
         try:
-            plan = launch_plan(self._pod_with_ip(), run.spec, self._lookup, self.folders, self.node.settings)
+            plan = podspec.launch_plan(
+                self._pod_with_ip(), run.spec, self._lookup, self.folders, self.node.settings
+            )
         except (ConfigError, *_API_ERRORS) as exc:
             run.config_error(str(exc), now)
             return
@@ -306,7 +301,7 @@ class PodWorker:
 
     def _terminate(self) -> None:
         """A graceful deletion: preStop hooks, SIGTERM, the grace period, SIGKILL; then finish the deletion."""
-        deadline = time.monotonic() + grace_seconds(self._pod)
+        deadline = time.monotonic() + podspec.grace_seconds(self._pod)
         runs = [r for r in self.init + self.containers if r.running]
         for run in self.init + self.containers:
             run.stopping = True

@@ -20,8 +20,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from kvfleet.engine.paths import cache_root
 
@@ -57,6 +58,16 @@ def library() -> ctypes.CDLL | None:
     """The library built with :data:`FLAGS` (None where it does not build: the callers' torch paths
     run then). Each kernel module keeps what it binds from it once per process (``functools.cache``)."""
     return build_library(FLAGS).library
+
+
+Binding = TypeVar("Binding")
+
+
+def bind(binding: Callable[[ctypes.CDLL], Binding]) -> Binding | None:
+    """``binding`` over :func:`library` (None where the library does not build). Each kernel module's
+    ``load_*`` calls it once per process (``functools.cache``)."""
+    lib = library()
+    return None if lib is None else binding(lib)
 
 
 def build_library(flags: tuple[str, ...]) -> LibraryBuild:

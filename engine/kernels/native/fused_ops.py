@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.build import bind
 
 
 class NativeFused:
@@ -66,5 +66,4 @@ class NativeFused:
 @functools.cache
 def load_fused() -> NativeFused | None:
     """The native ops, built on first use (None where the library does not build: torch then)."""
-    lib = library()
-    return None if lib is None else NativeFused(lib)
+    return bind(NativeFused)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.build import bind
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import PATHS, choose_path
 
@@ -113,5 +113,4 @@ class NativeInt8:
 @functools.cache
 def load_int8() -> NativeInt8 | None:
     """The native kernel, built on first use (None where the library does not build)."""
-    lib = library()
-    return None if lib is None else NativeInt8(lib)
+    return bind(NativeInt8)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.build import bind
 
 PANEL_COLUMNS = 16  # NR in csrc/packed_gemm.c: output columns per panel
 
@@ -40,5 +40,4 @@ class PackedGemm:
 @functools.cache
 def load_packed_gemm() -> PackedGemm | None:
     """The three entry points, bound on first use (None where the library does not build)."""
-    lib = library()
-    return None if lib is None else PackedGemm(lib)
+    return bind(PackedGemm)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.build import bind
 from kvfleet.engine.kernels.native.cpu_features import CpuPaths, probe_cpu_paths
 
 # ggml type id -> (elements per block, bytes per block), the layouts of ggml-common.h
@@ -200,8 +200,7 @@ def choose_path(built: tuple[str, ...], cpu: CpuPaths) -> str:
 @functools.cache
 def load_quant() -> NativeQuant | None:
     """The native kernel, built on first use (None where the library does not build)."""
-    lib = library()
-    return None if lib is None else NativeQuant(lib)
+    return bind(NativeQuant)
 
 
 def cpu_paths_line() -> str:

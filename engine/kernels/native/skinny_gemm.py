@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from kvfleet.engine.kernels.native.build import library
+from kvfleet.engine.kernels.native.build import bind
 
 SKINNY_MAX_ROWS = 16
 
@@ -41,5 +41,4 @@ class NativeLinear:
 @functools.cache
 def load_linear() -> NativeLinear | None:
     """The native kernel, built on first use (None where the library does not build: torch then)."""
-    lib = library()
-    return None if lib is None else NativeLinear(lib)
+    return bind(NativeLinear)
