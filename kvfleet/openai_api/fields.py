@@ -51,7 +51,7 @@ class ResponseFormat(BaseModel):
         return self
 
 
-class StructuredOutputs(BaseModel):
+class StructuredOutputsParams(BaseModel):
     """vLLM's ``structured_outputs``: exactly one constraint on the output."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -197,7 +197,7 @@ class _SamplingFields(_Request):
     include_stop_str_in_output: bool = Field(default=False, description="vLLM extension")
     response_format: ResponseFormat | None = None
     # Structured outputs beside response_format (vLLM's extensions; engine/server/structured_request.py).
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

@@ -19,7 +19,7 @@ from kvfleet.protocol import EngineLoad, LoraLoad
 router = APIRouter(tags=["operations"])
 
 
-class Probe(BaseModel):
+class HealthReport(BaseModel):
     status: str
 
 
@@ -28,7 +28,7 @@ class Readiness(BaseModel):
     draining: bool
 
 
-@router.get("/health", response_model=Probe, responses={503: {"model": Probe}})
+@router.get("/health", response_model=HealthReport, responses={503: {"model": HealthReport}})
 async def health(state: State) -> JSONResponse:
     alive = state.engine.is_running
     return JSONResponse(
