@@ -2,7 +2,7 @@
 
 Where it sits: ``engine/runner/model_runner.py`` calls :func:`checkpoint_dtype` (reads the checkpoint:
 config.json, or a GGUF's tensor types) and :func:`resolve_dtype` (pure) once, before any weight is
-read, and logs :meth:`DtypeChoice.line` as the start-up line. The rule (docs/engine/quantization.md):
+read, and logs :meth:`DtypeChoice.line` as the start-up line. The rule (docs/engine/model-and-quantization.md):
 
 - an explicit ``--dtype`` is served as asked;
 - on a GPU, ``auto`` is bfloat16 (as before);
