@@ -16,6 +16,7 @@ from safetensors.numpy import load_file
 import kvfleet.engine.runner.dtype as dtype_module
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.native.cpu_features import AmxPermission, choose_cpu_paths, probe_cpu_paths
+from kvfleet.engine.loader.sources import resolve_model
 from kvfleet.engine.runner.dtype import CheckpointDtype, checkpoint_dtype, cpu_path, resolve_dtype
 from kvfleet.engine.runner.model_runner import ModelRunner
 from kvfleet.engine.testing.tiny import ensure_tiny_model
@@ -201,3 +202,17 @@ def test_this_machine_keeps_the_float32_tiny_model_in_float32_and_names_its_path
         f"dtype auto -> float32: checkpoint float32 kept, cpu path {cpu_path(probe_cpu_paths())}"
         in caplog.text
     )
+
+
+def test_a_f16_gguf_served_dequantized_is_served_in_bf16_on_an_amx_xeon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path / "cache"))
+    weights = load_file(str(ensure_tiny_model() / "model.safetensors"))
+    path = write_gguf(tmp_path / "tiny-F16.gguf", weights, qtype=gguf.GGMLQuantizationType.F16)
+    monkeypatch.setattr(dtype_module, "probe_cpu_paths", lambda: XEON_AMX)
+    config = EngineConfig(model=str(path), device="cpu", num_kv_blocks=8)
+    with caplog.at_level(logging.INFO, logger="kvfleet.engine.runner.model_runner"):
+        runner = ModelRunner(config, resolve_model(str(path)))
+    assert runner.dtype == torch.bfloat16 and not runner.quantization.quantized
+    assert "dtype auto -> bfloat16: checkpoint float16, cpu amx_bf16 (permission granted)" in caplog.text
