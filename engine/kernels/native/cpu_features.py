@@ -6,7 +6,8 @@ probe reads ``/proc/cpuinfo``'s flags (AVX2, AVX-512F, AVX-512 VNNI, AVX512-BF16
 BF16) and, only where AMX is listed, asks the kernel for the AMX tile state with
 ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: Linux hands the tile registers to a
 process only after that call succeeds, and code that touches them before dies with SIGILL (a
-llama.cpp built with GGML_NATIVE=ON did so on a Xeon here). :func:`choose_cpu_paths` is pure:
+llama.cpp built with GGML_NATIVE=ON did so on a Xeon here); it is asked once per process, whichever
+thread probes first (:class:`Once`), and the probe too. :func:`choose_cpu_paths` is pure:
 flags and the permission's outcome in, the chosen path out, so both kinds of CPU are tested here.
 The quantised GGUF kernels (``quant_gemm.c``) have an AVX-512 VNNI, an AVX2 and a portable path,
 chosen from this probe (``quant_gemm.choose_path``), as ``int8_gemm.c``'s are. The line
