@@ -21,7 +21,10 @@ class EngineConfig(BaseModel):
         default="tiny", description="a Hugging Face checkpoint folder, a .gguf file, 'tiny' or 'smollm2'"
     )
     served_model_name: str | None = None  # default: model.sources.served_name (folder name, GGUF stem, tiny)
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: float32 on CPU, bf16 on GPU
+    # auto (engine/runner/dtype.py): the checkpoint's dtype against the device; on the CPU a 16-bit
+    # checkpoint in bf16 where AMX-BF16 or AVX512-BF16 is there, else (and for float32 or quantized
+    # checkpoints) float32; bf16 on a GPU
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     device: str = "auto"  # auto: cuda if available, else cpu
     seed: int = 0
     max_model_len: int | None = Field(default=None, ge=1)  # None: the model's max_position_embeddings

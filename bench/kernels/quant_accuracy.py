@@ -62,7 +62,7 @@ def all_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     kept: list[torch.Tensor] = []
     forward = runner._forward
 
-    def every_row(batch):  # type: ignore[no-untyped-def]
+    def every_row(batch, native=False):  # type: ignore[no-untyped-def]  # the runner's (batch, native)
         rows = torch.arange(batch.input_ids.shape[0])
         logits = runner.model(
             batch.input_ids, batch.positions, runner.kv_caches, batch.meta, runner.backend, rows

@@ -61,6 +61,7 @@ from kvfleet.engine.parallel.group import TPComm
 from kvfleet.engine.parallel.leader import Leader, rank_device, spawn_workers
 from kvfleet.engine.parallel.shard import RankShard, all_shards, lora_slices
 from kvfleet.engine.runner.base import Runner
+from kvfleet.engine.runner.dtype import pick_dtype
 from kvfleet.engine.runner.launched_step import PickedStep
 from kvfleet.engine.runner.padded_steps import DecodePath, DecodeSetup, decode_setup
 from kvfleet.engine.runner.sampler import Sampler, SampleRequest
@@ -74,7 +75,6 @@ from kvfleet.engine.tokenizer.hf import HFTokenizer
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 512 * 1024**2
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,6 @@ def pick_device(config: EngineConfig) -> torch.device:
     if config.device != "auto":
         return torch.device(config.device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
-    """``auto``: float32 on the CPU (exact against transformers), bfloat16 on a GPU. An explicit
-    ``bfloat16`` on a CPU runs its matmuls on the start-up line's ``bf16:`` path (oneDNN, prepacked,
-    ``kernels/packing``); on a CPU without one (``bf16: none``) it is kept, with a warning."""
-    if config.dtype != "auto":
-        return _DTYPES[config.dtype]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -171,8 +162,9 @@ class ModelRunner(Runner):
         self.config = config
         self.model_path = Path(model_path)
         self.device = pick_device(config)
-        self.dtype = pick_dtype(config, self.device)
-        backend = resolve_backend(config.attention_backend, self.device)
+        choice = pick_dtype(config, self.device, self.model_path)
+        self.dtype, backend = choice.dtype, resolve_backend(config.attention_backend, self.device)
+        log.info("%s", choice.line())  # the start-up line: which ISA path, which dtype, and why
         if self.device.type == "cpu":
             log.info("%s", cpu_paths_line())
             bf16 = probe_cpu_paths().bf16

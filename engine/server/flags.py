@@ -223,7 +223,10 @@ def _execution_arguments(e: Group) -> None:
         e,
         "--dtype",
         ["auto", "float32", "float16", "bfloat16"],
-        "The data type of the weights and activations. 'auto' is float32 on a CPU and bfloat16 on a GPU.",
+        "The data type of the weights and activations. 'auto', as vLLM's: on a CPU a 16-bit checkpoint (its "
+        "torch_dtype bfloat16/float16; a GGUF of F16/BF16 tensors) in bfloat16 where the CPU has AMX-BF16 or "
+        "AVX512-BF16, else float32; a float32 or quantized one (GGUF blocks as smollm2's Q4_1, int8, fp8) in "
+        "float32; bfloat16 on a GPU. The start-up line says which was chosen and why.",
     )
     e.add_argument(
         "--device", default="auto", help="The device to run on: cuda, cpu or auto (cuda where present)."

@@ -292,6 +292,14 @@ def test_every_rendered_object_is_valid_kubernetes(fields: dict[str, Any]) -> No
         kubernetes_validate.validate(obj, K8S, strict=True)
 
 
+def test_a_spec_without_a_dtype_renders_no_dtype_flag_so_the_engine_s_auto_decides() -> None:
+    from kvfleet.cli import build_parser
+
+    args = container(model={"name": "m", "uri": "pvc://w/x"})["args"]
+    assert "--dtype" not in args
+    assert build_parser(only="engine").parse_args(["engine", *args]).dtype == "auto"
+
+
 def test_the_engine_command_line_accepts_every_rendered_argument() -> None:
     from kvfleet.cli import build_parser
 

@@ -6,7 +6,8 @@ probe reads ``/proc/cpuinfo``'s flags (AVX2, AVX-512F, AVX-512 VNNI, AVX512-BF16
 BF16) and, only where AMX is listed, asks the kernel for the AMX tile state with
 ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: Linux hands the tile registers to a
 process only after that call succeeds, and code that touches them before dies with SIGILL (a
-llama.cpp built with GGML_NATIVE=ON did so on a Xeon here). :func:`choose_cpu_paths` is pure:
+llama.cpp built with GGML_NATIVE=ON did so on a Xeon here); it is asked once per process, whichever
+thread probes first (:class:`Once`), and the probe too. :func:`choose_cpu_paths` is pure:
 flags and the permission's outcome in, the chosen path out, so both kinds of CPU are tested here.
 The quantised GGUF kernels (``quant_gemm.c``) have an AVX-512 VNNI, an AVX2 and a portable path,
 chosen from this probe (``quant_gemm.choose_path``), as ``int8_gemm.c``'s are. The line
@@ -26,15 +27,18 @@ names the GGUF kernels' path beside the best tier the CPU offers, then the low-p
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import platform
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 SYS_ARCH_PRCTL = 158  # x86_64
 ARCH_REQ_XCOMP_PERM = 0x1023
 XFEATURE_XTILEDATA = 18
+T = TypeVar("T")
 AMX_FLAGS = ("amx_tile", "amx_int8")
 AMX_BF16_FLAGS = ("amx_tile", "amx_bf16")
 
@@ -133,24 +137,59 @@ def cpuinfo_flags(text: str) -> frozenset[str]:
     return frozenset()
 
 
-def request_amx_permission() -> AmxPermission:
-    """Ask Linux for the AMX tile data state (x86_64 only); the outcome, never an exception."""
-    if platform.system() != "Linux" or platform.machine() != "x86_64":
-        return AmxPermission(False, f"not x86_64 Linux ({platform.system()} {platform.machine()})")
+class Once(Generic[T]):
+    """A value made once per process, by whichever thread asks first; the others wait for it and get
+    the same (``functools.cache`` alone may run the function twice when two threads race)."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._value: T | None = None
+
+    def __call__(self) -> T:
+        with self._lock:
+            if self._value is None:
+                self._value = self._make()
+            return self._value
+
+
+def arch_prctl_xtiledata() -> int:
+    """The raw request, ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: 0, or the errno."""
     libc = ctypes.CDLL(None, use_errno=True)
     rc = libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
-    if rc != 0:
-        err = ctypes.get_errno()
-        return AmxPermission(False, f"errno {err}: {os.strerror(err)}")
-    return AmxPermission(True)
+    return 0 if rc == 0 else ctypes.get_errno()
 
 
-@functools.cache
-def probe_cpu_paths() -> CpuPaths:
-    """This machine's paths: cpuinfo's flags, and the AMX permission asked only where AMX tiles are listed."""
+def _ask_amx_permission() -> AmxPermission:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return AmxPermission(False, f"not x86_64 Linux ({platform.system()} {platform.machine()})")
+    err = arch_prctl_xtiledata()
+    return AmxPermission(True) if err == 0 else AmxPermission(False, f"errno {err}: {os.strerror(err)}")
+
+
+_AMX_PERMISSION = Once(_ask_amx_permission)
+
+
+def request_amx_permission() -> AmxPermission:
+    """Ask Linux for the AMX tile data state (x86_64 only), once per process whatever the threads:
+    the outcome, never an exception. Linux keeps the permission for the process (a forked child
+    inherits it with this cache; exec clears both), so asking again would only repeat the answer."""
+    return _AMX_PERMISSION()
+
+
+def _probe() -> CpuPaths:
     try:
         flags = cpuinfo_flags(Path("/proc/cpuinfo").read_text())
     except OSError:
         flags = frozenset()
     asked = request_amx_permission() if "amx_tile" in flags else None
     return choose_cpu_paths(flags, asked)
+
+
+_CPU_PATHS = Once(_probe)
+
+
+def probe_cpu_paths() -> CpuPaths:
+    """This machine's paths, probed once per process: cpuinfo's flags, and the AMX permission asked
+    only where AMX tiles are listed."""
+    return _CPU_PATHS()

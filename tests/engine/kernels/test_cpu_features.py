@@ -1,10 +1,20 @@
-"""The CPU path choice (engine/kernels/native/cpu_features.py): pure decisions for both kinds of CPU."""
+"""The CPU path choice (engine/kernels/native/cpu_features.py): pure decisions for both kinds of CPU,
+and the AMX permission asked once per process."""
 
+import platform
+import threading
+import time
+
+import pytest
+
+import kvfleet.engine.kernels.native.cpu_features as cpu_features
 from kvfleet.engine.kernels.native.cpu_features import (
     AmxPermission,
+    Once,
     choose_cpu_paths,
     cpuinfo_flags,
     probe_cpu_paths,
+    request_amx_permission,
 )
 from kvfleet.engine.kernels.native.int8_gemm import load_int8
 from kvfleet.engine.kernels.native.quant_gemm import choose_path, cpu_paths_line
@@ -125,3 +135,50 @@ def test_this_machine_names_its_bf16_and_int8_paths_in_the_start_up_line() -> No
     assert f"; bf16: {paths.bf16}; int8: {paths.int8}" in cpu_paths_line()
     native = load_int8()
     assert native is None or native.path == paths.int8.path  # the line names the path the kernel runs
+
+
+def fresh_permission(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that has not asked yet, on x86_64 Linux (where alone arch_prctl is asked)."""
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_features, "_AMX_PERMISSION", Once(cpu_features._ask_amx_permission))
+
+
+def test_the_amx_permission_is_asked_once_however_many_threads_ask_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def slow_grant() -> int:
+        calls.append(1)
+        time.sleep(0.05)  # every other thread arrives while the first request is in flight
+        return 0
+
+    monkeypatch.setattr(cpu_features, "arch_prctl_xtiledata", slow_grant)
+    fresh_permission(monkeypatch)
+    outcomes: list[AmxPermission] = []
+    threads = [threading.Thread(target=lambda: outcomes.append(request_amx_permission())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(outcomes) == 8 and len(set(outcomes)) == 1
+
+
+def test_a_refused_permission_is_remembered_with_its_errno_and_not_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(cpu_features, "arch_prctl_xtiledata", lambda: calls.append(1) or 22)
+    fresh_permission(monkeypatch)
+    first, second = request_amx_permission(), request_amx_permission()
+    assert first == second == AmxPermission(False, "errno 22: Invalid argument") and len(calls) == 1
+
+
+def test_this_machine_is_probed_once_and_its_permission_outcome_is_the_one_the_paths_were_chosen_from() -> (
+    None
+):
+    paths = probe_cpu_paths()
+    assert probe_cpu_paths() is paths
+    if "amx_tile" in paths.flags:
+        assert paths.amx == request_amx_permission().granted or not {"amx_tile", "amx_int8"} <= paths.flags
