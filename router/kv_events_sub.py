@@ -16,10 +16,12 @@ entries are forgotten first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import msgspec
@@ -29,6 +31,9 @@ from prometheus_client.registry import Collector
 
 from kvfleet.kv_events import END_SEQ, decode_batch
 from kvfleet.router.kv_index import KVIndex
+
+if TYPE_CHECKING:
+    from kvfleet.router.state import RouterState
 
 log = logging.getLogger(__name__)
 
@@ -217,3 +222,25 @@ class KVIndexCollector(Collector):
             ("evicted", "Entries dropped by the index's LRU cap", ix.evicted),
         ):
             yield CounterMetricFamily(p + name, doc, value=value)
+
+
+async def follow_kv_events(state: RouterState, interval_s: float = 1.0) -> None:
+    """The router's task: an index for the fleet, its metrics, and the subscription kept to the engines
+    discovery knows (every ``interval_s``) until cancelled."""
+    config, fleet = state.config, state.fleet
+    index = KVIndex(config.kv_index_blocks, config.kv_events_stale_s)
+    fleet.kv_index = index
+
+    def busy(url: str) -> bool:
+        engine = fleet.engines.get(url)
+        return engine is not None and engine.in_flight > 0
+
+    state.metrics.registry.register(KVIndexCollector(index, busy))
+    subscriber = KVEventSubscriber(index)
+    subscriber.start()
+    try:
+        while True:
+            subscriber.set_sources(sources_for(list(fleet.engines), config.kv_events, config.kv_events_port))
+            await asyncio.sleep(interval_s)
+    finally:
+        await asyncio.to_thread(subscriber.stop)

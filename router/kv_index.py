@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvfleet.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvfleet.kv_hashing import kvfleet_block_hashes, vllm_block_hashes
 
 BYTES_PER_BLOCK = 200  # an OrderedDict entry keyed by one int (engine << 64 | hash); a test measures it
 _MEDIA = {MEDIUM_GPU: 1, "CPU": 2}  # bit per medium; any other medium (STORAGE, ...) is bit 4
@@ -209,3 +210,23 @@ def _as_int(h: int | bytes) -> int:
     """A published hash as the index keys it: ints as they are, bytes (a consumer of an engine
     with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) by their last 64 bits, as vLLM would have sent them."""
     return h if isinstance(h, int) else int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
+@dataclass(frozen=True)
+class PreciseQuery:
+    """A request as the index is asked about it: the prompt's token ids (as the engine tokenizes it)
+    and what namespaces its blocks (the cache salt it is sent with, the LoRA adapter it names)."""
+
+    token_ids: tuple[int, ...]
+    cache_salt: str | None = None
+    adapter: str | None = None
+    vllm_seed: str = "vllm-none-hash"
+
+    def hashes(self, kind: str, block_size: int) -> list[int] | None:
+        """The published hashes of the prompt's full blocks on an engine of ``kind``; None where the
+        router cannot compute them (a LoRA request to vLLM: its key holds the adapter's path)."""
+        if kind == "vllm":
+            if self.adapter is not None:
+                return None
+            return vllm_block_hashes(self.token_ids, block_size, self.cache_salt, self.vllm_seed)
+        return kvfleet_block_hashes(self.token_ids, block_size, self.cache_salt, self.adapter)
