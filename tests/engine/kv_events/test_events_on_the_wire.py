@@ -141,3 +141,20 @@ def test_a_bad_kv_events_config_names_its_field() -> None:
         parse_kv_events_config('{"publiser": "zmq"}')
     assert not parse_kv_events_config('{"enable_kv_cache_events": false}').publishes
     assert parse_kv_events_config('{"enable_kv_cache_events": true}').endpoint == "tcp://*:5557"
+
+
+def test_the_engine_flag_reads_vllms_json_and_refuses_a_bad_field_by_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from kvfleet.engine import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--kv-events-config", '{"enable_kv_cache_events": true, "topic": "kv"}'])
+    assert args.kv_events_config.publishes and args.kv_events_config.topic == "kv"
+    assert parser.parse_args([]).kv_events_config is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-events-config", '{"hwm": -1}'])
+    assert "hwm" in capsys.readouterr().err
