@@ -79,7 +79,7 @@ class KVEventSubscriber:
     def __init__(self, index: KVIndex, replay_timeout_s: float = 2.0) -> None:
         self.index = index
         self.replay_timeout_ms = int(replay_timeout_s * 1000)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._wanted: dict[str, EventSource] = {}
         self._subs: dict[str, tuple[EventSource, zmq.Socket[bytes]]] = {}
         self._changed = threading.Event()

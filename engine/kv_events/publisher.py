@@ -35,7 +35,7 @@ class ZmqEventPublisher:
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._topic = config.topic.encode()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         if _binds(config.endpoint):
