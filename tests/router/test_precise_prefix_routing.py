@@ -55,10 +55,17 @@ def test_the_router_sends_each_prompt_to_the_engine_whose_events_say_it_holds_th
     tmp_path: Path,
 ) -> None:
     ports = [free_port(), free_port()]
-    flags = ("--model", "tiny", "--engine-core", "thread", "--max-num-seqs", "4")
-    with (
+    flags = ("--model", "tiny", "--max-num-seqs", "4")
+    with (  # one engine core in its own process (the default), one in a thread of the server
         engine_process(*flags, "--kv-events-config", events_flag(ports[0]), ready_timeout_s=240) as (one, _),
-        engine_process(*flags, "--kv-events-config", events_flag(ports[1]), ready_timeout_s=240) as (two, _),
+        engine_process(
+            *flags,
+            "--engine-core",
+            "thread",
+            "--kv-events-config",
+            events_flag(ports[1]),
+            ready_timeout_s=240,
+        ) as (two, _),
     ):
         sources = [
             f"{url}=tcp://127.0.0.1:{p},tcp://127.0.0.1:{p + 1}"
