@@ -18,6 +18,7 @@ tokens and the namespace only; events publish each hash as its last 64 bits (``e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -62,6 +63,16 @@ def _cbor_head(major: int, value: int) -> bytes:
     raise ValueError(f"integer {value} does not fit CBOR's 64 bits")
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def _cbor_uint(value: int) -> bytes:
+    """A token id's encoding, memoised: a prompt's ids repeat, and a vocabulary is bounded."""
+    return _cbor_head(0, value)
+
+
+def _cbor_tokens(token_ids: Sequence[int]) -> bytes:
+    return _cbor_head(4, len(token_ids)) + b"".join(map(_cbor_uint, token_ids))
+
+
 def cbor(value: Any) -> bytes:
     """Canonical CBOR (RFC 8949 §4.2) of ints, str, bytes, None, bools and tuples/lists: what
     ``cbor2.dumps(value, canonical=True)`` writes for the values a block hash is made of."""
@@ -94,6 +105,9 @@ def vllm_block_hashes(
     out: list[int] = []
     for i, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
         extra = (("cache_salt", cache_salt),) if i == 0 and cache_salt else None
-        parent = sha256_cbor((parent, tuple(token_ids[start : start + block_size]), extra))
+        block = _cbor_tokens(
+            token_ids[start : start + block_size]
+        )  # cbor((parent, tokens, extra)), spelt out
+        parent = hashlib.sha256(b"\x83" + cbor(parent) + block + cbor(extra)).digest()
         out.append(external_hash(parent))
     return out

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from kvfleet.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvfleet.kv_hashing import kvfleet_block_hashes, vllm_block_hashes
 
-BYTES_PER_BLOCK = 200  # a bound: an entry (OrderedDict slot, one int key) measured ~110 bytes at 20,000 entries
+BYTES_PER_BLOCK = (
+    200  # a bound: an entry (OrderedDict slot, one int key) measured ~110 bytes at 20,000 entries
+)
 _MEDIA = {MEDIUM_GPU: 1, "CPU": 2}  # bit per medium; any other medium (STORAGE, ...) is bit 4
 DEVICE = 1
 
