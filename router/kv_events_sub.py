@@ -109,8 +109,15 @@ class KVEventSubscriber:
                     self._resubscribe(poller)
                 for sock, _ev in poller.poll(100):
                     engine = next(e for e, (_s, s) in self._subs.items() if s is sock)
-                    topic, seq, payload = sock.recv_multipart()
-                    self.handle(self._subs[engine][0], int.from_bytes(seq, "big"), payload)
+                    frames = sock.recv_multipart()
+                    try:
+                        _topic, seq, payload = frames
+                        self.handle(self._subs[engine][0], int.from_bytes(seq, "big"), payload)
+                    except Exception:  # one engine's bad frame or replay must not stop the others' feeds
+                        log.exception(
+                            "kv events: %s: a batch could not be applied; its entries forgotten", engine
+                        )
+                        self.index.lost_events(engine)
         finally:
             for _source, sock in self._subs.values():
                 sock.close(linger=0)

@@ -77,7 +77,10 @@ class ZmqEventPublisher:
     def _run(self) -> None:
         while True:
             if self._replay is not None and self._replay.poll(0):
-                self._serve_replay()
+                try:
+                    self._serve_replay()
+                except zmq.ZMQError:
+                    log.exception("kv events: a replay request failed")
             try:
                 batch = self._queue.get(timeout=0.05)
             except queue.Empty:
@@ -88,8 +91,11 @@ class ZmqEventPublisher:
                 return
             seq, payload = self._next_seq, encode_batch(batch)
             self._next_seq += 1
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-            self._buffer.append((seq, payload))
+            self._buffer.append((seq, payload))  # replayable even if this send fails
+            try:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            except zmq.ZMQError:
+                log.exception("kv events: batch %d not sent (a subscriber can ask the replay socket)", seq)
 
     def _serve_replay(self) -> None:
         assert self._replay is not None

@@ -176,3 +176,18 @@ def test_the_router_flags_name_each_engines_sockets_or_one_port_for_all(tmp_path
     ]
     with pytest.raises(ValueError, match="kv_events"):
         RouterConfig(kv_events=["http://a:8000=nonsense"])
+
+
+def test_an_undecodable_batch_makes_the_subscriber_forget_that_engine_only() -> None:
+    from kvfleet.kv_events import encode_batch
+    from kvfleet.router.kv_events_sub import EventSource, KVEventSubscriber
+
+    index = KVIndex()
+    sub = KVEventSubscriber(index)
+    a, b = EventSource(A, "tcp://127.0.0.1:1"), EventSource(B, "tcp://127.0.0.1:2")
+    hashes = kvfleet_block_hashes(PROMPT, 4)
+    sub.handle(a, 0, encode_batch(stored(hashes)))
+    sub.handle(b, 0, encode_batch(stored(hashes)))
+    sub.handle(a, 1, b"\xc1 not msgpack")
+    assert index.lost == 1
+    assert index.blocks_of(A) == {} and set(index.blocks_of(B)) == set(hashes)
