@@ -66,13 +66,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine the flags describe (in the core process; picklable as ``partial(build_engine, args)``)."""
+    from kvfleet.engine.kv_events import attach
+
     if args.simulate:
         from kvfleet.engine.sim import build_simulated
 
-        return build_simulated(args, engine_config(args))
-    from kvfleet.engine.core.engine import Engine
+        engine = build_simulated(args, engine_config(args))
+    else:
+        from kvfleet.engine.core.engine import Engine
 
-    return Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
+        engine = Engine(engine_config(args))  # builds the model runner and the tokenizer from the config
+    attach(engine, args.kv_events_config)  # --kv-events-config: the pool's events over ZMQ
+    return engine
 
 
 def api_tokenizer(args: argparse.Namespace) -> Tokenizer:

@@ -125,6 +125,10 @@ def build_app(
             app.state.router = state
             state.fleet.first_poll = asyncio.Event()
             tasks = [asyncio.create_task(poll_forever(state.fleet, disc, client))]
+            if config.kv_events or config.kv_events_port is not None:
+                from kvfleet.router.kv_events_sub import follow_kv_events
+
+                tasks.append(asyncio.create_task(follow_kv_events(state)))
             if scl is not None:
                 auto = Autoscaler(
                     scl,

@@ -58,7 +58,7 @@ def _routing_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--policy",
         default="default",
-        help="round-robin|least-request|kv-aware|prefix-aware|adapter-aware|default",
+        help="round-robin|least-request|kv-aware|prefix-aware|precise-prefix|adapter-aware|default",
     )
     group.add_argument("--no-admission", action="store_true", help="never queue: send every request at once")
     group.add_argument("--max-queue-wait", type=float, default=10.0, help="seconds a request may wait queued")
@@ -75,8 +75,33 @@ def _routing_arguments(parser: argparse.ArgumentParser) -> None:
         help="let tenants share prefix-cache blocks (public system prompts) on models without an "
         "InferenceService; otherwise each tenant's requests carry its own cache_salt",
     )
+    _kv_events_arguments(group)
     group.add_argument("--slo-ttft-ms", type=int, help="TTFT target of models without an InferenceService")
     group.add_argument("--slo-tpot-ms", type=int, help="TPOT target of models without an InferenceService")
+
+
+def _kv_events_arguments(group: argparse._ArgumentGroup) -> None:
+    """Where engines publish their KV events (router/kv_events_sub.py), for --policy precise-prefix."""
+    group.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="URL=ENDPOINT[,REPLAY]",
+        help="an engine's KV event socket and replay socket (repeat per engine)",
+    )
+    group.add_argument(
+        "--kv-events-port",
+        type=int,
+        help="every other engine publishes at tcp://<its host>:PORT, replay PORT+1",
+    )
+    group.add_argument("--kv-index-blocks", type=int, default=1_000_000, help="the KV index's cap (entries)")
+    group.add_argument(
+        "--kv-events-stale", dest="kv_events_stale_s", type=float, default=30.0,
+        help="seconds a busy engine may publish nothing before its entries are not trusted",
+    )  # fmt: skip
+    group.add_argument(
+        "--vllm-hash-seed", default="vllm-none-hash", help="the PYTHONHASHSEED the vLLM engines run with"
+    )
 
 
 def _server_arguments(parser: argparse.ArgumentParser) -> None:

@@ -120,11 +120,34 @@ class RouterConfig(BaseModel):
         default=100 << 20, ge=0, description="rotate the usage log past this size; 0: never"
     )
     usage_log_backups: int = Field(default=5, ge=0, description="rotated usage logs kept (PATH.1 ... PATH.N)")
+    # KV events (#48, router/kv_events_sub.py): where each engine publishes, for the precise-prefix policy
+    kv_events: list[str] = Field(
+        default_factory=list, description="URL=ENDPOINT[,REPLAY]: an engine's KV event (and replay) sockets"
+    )
+    kv_events_port: int | None = Field(
+        default=None, ge=1, le=65534, description="every other engine: tcp://<its host>:PORT, replay PORT+1"
+    )
+    kv_index_blocks: int = Field(default=1_000_000, ge=1, description="the KV index's cap, all engines")
+    kv_events_stale_s: float = Field(
+        default=30.0, gt=0, description="a busy engine silent this long is scored without its events"
+    )
+    vllm_hash_seed: str = Field(
+        default="vllm-none-hash", description="the PYTHONHASHSEED vLLM engines run with (sha256_cbor)"
+    )
 
     @field_validator("engines")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
         return [engine_entry(u) for u in urls]
+
+    @field_validator("kv_events")
+    @classmethod
+    def _kv_events(cls, entries: list[str]) -> list[str]:
+        from kvfleet.router.kv_events_sub import parse_kv_events_entry
+
+        for entry in entries:
+            parse_kv_events_entry(entry)
+        return entries
 
     @field_validator("engine_kind")
     @classmethod

@@ -33,7 +33,8 @@ from kvfleet.router.config import RouterConfig
 from kvfleet.router.discovery import Discovery, Endpoint, FleetView, Service
 from kvfleet.router.engine_kinds import PollMiss, reader
 from kvfleet.router.engine_kinds import fetch_load as fetch_load  # re-exported: its old home
-from kvfleet.router.picker import Candidate, PickContext, choose, is_saturated, policy
+from kvfleet.router.kv_index import KVIndex, PreciseQuery
+from kvfleet.router.picker import Candidate, PickContext, choose, is_saturated, policy, prefix_score
 from kvfleet.router.prefix import PrefixIndex
 from kvfleet.router.quota import Clock
 
@@ -102,6 +103,7 @@ class Fleet:
     # Set once the poller's first round is done (None: no poller, as in unit tests). Until then the
     # router knows no engine's models, and a request waits for that round instead of a false 404.
     first_poll: asyncio.Event | None = None
+    kv_index: KVIndex | None = None  # the engines' KV events (router/kv_events_sub.py), if followed
 
     def __post_init__(self) -> None:
         self.prefix = PrefixIndex(self.config.prefix_index_blocks)
@@ -116,6 +118,8 @@ class Fleet:
         for url in [u for u in self.engines if u not in wanted]:
             del self.engines[url]
             self.prefix.forget(url)
+            if self.kv_index is not None:
+                self.kv_index.forget(url)
         for url, endpoint in wanted.items():
             engine = self.engines.setdefault(url, EngineState(url))
             engine.service, engine.kind = endpoint.service, self.kind_of(endpoint)
@@ -205,7 +209,31 @@ class Fleet:
     def ready_engines(self, model: str) -> list[EngineState]:
         return [e for e in self.engines.values() if self.serves(e, model) and self.is_ready(e)]
 
-    def candidates(self, model: str, hashes: Sequence[int], exclude: Sequence[str] = ()) -> list[Candidate]:
+    def wants_precise(self, model: str) -> bool:
+        """The model is routed by the engines' KV events: they are followed and its policy reads them."""
+        return self.kv_index is not None and self.policy_name(model) == "precise-prefix"
+
+    def precise_prefix(
+        self, engine: EngineState, load: EngineLoad, query: PreciseQuery | None
+    ) -> float | None:
+        """The share of the prompt the engine's events say it holds; None where they are not to be trusted."""
+        if query is None or self.kv_index is None:
+            return None
+        busy = engine.in_flight > 0 or load.num_running + load.num_waiting > 0
+        feed = self.kv_index.feeds.get(engine.url)
+        block_size = feed.block_size if feed is not None and feed.block_size else load.block_size
+        hashes = query.hashes(engine.kind, block_size)  # as its events say it hashes
+        if hashes is None or self.kv_index.is_stale(engine.url, busy):
+            return None
+        return self.kv_index.held(engine.url, hashes).fraction
+
+    def candidates(
+        self,
+        model: str,
+        hashes: Sequence[int],
+        exclude: Sequence[str] = (),
+        precise: PreciseQuery | None = None,
+    ) -> list[Candidate]:
         ready = [e for e in self.ready_engines(model) if e.url not in exclude]
         matched = self.prefix.matched_blocks(hashes, [e.url for e in ready])
         adapter = model if self.is_adapter(model) else None
@@ -221,6 +249,7 @@ class Fleet:
                 self.backlog(e),
                 adapter,
                 frozenset(e.adapters_sent),
+                self.precise_prefix(e, load, precise),
             )
             for e in sorted(ready, key=lambda e: e.url)
             if (load := self.trusted_load(e)) is not None
@@ -235,10 +264,11 @@ class Fleet:
         prompt_tokens: int = 0,
         exclude: Sequence[str] = (),
         allow_saturated: bool = False,
+        precise: PreciseQuery | None = None,
     ) -> Placement | None:
         """Pick and reserve an engine. ``tokens`` (the request's KV estimate) counts against it until the
         next load; the part of ``prompt_tokens`` it has not cached counts as its backlog until the first byte."""
-        cands = self.candidates(model, hashes, exclude)
+        cands = self.candidates(model, hashes, exclude, precise)
         if not allow_saturated:
             cands = [c for c in cands if not is_saturated(c, self.context)]
         pol = policy(self.policy_name(model))
@@ -253,7 +283,7 @@ class Fleet:
         if self.is_adapter(model):
             engine.adapters_sent.add(model)
         chosen = next(c for c in cands if c.url == choice.url)
-        cached = chosen.prefix_blocks / chosen.prompt_blocks if chosen.prompt_blocks else 0.0
+        cached = prefix_score(chosen, self.context)
         engine.prefilling[ticket] = Prefill(round(prompt_tokens * (1.0 - cached)), self.clock())
         self.prefix.record(hashes, choice.url)
         return Placement(choice.url, model, choice.score, tuple(hashes), ticket)

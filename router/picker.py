@@ -21,6 +21,11 @@ share work. Policies register by name in :data:`POLICIES`:
   with another, whatever its request count). With the prefix
   weight dominant, a request follows its cached prefix until that engine is over the
   bound, then spills to the best other one, which thereby becomes a second home.
+* ``precise-prefix``: ``default``, its prefix term read from the engines' own KV events
+  (:mod:`.kv_index`: the longest prefix of the prompt's tokens, hashed as each engine hashes, that it
+  holds; blocks only in a host tier count half); an engine not followed, or whose events stopped
+  while it is busy, gets today's estimate. The fleet computes that term only for this policy, so
+  ``default`` takes it too wherever it is given (``Candidate.precise_prefix``).
 * ``adapter-aware``: the default when a request names a LoRA adapter (docs/architecture.md §6).
   Within the same load bound: first the engines that hold the adapter (resident, or sent it
   since their last load), scored as ``default`` among themselves; else the least-loaded
@@ -52,6 +57,8 @@ class Candidate:
     prefill_tokens: int = 0  # uncached prompt tokens sent to it whose first byte is not back yet
     adapter: str | None = None  # the LoRA adapter the request names
     adapters_sent: frozenset[str] = frozenset()  # adapters placed here since the load was read
+    # the prompt's share the engine's KV events say it holds (router/kv_index.py); None: not known
+    precise_prefix: float | None = None
 
     def holds_adapter(self) -> bool:
         """The adapter is on the engine or on its way there: resident, asked for, or just sent."""
@@ -107,6 +114,9 @@ def load_score(c: Candidate, ctx: PickContext) -> float:
 
 
 def prefix_score(c: Candidate, ctx: PickContext) -> float:
+    """What the engine's KV events say it holds where they are followed, else the router's own record."""
+    if c.precise_prefix is not None:
+        return c.precise_prefix
     return c.prefix_blocks / c.prompt_blocks if c.prompt_blocks else 0.0
 
 
@@ -169,6 +179,7 @@ POLICIES: dict[str, Policy] = {
         Policy("kv-aware", kv_score),
         Policy("prefix-aware", prefix_score),
         Policy("default", default_score, admit=within_bound),
+        Policy("precise-prefix", default_score, admit=within_bound),
         Policy("adapter-aware", adapter_score, admit=within_bound),
     )
 }

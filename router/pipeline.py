@@ -34,7 +34,9 @@ from kvfleet.router.accounting import Exchange
 from kvfleet.router.admission import Shed, Ticket
 from kvfleet.router.errors import RouterError
 from kvfleet.router.fleet import Placement, first_poll_done
+from kvfleet.router.kv_index import PreciseQuery
 from kvfleet.router.prefix import block_hashes, cache_namespace, engine_cache_salt, shares_prefix_cache
+from kvfleet.router.prompt_tokens import prompt_token_ids
 from kvfleet.router.quota import Denial, QuotaUnavailable
 from kvfleet.router.requests import EMBEDDINGS, ParsedRequest, parse_request
 from kvfleet.router.responses import pinned_exclusions
@@ -137,6 +139,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
     adapter = model if fleet.is_adapter(model) else None
     namespace = cache_namespace(cache_salt=ex.req.cache_salt, adapter=adapter)
     hashes = block_hashes(ex.req.prompt, state.config.prefix_chunk_chars, namespace)
+    precise = await _precise_query(state, ex, adapter)
     pinned = pinned_exclusions(state, ex.req)  # a Responses follow-up: only its predecessor's engine
     kv_tokens = ex.prompt_estimate + ex.req.max_tokens
     service = fleet.service_for(model)
@@ -157,6 +160,7 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
             prompt_tokens=ex.prompt_estimate,
             exclude=pinned,
             allow_saturated=True,
+            precise=precise,
         )
         if placed is None:
             raise _no_ready_engine(model)
@@ -170,7 +174,12 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         place=lambda: _timed(
             ex,
             lambda: fleet.place(
-                model, hashes, tokens=kv_tokens, prompt_tokens=ex.prompt_estimate, exclude=pinned
+                model,
+                hashes,
+                tokens=kv_tokens,
+                prompt_tokens=ex.prompt_estimate,
+                exclude=pinned,
+                precise=precise,
             ),
         ),
         max_queued=spec.limits.max_queued_requests,
@@ -187,6 +196,18 @@ async def place(state: RouterState, ex: Exchange) -> Placement:
         state.metrics.child(state.metrics.queue_depth, model).set(len(queue))
         wait = ex.queue_wait_s = time.perf_counter() - enqueued
         state.metrics.child(state.metrics.queue_wait, model, spec.tenant).observe(wait)
+
+
+async def _precise_query(state: RouterState, ex: Exchange, adapter: str | None) -> PreciseQuery | None:
+    """The request as the KV index is asked about it, where its model is routed precise-prefix."""
+    fleet = state.fleet
+    if not fleet.wants_precise(ex.req.model):
+        return None
+    ready = fleet.ready_engines(ex.req.model)
+    tokens = await prompt_token_ids(state.client, ready[0].url, ex.req) if ready else None
+    if tokens is None:
+        return None
+    return PreciseQuery(tuple(tokens), ex.req.cache_salt, adapter, state.config.vllm_hash_seed)
 
 
 def _timed(ex: Exchange, pick: Callable[[], Placement | None]) -> Placement | None:

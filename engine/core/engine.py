@@ -18,6 +18,7 @@ reference count (``KVCacheManager.fork``) and recomputing only the last partial 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvfleet.engine.config import EngineConfig
@@ -111,6 +112,7 @@ class Engine:
         self._num_steps_run = 0  # steps that ran a plan, while a step time target is set
         self._host_token_requests = 0  # unfinished requests whose sampling reads earlier tokens on the host
         self._async = AsyncSteps.for_engine(self) if config.async_scheduling else None
+        self.on_step_end: Callable[[], None] | None = None  # engine/kv_events: publishes the step's events
         if vocab_size is not None and config.plans_stall_free and config.profile_step_cost:
             profile_at_start(self.runner, self.kv, self.scheduler, self.max_model_len, vocab_size)
 
@@ -280,9 +282,10 @@ class Engine:
         """
         if self._awaiting_grammar:
             self._admit_compiled()
-        if self._async is not None:
-            return self._async.step()
-        return self.sync_step()
+        deltas = self._async.step() if self._async is not None else self.sync_step()
+        if self.on_step_end is not None:
+            self.on_step_end()
+        return deltas
 
     def sync_step(self) -> list[ReqDelta]:
         """One step, its tokens read before it returns."""

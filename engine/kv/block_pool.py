@@ -13,7 +13,7 @@ least-recently-freed first (LRU).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvfleet.engine.kv.block_hash import BlockHash
@@ -42,6 +42,8 @@ class BlockPool:
         # Free queue: block id → None; head = next to allocate, tail = most recently freed.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
+        # Observer (engine/kv_events): called ("stored", id, hash), ("removed", id, hash), ("cleared", None, None).
+        self.on_event: Callable[[str, int | None, BlockHash | None], None] | None = None
 
     # ---- queries
     @property
@@ -107,9 +109,24 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self._cached[block_hash] = block_id
+        if self.on_event is not None:
+            self.on_event("stored", block_id, block_hash)
         return True
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
+            if self.on_event is not None:
+                self.on_event("removed", block.block_id, block.block_hash)
             del self._cached[block.block_hash]
             block.block_hash = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's reset_prefix_cache); False, changing nothing, while a block is in use."""
+        if len(self._free) != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self._cached.clear()
+        if self.on_event is not None:
+            self.on_event("cleared", None, None)
+        return True

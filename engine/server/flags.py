@@ -13,6 +13,7 @@ import argparse
 import re
 
 from kvfleet.engine.server.pooling_flags import add_pooling_arguments
+from kvfleet.kv_events import kv_events_flag
 from kvfleet.protocol import DEFAULT_BLOCK_SIZE, DEFAULT_ENGINE_PORT
 
 Group = argparse._ArgumentGroup
@@ -215,6 +216,15 @@ def _cache_arguments(e: Group) -> None:
         "--no-prefix-caching",
         action="store_true",
         help="Turn the prefix cache off, so requests that share a prompt prefix do not share its KV blocks.",
+    )
+    e.add_argument(
+        "--kv-events-config",
+        type=kv_events_flag,
+        default=None,
+        metavar="JSON",
+        help="Publish the KV cache's events as vLLM does (engine/kv_events): JSON with "
+        "enable_kv_cache_events, publisher (zmq|null), endpoint (default tcp://*:5557), replay_endpoint, "
+        "buffer_steps, hwm, max_queue_size, topic.",
     )
 
 
