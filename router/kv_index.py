@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kvfleet.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
@@ -120,9 +120,8 @@ class KVIndex:
                     self._clear(feed)
 
     def _store(self, feed: EngineFeed, hashes: Sequence[int | bytes], bit: int) -> None:
-        base, entries = feed.eid << 64, self._entries
-        for h in hashes:
-            key = base | _as_int(h)
+        entries = self._entries
+        for key in _keys(feed, hashes):
             had = entries.get(key)
             if had is None:
                 entries[key] = bit
@@ -136,9 +135,8 @@ class KVIndex:
             self.evicted += 1
 
     def _remove(self, feed: EngineFeed, hashes: Sequence[int | bytes], bit: int) -> None:
-        base, entries = feed.eid << 64, self._entries
-        for h in hashes:
-            key = base | _as_int(h)
+        entries = self._entries
+        for key in _keys(feed, hashes):
             had = entries.get(key)
             if had is None:
                 continue
@@ -206,6 +204,12 @@ class KVIndex:
                     if bits & DEVICE and device == any_tier - 1:
                         device += 1
             return Held(device, any_tier, len(hashes))
+
+
+def _keys(feed: EngineFeed, hashes: Sequence[int | bytes]) -> Iterator[int]:
+    """The index's keys of ``hashes`` on ``feed``'s engine: the engine id above the 64-bit hash."""
+    base = feed.eid << 64
+    return (base | _as_int(h) for h in hashes)
 
 
 def _as_int(h: int | bytes) -> int:
