@@ -77,6 +77,19 @@ def test_every_path_here_gives_the_float64_product_of_the_bf16_rounded_operands(
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-5, msg=f"path {path}")
 
 
+@pytest.mark.parametrize("rows", [130, 300])
+@pytest.mark.parametrize("shape", ["qkv", "down", "odd"])
+def test_a_prompt_chunk_of_hundreds_of_rows_gives_the_same_product(shape: str, rows: int) -> None:
+    """Past 32 rows AMX walks chunks of panels against every block of rows: the same sums."""
+    assert native is not None
+    w, b = operands(shape)
+    x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows))
+    want = reference(x, w, b)
+    for path in HERE:
+        got = native(x, panels(shape), b, path=path)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-5, msg=f"path {path}")
+
+
 def test_the_paths_agree_with_each_other_to_float32_rounding() -> None:
     assert native is not None
     w, b = operands("down")

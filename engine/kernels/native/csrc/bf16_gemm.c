@@ -238,15 +238,21 @@ static void amx_block(const uint16_t *xb, int64_t kp, const uint16_t *wp, int64_
     }
 }
 
-/* Pairs of panels split over the threads; each thread configures its own tiles (per thread state). */
+/* Pairs of panels split over the threads in chunks; each thread configures its own tiles (per thread
+ * state). Past one block of 32 rows, a chunk of up to AMX_CHUNK pairs meets every row block in turn:
+ * its B tiles stay in L2 while a block's rows of x (32 x k bf16) stay in L1 (one pair at a time
+ * re-read all of x from L2 for each pair: 1.7x slower than oneDNN at 256 rows). */
+#define AMX_CHUNK 8
 static void amx_linear(const uint16_t *xb, int64_t m, int64_t kp, const uint16_t *wp, int64_t panels, int64_t n,
                        const float *bias, float *out, int num_threads) {
-    const int64_t pairs = (panels + 1) / 2;
+    const int64_t pairs = (panels + 1) / 2, per_thread = (pairs + num_threads - 1) / num_threads;
+    const int64_t chunk = m <= 32 ? 1 : (per_thread < AMX_CHUNK ? per_thread : AMX_CHUNK);
+    const int64_t chunks = (pairs + chunk - 1) / chunk;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
         int cm0 = -1, cm1 = -1;
 #pragma omp for schedule(static)
-        for (int64_t g = 0; g < pairs; g++)
+        for (int64_t c = 0; c < chunks; c++)
             for (int64_t r0 = 0; r0 < m; r0 += 32) {
                 const int m0 = m - r0 < 16 ? (int)(m - r0) : 16;
                 const int m1 = m - r0 - 16 <= 0 ? 0 : (m - r0 - 16 < 16 ? (int)(m - r0 - 16) : 16);
@@ -255,7 +261,9 @@ static void amx_linear(const uint16_t *xb, int64_t m, int64_t kp, const uint16_t
                     cm0 = m0;
                     cm1 = m1;
                 }
-                amx_block(xb, kp, wp, r0, m0, m1, 2 * g, 2 * g + 1 < panels, n, bias, out);
+                const int64_t end = (c + 1) * chunk < pairs ? (c + 1) * chunk : pairs;
+                for (int64_t g = c * chunk; g < end; g++)
+                    amx_block(xb, kp, wp, r0, m0, m1, 2 * g, 2 * g + 1 < panels, n, bias, out);
             }
         if (cm0 >= 0) _tile_release();
     }
