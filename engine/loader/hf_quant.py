@@ -66,7 +66,8 @@ if TYPE_CHECKING:  # engine/parallel loads weights through this package: named f
     from kvfleet.engine.parallel.shard import RankShard
 
 log = logging.getLogger(__name__)
-Weight = Int8Weight | Fp8Weight | Bf16Weight | torch.Tensor
+Stored = Int8Weight | Fp8Weight | torch.Tensor  # a linear's weight as the checkpoint holds it
+Weight = Stored | Bf16Weight  # as its method serves it (bf16: floats laid out in panels at load)
 __all__ = [
     "FP8_ON_CPU",
     "Int8Embedding",
@@ -97,7 +98,7 @@ class Tensors:
         return tensor
 
 
-def read_linear(tensors: Tensors, name: str) -> Weight:
+def read_linear(tensors: Tensors, name: str) -> Stored:
     """``name.weight`` as stored: int8 or e4m3 with its ``weight_scale`` (per channel or per tensor), or floats."""
     weight = tensors[f"{name}.weight"]
     if weight.dtype not in (torch.int8, torch.float8_e4m3fn):
@@ -111,7 +112,7 @@ def read_linear(tensors: Tensors, name: str) -> Weight:
     return Fp8Weight(weight.contiguous(), scale)
 
 
-def convert(w: Weight, quant: QuantizationConfig, dtype: torch.dtype, device: torch.device) -> Weight:
+def convert(w: Stored, quant: QuantizationConfig, dtype: torch.dtype, device: torch.device) -> Weight:
     """``w`` as ``quant``'s method serves it: floats quantised only for a flag on a float checkpoint."""
     method = quant.linear_method(dtype)
     if isinstance(w, torch.Tensor):

@@ -18,6 +18,7 @@ from kvfleet.engine.kernels.native.bf16_gemm import (
     AMX_MIN_ROWS,
     PATHS,
     Bf16KernelError,
+    Bf16Weight,
     NativeBf16,
     choose_bf16_path,
     load_bf16,
@@ -50,7 +51,7 @@ def operands(shape: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.cache
-def panels(shape: str):  # type: ignore[no-untyped-def]
+def panels(shape: str) -> Bf16Weight:
     return pack_panels(operands(shape)[0])
 
 
