@@ -27,7 +27,8 @@ from kvfleet.engine.kernels.native.cpu_features import CpuPaths, probe_cpu_paths
 PATHS = ("portable", "avx512_bf16", "amx")  # bf16_gemm.c's path numbers, in order
 PANEL = 16  # output columns per panel
 KSTEP = 32  # k is padded to a multiple of this (one AMX tile row of bf16)
-AMX_MIN_ROWS = 16  # decode_layers.c's BF16_AMX_MIN_ROWS: from here AMX tiles beat vdpbf16ps
+AMX_MIN_ROWS = 8  # decode_layers.c's BF16_AMX_MIN_ROWS: from here AMX tiles beat vdpbf16ps (even at 4 rows,
+# 1.3-3.3x faster at 8 in bench/kernels/bf16_decode_micro.py on a loaded Xeon; vdpbf16ps ahead at 1-2)
 BF16_NO_PATH, BF16_NO_MEMORY = -1, -3
 
 

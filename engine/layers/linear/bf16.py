@@ -11,8 +11,8 @@ decode step streams half the memory) while the activations, the norms, the resid
 KV cache stay float32; each matmul rounds its input rows to bf16 at the kernel's door (as oneDNN's
 bf16 GEMM does) and sums exact products in float32. That is closer to float32 than torch's all-bf16
 path, which also rounds every output, norm and cache entry to bf16. The same kernel runs every row
-count (AMX tiles from 16 rows: at 64 rows as fast as torch's oneDNN bf16 GEMM on the LM head, and it
-skips converting the activations to a bf16 tensor), and its panels are the one-call decode's
+count (AMX tiles from 8 rows: at 64-256 rows as fast as torch's oneDNN bf16 GEMM on the LM head,
+which would need a second, row-major copy of the weights), and its panels are the one-call decode's
 ``BF16_PANELS`` operands (``model/fused_layers.py``). The GPU, and a CPU where the library does not
 build, keep the all-bf16 torch path (the ``float`` method in bf16).
 """
@@ -45,7 +45,7 @@ class Bf16Linear:
         return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
 
     def native_operand(self) -> NativeOperand | None:
-        """The panels on the native kernel's best path (AMX from 16 rows, as the per-op call): any rows."""
+        """The panels on the native kernel's best path (AMX from ``AMX_MIN_ROWS``, as the per-op call): any rows."""
         return NativeOperand(self.weight.panels, self.bias, "bf16", BF16_PANELS, path=self.native.path)
 
 

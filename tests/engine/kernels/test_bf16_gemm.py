@@ -9,11 +9,14 @@ shape that needs padding, at 1, 7, 8, 33 and 64 rows, with and without bias."""
 from __future__ import annotations
 
 import functools
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from kvfleet.engine.kernels.native import bf16_gemm
 from kvfleet.engine.kernels.native.bf16_gemm import (
     AMX_MIN_ROWS,
     PATHS,
@@ -108,6 +111,12 @@ def test_the_panels_hold_the_weight_rounded_to_bf16_as_torch_rounds_it() -> None
     assert torch.equal(packed.dense(), w.bfloat16())
     assert packed.dense()[0, 0].item() == 1.0 and packed.dense()[1, 1].item() == 1.0 + 2**-6
     assert packed.panels[2, :, 5:].abs().sum() == 0 and packed.panels[:, 23:].abs().sum() == 0
+
+
+def test_the_one_call_step_switches_to_amx_at_the_same_row_count_as_the_per_op_path() -> None:
+    source = (Path(bf16_gemm.__file__).parent / "csrc" / "decode_layers.c").read_text()
+    found = re.search(r"#define BF16_AMX_MIN_ROWS (\d+)", source)
+    assert found is not None and int(found.group(1)) == AMX_MIN_ROWS
 
 
 def test_a_call_of_fewer_than_amx_min_rows_takes_avx512_bf16_where_amx_is_the_best_path() -> None:

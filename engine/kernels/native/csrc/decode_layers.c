@@ -79,7 +79,7 @@ typedef struct {
 #define BF16_PANELS 257  /* not a ggml type: bf16_gemm.c's bf16 panels */
 #define BF16_AVX512 1    /* bf16_linear's paths: 1 avx512_bf16, 2 amx */
 #define BF16_AMX 2
-#define BF16_AMX_MIN_ROWS 16 /* below this many rows AVX512-BF16 rather than AMX (bf16_gemm.py's AMX_MIN_ROWS) */
+#define BF16_AMX_MIN_ROWS 8 /* below this many rows AVX512-BF16 rather than AMX (bf16_gemm.py's AMX_MIN_ROWS) */
 
 /* The step: its shapes, its per-row inputs and its scratch (each buffer rows x its width). */
 typedef struct {
