@@ -9,6 +9,7 @@ shape that needs padding, at 1, 7, 8, 33 and 64 rows, with and without bias."""
 from __future__ import annotations
 
 import functools
+import platform
 import re
 from pathlib import Path
 
@@ -199,3 +200,25 @@ def test_only_a_bf16_engine_on_the_cpu_gets_the_bf16_method() -> None:
     assert native is not None and native.path in config.source
     assert bf16_config(cpu, torch.float32) is None
     assert bf16_config(torch.device("cuda"), torch.bfloat16) is None
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="-march=x86-64-v3 names an x86_64 CPU")
+def test_on_a_cpu_without_avx512_the_library_builds_the_portable_path_alone_and_it_is_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16_gemm.c built for an AVX2 machine (``-march=x86-64-v3``: no AVX-512, no AMX) has the
+    portable path only, and it gives the reference's product there too."""
+    import ctypes
+
+    from kvfleet.engine.kernels.native import build
+
+    monkeypatch.setenv("KVFLEET_CACHE", str(tmp_path))
+    flags = tuple("-march=x86-64-v3" if f == "-march=native" else f for f in build.FLAGS)
+    built = build.build_library(flags)
+    assert built.library is not None, built.reason
+    assert isinstance(built.library, ctypes.CDLL)
+    avx2 = NativeBf16(built.library)
+    assert avx2.paths == ("portable",) and avx2.path == "portable"
+    w, b = operands("odd")
+    x = torch.randn(9, w.shape[1])
+    torch.testing.assert_close(avx2(x, panels("odd"), b).double(), reference(x, w, b), rtol=1e-5, atol=2e-5)
