@@ -9,7 +9,7 @@ quant kernel with int8 activations); then each layer linear re-quantised from th
 weights with ``gguf.quants.quantize`` (Q8_0, Q4_0, Q4_1; its numpy quantiser has no K-quants,
 so Q4_K/Q5_K/Q6_K are not measured here; the LM head stays the file's Q8_0); ``int8``
 (``--quantization int8`` of the float32 weights: per-channel int8, per-token int8 activations)
-and ``bfloat16`` (``--dtype bfloat16``: weights and activations in bf16). The whole text
+and ``bfloat16`` (``--dtype bfloat16``: on the CPU bf16 weights, float32 activations, issue #47). The whole text
 is one prefill; every row's logits are kept (the runner's forward is wrapped). Then the greedy
 chat answers to the France prompts of ``CHATS``, float32 and gguf, each with its first token's
 margin over the runner-up (log-probability difference): where float32 itself is a near tie, int8

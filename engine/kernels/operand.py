@@ -1,7 +1,7 @@
 """What the one-call native decode reads of one matmul, as each linear kernel offers it.
 
 Where it sits: every resolved linear (``kernels/linear.py``, ``quant_linear.py``, ``int8_linear.py``,
-``fp8_linear.py``) answers ``native_operand()`` with a :class:`NativeOperand` or None;
+``fp8_linear.py``, ``layers/linear/bf16.py``) answers ``native_operand()`` with a :class:`NativeOperand` or None;
 ``model/fused_layers.py`` builds the native call's per-layer operands from them alone, and
 ``layers/linear/base.py`` makes it part of the one linear interface.
 """
@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-OperandKind = Literal["rows", "panels", "quant"]
+OperandKind = Literal["rows", "panels", "quant", "bf16"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +22,8 @@ class NativeOperand:
 
     ``kind``: ``rows``, float32 (out, in) rows on the few-row kernel; ``panels``, the native GEMM's
     float32 panels; ``quant``, the quantised kernels' operand of ``type`` (a ggml block type, or
-    ``INT8_CHANNEL`` with per-row ``scale``). ``path``: the quantised kernel's path; ``max_rows``:
+    ``INT8_CHANNEL`` with per-row ``scale``); ``bf16``, the bf16 kernel's panels (``type``
+    ``BF16_PANELS``, ``native/bf16_gemm.py``). ``path``: the quantised or bf16 kernel's path; ``max_rows``:
     the most rows a step may have for the per-op path to run this same kernel (None: any)."""
 
     weight: torch.Tensor

@@ -14,11 +14,13 @@ What a linear becomes (the config's ``serving_target``):
   are the channels, looked up and dequantised per step; the LM head, tied or not, as well);
 - ``fp8`` (a GPU of compute capability >= 8.9): e4m3 with per-channel scales through
   ``torch._scaled_mm`` (``kernels/fp8_linear.py``), from the checkpoint or quantised at load;
+- ``bf16`` (the CPU, a float checkpoint in ``--dtype bfloat16``): bf16 weights in the native bf16
+  kernel's panels (``layers/linear/bf16.py``; the embedding in bf16 rows), computed in float32;
 - ``float``: a quantised checkpoint where its kernel cannot run (FP8 on a CPU, int8 on a GPU),
   dequantised once to the compute dtype, with a warning.
 
 A decode step runs every layer in one native call (``model/fused_layers.py``) where every layer matmul is
-the native int8 kernel's (``int8`` on the CPU); with any other kernel it runs the per-op path.
+the native int8 kernel's (``int8`` on the CPU) or the native bf16 kernel's; with any other kernel it runs the per-op path.
 
 Tensor parallelism (``shard``): each linear is read whole, quantised where floats are, and cut to the
 rank's rows or columns by its method (``LinearMethod.shard``: every row keeps its scale), so
@@ -38,8 +40,10 @@ from torch import nn
 
 from kvfleet.engine.kernels.fp8_linear import Fp8Weight
 from kvfleet.engine.kernels.linear import Linear
+from kvfleet.engine.kernels.native.bf16_gemm import Bf16Weight
 from kvfleet.engine.kernels.native.int8_gemm import Int8Weight
 from kvfleet.engine.layers.linear.base import LinearMethod, get_method
+from kvfleet.engine.layers.linear.bf16 import Bf16Method
 from kvfleet.engine.layers.linear.config import (
     FP8_ON_CPU,
     QuantizationConfig,
@@ -62,7 +66,8 @@ if TYPE_CHECKING:  # engine/parallel loads weights through this package: named f
     from kvfleet.engine.parallel.shard import RankShard
 
 log = logging.getLogger(__name__)
-Weight = Int8Weight | Fp8Weight | torch.Tensor
+Stored = Int8Weight | Fp8Weight | torch.Tensor  # a linear's weight as the checkpoint holds it
+Weight = Stored | Bf16Weight  # as its method serves it (bf16: floats laid out in panels at load)
 __all__ = [
     "FP8_ON_CPU",
     "Int8Embedding",
@@ -93,7 +98,7 @@ class Tensors:
         return tensor
 
 
-def read_linear(tensors: Tensors, name: str) -> Weight:
+def read_linear(tensors: Tensors, name: str) -> Stored:
     """``name.weight`` as stored: int8 or e4m3 with its ``weight_scale`` (per channel or per tensor), or floats."""
     weight = tensors[f"{name}.weight"]
     if weight.dtype not in (torch.int8, torch.float8_e4m3fn):
@@ -107,7 +112,7 @@ def read_linear(tensors: Tensors, name: str) -> Weight:
     return Fp8Weight(weight.contiguous(), scale)
 
 
-def convert(w: Weight, quant: QuantizationConfig, dtype: torch.dtype, device: torch.device) -> Weight:
+def convert(w: Stored, quant: QuantizationConfig, dtype: torch.dtype, device: torch.device) -> Weight:
     """``w`` as ``quant``'s method serves it: floats quantised only for a flag on a float checkpoint."""
     method = quant.linear_method(dtype)
     if isinstance(w, torch.Tensor):
@@ -115,6 +120,8 @@ def convert(w: Weight, quant: QuantizationConfig, dtype: torch.dtype, device: to
             return method.quantize(w)
         if quant.quantizes_floats and isinstance(method, Fp8Method):
             return method.quantize(w.to(device))
+        if quant.quantizes_floats and isinstance(method, Bf16Method):
+            return method.quantize(w)
         return w.to(dtype=dtype, device=device)
     if quant.method == "float":
         return (
@@ -136,6 +143,8 @@ def method_of(weights: list[Weight], dtype: torch.dtype) -> LinearMethod:
 
 
 def _format(w: Weight) -> str:
+    if isinstance(w, Bf16Weight):
+        return "bf16"
     return "int8" if isinstance(w, Int8Weight) else "fp8" if isinstance(w, Fp8Weight) else "float"
 
 
@@ -145,6 +154,8 @@ def linear_of(weights: list[Weight], bias: torch.Tensor | None, dtype: torch.dty
 
 
 def _shape(w: Weight) -> tuple[int, ...]:
+    if isinstance(w, Bf16Weight):
+        return (w.out_features, w.in_features)
     return tuple(w.shape if isinstance(w, torch.Tensor) else w.qweight.shape)
 
 

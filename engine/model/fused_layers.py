@@ -13,9 +13,10 @@ only, as the per-op path prunes it), no LoRA, and every matmul on the native GEM
 model every layer matmul on the native quantised kernel: ``--quantization gguf``'s
 :class:`QuantLinear` (any number of rows), or
 ``int8``'s :class:`Int8Linear` below ``ONEDNN_MIN_ROWS`` rows (from there the per-op path's
-matmuls are oneDNN's). Anything else is the per-op path's, as before. Each resolved matmul says
-what the call reads of it and up to how many rows (``native_operand``, ``kernels/operand.py``, part
-of ``layers/linear``'s one interface): this module never asks a weight's or a kernel's type.
+matmuls are oneDNN's), or for a bf16 model on the CPU (``layers/linear/bf16.py``: float32 compute)
+every layer matmul on the native bf16 kernel's panels (any number of rows). Anything else is the
+per-op path's, as before. Each resolved matmul says what the call reads of it and up to how many
+rows (``native_operand``, ``kernels/operand.py``, part of ``layers/linear``'s one interface): this module never asks a weight's or a kernel's type.
 
 Built once per model from its weights after ``prepack`` (which drops it to be built again):
 a weight replaced afterwards in place of the tensor is not seen.
@@ -32,6 +33,7 @@ import torch
 from kvfleet.engine.attention import AttentionBackend, AttentionMetadata
 from kvfleet.engine.attention.checks import check_cache, check_forward, check_paged_bounds
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
+from kvfleet.engine.kernels.native.bf16_gemm import PATHS as BF16_PATHS
 from kvfleet.engine.kernels.native.decode_layers import (
     LayerGeometry,
     LayerOperands,
@@ -68,7 +70,7 @@ def _layer_operands(layer: Any) -> tuple[LayerOperands, NativeOperand] | None:
     found = [op for op in ops if op is not None]
     norms = (layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach())
     floats = [*norms, *(op.bias for op in found), *(op.scale for op in found)]
-    if first.kind != "quant":  # float32 rows or panels (a quantised weight is read as stored)
+    if first.kind not in ("quant", "bf16"):  # float32 rows or panels (quantised or bf16: read as stored)
         floats += [op.weight for op in found]
     if not all(_f32(t) for t in floats):
         return None
@@ -82,12 +84,12 @@ def _layer_operands(layer: Any) -> tuple[LayerOperands, NativeOperand] | None:
 
 
 class Operands(NamedTuple):
-    """Every layer's operands, whether float32 weights are native panels, the quantised kernel's
-    path, and the most rows a step may have for the per-op path to run these same kernels."""
+    """Every layer's operands, whether float32 weights are native panels, the quantised (or bf16)
+    kernel's path number, and the most rows a step may have for the per-op path to run these same kernels."""
 
     layers: list[LayerOperands]
     packed: bool
-    quant_path: str = PATHS[0]
+    quant_path: int = 0
     max_rows: int | None = None
 
 
@@ -100,7 +102,8 @@ def _all_operands(layers: Sequence[Any]) -> Operands | None:
         return None
     kind, path, max_rows = keys.pop()
     ops = [f[0] for f in found if f is not None]
-    return Operands(ops, kind != "rows", path or PATHS[0], max_rows)
+    paths = BF16_PATHS if kind == "bf16" else PATHS  # each kernel's path numbers (decode_layers.c)
+    return Operands(ops, kind != "rows", paths.index(path or paths[0]), max_rows)
 
 
 def _ascending(rows: torch.Tensor) -> bool:
@@ -131,7 +134,7 @@ class FusedLayers:
         geometry = LayerGeometry(
             hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim, intermediate=intermediate, eps=eps.pop(), packed=ops.packed,
-            quant_path=PATHS.index(ops.quant_path), max_rows=ops.max_rows,
+            quant_path=ops.quant_path, max_rows=ops.max_rows,
         )  # fmt: skip
         return cls(NativeDecodeLayers(lib, geometry, ops.layers))
 

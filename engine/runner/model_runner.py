@@ -176,6 +176,7 @@ class ModelRunner(Runner):
             config.quantization, self.model_path, self.device, self.dtype, gguf
         )
         self.quantization.check_serves(self.device, self.dtype)
+        self.dtype = self.quantization.compute_dtype(self.dtype)  # bf16 weights, float32 compute: bf16.py
         self.shard: RankShard | None = None
         self.leader: Leader | None = None
         if config.tensor_parallel_size > 1:

@@ -2,7 +2,7 @@
 
 Where it sits: each kernel module of this package (``paged_decode``, ``paged_prefill``,
 ``fused_ops``, ``skinny_gemm``, ``packed_gemm``, ``decode_layers``,
-``quant_gemm`` (``quant_pack.c``, ``quant_gemm.c``, ``quant_vnni.c``), ``int8_gemm``) binds its entry points from
+``quant_gemm`` (``quant_pack.c``, ``quant_gemm.c``, ``quant_vnni.c``), ``int8_gemm``, ``bf16_gemm``) binds its entry points from
 :func:`library`; nothing else compiles. The C sources are built with the machine's C compiler
 (``$CC``, ``cc`` or ``gcc``; :data:`FLAGS`: ``-O3 -march=native -fopenmp``) into
 ``$KVFLEET_CACHE/kernels`` (default ``~/.cache/kvfleet/kernels``), named by a hash of the sources,
@@ -41,6 +41,7 @@ SOURCES = tuple(
         "quant_vnni.c",
         "int8_gemm.c",
         "int8_vnni.c",
+        "bf16_gemm.c",
     )
 )
 HEADERS = (CSRC / "fast_exp.h", CSRC / "quant_layout.h")  # included by the sources: part of the build key

@@ -27,6 +27,7 @@ _TYPES = ("qkv_type", "o_type", "gate_up_type", "down_type")
 _SCALES = ("qkv_scale", "o_scale", "gate_up_scale", "down_scale")
 QUANT_FAILED = 100  # decode_layers.c: a status above it is QUANT_FAILED - the quantised kernel's status
 INT8_CHANNEL = 256  # decode_layers.c's type of int8_gemm.c's per-channel int8 weights (not a ggml type)
+BF16_PANELS = 257  # decode_layers.c's type of bf16_gemm.c's bf16 panels (a bf16 model on the CPU)
 
 
 class _Layer(ctypes.Structure):
@@ -59,8 +60,8 @@ class LayerOperands(NamedTuple):
     """One layer's weights as the C side reads them: the native GEMM's panels (``packed``) or
     (out, in) row-major matrices, contiguous float32, or where ``types`` gives a matmul's ggml
     type (qkv, o, gate_up, down; 0: float32), its GGUF blocks as ``quant_pack.c`` repacked them
-    (uint8), or with :data:`INT8_CHANNEL`, (out, in) int8 rows and their ``scales`` (out,)
-    float32; a bias may be None."""
+    (uint8), with :data:`INT8_CHANNEL`, (out, in) int8 rows and their ``scales`` (out,)
+    float32, or with :data:`BF16_PANELS`, ``bf16_gemm.py``'s panels (bf16); a bias may be None."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -86,7 +87,9 @@ class LayerGeometry(NamedTuple):
     intermediate: int
     eps: float
     packed: bool  # the weights are packed_gemm.c panels (else row-major, for the few-row kernel)
-    quant_path: int = 0  # the quantised kernel's path number (quant_gemm.PATHS), GGUF or int8
+    quant_path: int = (
+        0  # the quantised kernel's path number (quant_gemm.PATHS, GGUF or int8; bf16_gemm.PATHS)
+    )
     max_rows: int | None = None  # the most rows a step may have (the per-op path's kernels change above)
 
 

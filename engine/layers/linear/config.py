@@ -9,6 +9,8 @@ Hugging Face folder whose config.json carries a compressed-tensors scheme in tha
 (``checkpoint.py``), anything else in floats; ``--quantization`` overrides where it
 can (``int8``/``fp8`` quantise a float checkpoint at load, ``gguf`` serves the ``smollm2`` alias's
 file in blocks) and a combination that cannot be served is a :class:`ModelLoadError` naming it.
+A float checkpoint in ``--dtype bfloat16`` on the CPU gets the ``bf16`` method where the native
+library builds (:func:`bf16_config`: bf16 weights, float32 compute, ``layers/linear/bf16.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gguf import GGUFReader
 
 from kvfleet.engine.errors import ModelLoadError
 from kvfleet.engine.kernels.fp8_linear import fp8_supported
+from kvfleet.engine.kernels.native.bf16_gemm import load_bf16
 from kvfleet.engine.kernels.native.quant_gemm import BLOCK_LAYOUTS
 from kvfleet.engine.layers.linear.base import LinearMethod, get_method
 from kvfleet.engine.layers.linear.checkpoint import Scheme, checkpoint_quantization, checkpoint_source
@@ -40,7 +43,7 @@ FP8_ON_CPU = (
 @dataclass(frozen=True, slots=True)
 class QuantizationConfig:
     """``method``: the registered linear method of every layer matmul (``float``, ``gguf``,
-    ``int8``, ``fp8``); ``stored``: how the checkpoint holds the linears; ``source``: why, in words
+    ``int8``, ``fp8``, ``bf16``); ``stored``: how the checkpoint holds the linears; ``source``: why, in words
     (logged, and named by every refusal); ``gguf_file``: the blocks' file for ``gguf``."""
 
     method: str
@@ -73,6 +76,11 @@ class QuantizationConfig:
 
     def linear_method(self, dtype: torch.dtype) -> LinearMethod:
         return get_method(self.method, dtype)
+
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """What the model's activations, norms and KV cache are held in for the engine's ``dtype``:
+        float32 under the ``bf16`` method (only its weights are bf16), else ``dtype`` itself."""
+        return torch.float32 if self.method == "bf16" else dtype
 
     def check_serves(self, device: torch.device, dtype: torch.dtype) -> None:
         """Refuse, before a tensor-parallel worker starts, what this config cannot serve on ``device``
@@ -124,7 +132,7 @@ def resolve_quantization(
         return _detected_gguf(gguf.file, device, dtype)
     scheme = checkpoint_quantization(folder)
     if flag is None and scheme is None:
-        return FLOAT
+        return bf16_config(device, dtype) or FLOAT
     method = serving_target(flag, scheme, device)
     source = f"--quantization {flag}" if scheme is None else checkpoint_source(folder, scheme)
     return QuantizationConfig(method, scheme or "float", source)
@@ -152,6 +160,17 @@ def gguf_holds_blocks(path: Path) -> bool:
     """Whether a layer linear of the GGUF file ``path`` is stored in a block format the kernel takes."""
     tensors = GGUFReader(path).tensors
     return any(t.name.startswith("blk.") and int(t.tensor_type) in BLOCK_LAYOUTS for t in tensors)
+
+
+def bf16_config(device: torch.device, dtype: torch.dtype) -> QuantizationConfig | None:
+    """The ``bf16`` method for a float checkpoint in bfloat16 on the CPU where the native bf16 kernel
+    builds (its path named); None elsewhere (the GPU, no compiler: the all-bf16 torch path)."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return None
+    native = load_bf16()
+    if native is None:
+        return None
+    return QuantizationConfig("bf16", "float", f"--dtype bfloat16 on the CPU: bf16 weights on {native.path}")
 
 
 def serving_target(flag: str | None, scheme: Scheme | None, device: torch.device) -> Target:

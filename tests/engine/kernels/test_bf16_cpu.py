@@ -1,5 +1,6 @@
-"""``--dtype bfloat16`` on the CPU (issue #34): oneDNN's packed bf16 linear, the prepack choice by CPU
-path, the warning where the CPU has no bf16 path, and next-token agreement with float32."""
+"""``--dtype bfloat16`` on the CPU (issue #34, #47): oneDNN's packed bf16 linear, the prepack choice by CPU
+path, the warning where the CPU has no bf16 path, the bf16 method (bf16 weights on the native kernel,
+float32 activations: ``layers/linear/bf16.py``), and next-token agreement with float32."""
 
 from __future__ import annotations
 
@@ -89,14 +90,24 @@ def test_bf16_on_a_cpu_without_a_bf16_path_is_kept_unpacked_and_warned_about(
     config = EngineConfig(model=str(tiny), dtype="bfloat16", device="cpu", num_kv_blocks=8)
     with caplog.at_level(logging.WARNING, logger="kvfleet.engine.runner.model_runner"):
         runner = ModelRunner(config, tiny)
-    assert runner.dtype == torch.bfloat16 and runner.weight_packing is None
+    # the native bf16 kernel's portable path keeps the bf16 weights; the activations stay float32
+    assert runner.quantization.method == "bf16" and runner.dtype == torch.float32
+    assert runner.weight_packing is None
     assert "dtype bfloat16 kept as asked" in caplog.text and "use --dtype float32" in caplog.text
 
 
-@needs_bf16
-def test_a_bf16_model_on_this_cpu_is_prepacked_for_onednn(tiny: Path) -> None:
+def test_a_bf16_model_on_the_cpu_keeps_bf16_weights_on_the_native_kernel_and_float32_activations(
+    tiny: Path,
+) -> None:
     config = EngineConfig(model=str(tiny), dtype="bfloat16", device="cpu", num_kv_blocks=8)
-    assert ModelRunner(config, tiny).weight_packing == "onednn"
+    runner = ModelRunner(config, tiny)
+    assert runner.quantization.method == "bf16" and runner.weight_packing is None
+    assert runner.dtype == torch.float32 and runner.kv_caches[0].dtype == torch.float32
+    layer = runner.model.model.layers[0]
+    assert all(m.weight.panels.dtype == torch.bfloat16 for m in layer.self_attn.matmuls())
+    assert runner.model.fixed_lm_head.weight.panels.dtype == torch.bfloat16
+    assert runner.model.model.embed_tokens.bf16.dtype == torch.bfloat16
+    assert layer.input_layernorm.weight.dtype == torch.float32
 
 
 def next_tokens(tiny: Path, dtype: str) -> list[tuple[int, dict[int, float]]]:

@@ -43,7 +43,7 @@ def bias_of(n: int) -> torch.Tensor:
 
 
 def test_every_format_is_registered_by_name() -> None:
-    assert registered() == ("float", "fp8", "gguf", "int8", "packed")
+    assert registered() == ("bf16", "float", "fp8", "gguf", "int8", "packed")
     with pytest.raises(ValueError, match="no linear method 'awq'"):
         get_method("awq")
 

@@ -8,8 +8,9 @@
  * A matmul's weight is float32 (native panels or row-major); for a model served with
  * --quantization gguf, GGUF blocks repacked by quant_pack.c, multiplied by quant_gemm.c's
  * quant_linear; for --quantization int8, per-channel int8 rows and their scales, multiplied by
- * int8_gemm.c's int8_linear; each on the path the Python side chose (the per-op path's own call,
- * same arguments).
+ * int8_gemm.c's int8_linear; for a bf16 model (--dtype bfloat16 on the CPU), bf16 panels, multiplied
+ * by bf16_gemm.c's bf16_linear (AMX from BF16_AMX_MIN_ROWS rows, as bf16_gemm.py's path_for); each on
+ * the path the Python side chose (the per-op path's own call, same arguments).
  *
  * Why: at a few rows a layer's work is small (SmolLM2 at one row: 14 MB of weights a layer, about
  * half a millisecond of memory), and the per-op path pays Python and torch's dispatch for each of
@@ -19,7 +20,7 @@
  * stall-free step (decodes plus a chunk of 64-256 tokens) pays it every step.
  *
  * Invariant: the result is the per-op path's, bit for bit: the same functions (add_rms_norm_f32,
- * packed_linear_f32, skinny_linear_f32, quant_linear or int8_linear, rope_f32, paged_decode_f32,
+ * packed_linear_f32, skinny_linear_f32, quant_linear, int8_linear or bf16_linear, rope_f32, paged_decode_f32,
  * paged_prefill_f32, silu_mul_f32 of this
  * library) on the same operands in the same order, and K/V stored by copy as store_kv_reference
  * stores it. Layer i: h = norm(x + residual) (layer 0: norm(residual), the embedding); qkv = h W;
@@ -42,6 +43,8 @@ int quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, in
                  float *out, int num_threads, int path);
 int int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, const float *scale,
                 const float *bias, float *out, int num_threads, int path);
+int bf16_linear(const float *x, int64_t m, int64_t k, const uint16_t *wp, int64_t n, const float *bias,
+                float *out, int num_threads, int path);
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
                      int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
                      const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
@@ -53,7 +56,8 @@ int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache
 
 /* One layer's operands. Weights: with type 0, packed_gemm.c panels when the step's `packed`, else
  * (n, k) row-major float32; with a ggml type (qkv_type.. down_type), quant_pack.c's repacked blocks;
- * with INT8_CHANNEL, (n, k) int8 rows whose scales are qkv_scale.. down_scale. A bias may be NULL.
+ * with INT8_CHANNEL, (n, k) int8 rows whose scales are qkv_scale.. down_scale; with BF16_PANELS,
+ * bf16_gemm.c's panels of (n, k) bf16. A bias may be NULL.
  * Caches: (num_blocks, block_size, kv_heads, head_dim). */
 typedef struct {
     const float *input_norm, *post_norm;
@@ -68,17 +72,22 @@ typedef struct {
     float *k_cache, *v_cache;
     float scale;
     int32_t window; /* 0: no sliding window */
-    int32_t qkv_type, o_type, gate_up_type, down_type; /* 0: float32; a ggml type; or INT8_CHANNEL */
+    int32_t qkv_type, o_type, gate_up_type, down_type; /* 0: float32; a ggml type; INT8_CHANNEL; BF16_PANELS */
     const float *qkv_scale, *o_scale, *gate_up_scale, *down_scale; /* INT8_CHANNEL's (n,) scales */
 } decode_layer;
 #define INT8_CHANNEL 256 /* not a ggml type: int8_gemm.c's per-channel int8 */
+#define BF16_PANELS 257  /* not a ggml type: bf16_gemm.c's bf16 panels */
+#define BF16_AVX512 1    /* bf16_linear's paths: 1 avx512_bf16, 2 amx */
+#define BF16_AMX 2
+#define BF16_AMX_MIN_ROWS 8 /* below this many rows AVX512-BF16 rather than AMX (bf16_gemm.py's AMX_MIN_ROWS) */
 
 /* The step: its shapes, its per-row inputs and its scratch (each buffer rows x its width). */
 typedef struct {
     int64_t rows, hidden, heads, kv_heads, head_dim, intermediate, table_stride;
     int32_t block_size, packed, threads;
     float eps;
-    int32_t quant_path; /* quant_linear's / int8_linear's path: 0 portable, 1 AVX2, 2 AVX-512 VNNI */
+    int32_t quant_path; /* quant_linear's / int8_linear's path: 0 portable, 1 AVX2, 2 AVX-512 VNNI;
+                         * bf16_linear's: 0 portable, 1 avx512_bf16, 2 amx */
     const float *cos, *sin;                                  /* (rows, head_dim) */
     const int64_t *slots;                                    /* (rows,): each row's cache slot */
     const int64_t *seqs;                                     /* the decoding sequences' ids */
@@ -94,7 +103,10 @@ typedef struct {
 static int matmul(const decode_step *s, const float *x, int64_t k, const void *w, int type, const float *scale,
                   int64_t n, const float *bias, float *out) {
     int rc = 0;
-    if (type == INT8_CHANNEL)
+    if (type == BF16_PANELS) {
+        const int path = s->quant_path == BF16_AMX && s->rows < BF16_AMX_MIN_ROWS ? BF16_AVX512 : s->quant_path;
+        rc = bf16_linear(x, s->rows, k, (const uint16_t *)w, n, bias, out, s->threads, path);
+    } else if (type == INT8_CHANNEL)
         rc = int8_linear(x, s->rows, k, (const int8_t *)w, n, scale, bias, out, s->threads, s->quant_path);
     else if (type != 0)
         rc = quant_linear(x, s->rows, k, (const uint8_t *)w, n, type, bias, out, s->threads, s->quant_path);
