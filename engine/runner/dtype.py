@@ -103,8 +103,9 @@ def resolve_dtype(
 
 def pick_dtype(config: EngineConfig, device: torch.device, folder: Path) -> DtypeChoice:
     """The runner's dtype for ``config.dtype`` on ``device``, the model resolved to ``folder``: the
-    checkpoint is read only for ``auto``. A ``bfloat16`` on a CPU runs its matmuls on the start-up
-    line's ``bf16:`` path (oneDNN, prepacked, ``kernels/packing``); on a CPU without one (``bf16:
+    checkpoint is read only for ``auto``. A ``bfloat16`` float checkpoint on a CPU keeps bf16 weights on
+    ``kernels/native/bf16_gemm.py`` (``layers/linear/bf16.py``: AMX tiles, AVX512-BF16, or the portable
+    path that widens bf16 to float32), activations in float32; on a CPU with neither bf16 ISA (``bf16:
     none``) only an explicit one is served, with the runner's warning."""
     paths = probe_cpu_paths() if device.type == "cpu" else None
     asked = config.dtype
