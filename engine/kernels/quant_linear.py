@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from kvfleet.engine.kernels.linear import Linear, TorchLinear
+from kvfleet.engine.kernels.linear import Linear, TorchLinear, flat_call
 from kvfleet.engine.kernels.native.quant_gemm import NativeQuant, PackedQuant, QuantWeight, load_quant
 from kvfleet.engine.kernels.operand import NativeOperand
 
@@ -33,11 +33,7 @@ class QuantLinear:
     bias: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.dtype == torch.float32:  # the flat batch as the model passes it
-            return self.native(x, self.weight, self.bias)
-        flat = x.reshape(-1, x.shape[-1]).float()
-        out = self.native(flat, self.weight, self.bias)
-        return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
+        return flat_call(self.native, self.weight, self.bias, x)
 
     def native_operand(self) -> NativeOperand | None:
         """The repacked blocks, on the kernel's path (any row count: the per-op path runs it too)."""

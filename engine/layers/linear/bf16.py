@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kvfleet.engine.kernels.linear import flat_call
 from kvfleet.engine.kernels.native.bf16_gemm import Bf16Weight, NativeBf16, load_bf16, pack_panels
 from kvfleet.engine.kernels.native.decode_layers import BF16_PANELS
 from kvfleet.engine.kernels.operand import NativeOperand
@@ -40,9 +41,7 @@ class Bf16Linear:
     bias: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).float()
-        out = self.native(flat, self.weight, self.bias)
-        return out.reshape(*x.shape[:-1], self.weight.out_features).to(x.dtype)
+        return flat_call(self.native, self.weight, self.bias, x)
 
     def native_operand(self) -> NativeOperand | None:
         """The panels on the native kernel's best path (AMX from ``AMX_MIN_ROWS``, as the per-op call): any rows."""

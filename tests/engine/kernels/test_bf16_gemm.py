@@ -18,22 +18,12 @@ import torch
 from torch import nn
 
 from kvfleet.engine.kernels.native import bf16_gemm
-from kvfleet.engine.kernels.native.bf16_gemm import (
-    AMX_MIN_ROWS,
-    PATHS,
-    Bf16KernelError,
-    Bf16Weight,
-    NativeBf16,
-    choose_bf16_path,
-    load_bf16,
-    pack_panels,
-)
 from kvfleet.engine.kernels.native.cpu_features import choose_cpu_paths
 from kvfleet.engine.layers.linear import get_method, registered
 from kvfleet.engine.layers.linear.bf16 import Bf16Linear
 from kvfleet.engine.layers.linear.config import bf16_config
 
-native = load_bf16()
+native = bf16_gemm.load_bf16()
 pytestmark = pytest.mark.skipif(native is None, reason="the native library does not build here")
 # the paths this build has and this CPU runs (amx only where the process was granted the tiles)
 HERE = () if native is None else tuple(p for p in native.paths if p != "amx" or native.path == "amx")
@@ -55,8 +45,8 @@ def operands(shape: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.cache
-def panels(shape: str) -> Bf16Weight:
-    return pack_panels(operands(shape)[0])
+def panels(shape: str) -> bf16_gemm.Bf16Weight:
+    return bf16_gemm.pack_panels(operands(shape)[0])
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -107,7 +97,7 @@ def test_the_paths_agree_with_each_other_to_float32_rounding() -> None:
 def test_the_panels_hold_the_weight_rounded_to_bf16_as_torch_rounds_it() -> None:
     w = torch.randn(37, 45) * 3
     w[0, 0], w[1, 1] = 1.0 + 2**-8, 1.0 + 3 * 2**-8  # ties: to even (1.0), and up (1.0 + 2^-6)
-    packed = pack_panels(w)
+    packed = bf16_gemm.pack_panels(w)
     assert packed.panels.shape == (3, 32, 16, 2)  # 37 -> 48 columns, 45 -> 64 of k in pairs
     assert torch.equal(packed.dense(), w.bfloat16())
     assert packed.dense()[0, 0].item() == 1.0 and packed.dense()[1, 1].item() == 1.0 + 2**-6
@@ -117,14 +107,14 @@ def test_the_panels_hold_the_weight_rounded_to_bf16_as_torch_rounds_it() -> None
 def test_the_one_call_step_switches_to_amx_at_the_same_row_count_as_the_per_op_path() -> None:
     source = (Path(bf16_gemm.__file__).parent / "csrc" / "decode_layers.c").read_text()
     found = re.search(r"#define BF16_AMX_MIN_ROWS (\d+)", source)
-    assert found is not None and int(found.group(1)) == AMX_MIN_ROWS
+    assert found is not None and int(found.group(1)) == bf16_gemm.AMX_MIN_ROWS
 
 
 def test_a_call_of_fewer_than_amx_min_rows_takes_avx512_bf16_where_amx_is_the_best_path() -> None:
     assert native is not None
-    amx = object.__new__(NativeBf16)
-    amx.paths, amx.path = PATHS, "amx"
-    assert [amx.path_for(r) for r in (1, AMX_MIN_ROWS - 1, AMX_MIN_ROWS, 64)] == [
+    amx = object.__new__(bf16_gemm.NativeBf16)
+    amx.paths, amx.path = bf16_gemm.PATHS, "amx"
+    assert [amx.path_for(r) for r in (1, bf16_gemm.AMX_MIN_ROWS - 1, bf16_gemm.AMX_MIN_ROWS, 64)] == [
         "avx512_bf16",
         "avx512_bf16",
         "amx",
@@ -149,19 +139,19 @@ def test_the_path_is_the_best_the_cpu_runs_amx_only_where_granted(
     from kvfleet.engine.kernels.native.cpu_features import AmxPermission
 
     amx = None if granted is None else AmxPermission(granted, "" if granted else "refused")
-    assert choose_bf16_path(PATHS, choose_cpu_paths(frozenset(flags), amx)) == want
-    assert choose_bf16_path(("portable",), choose_cpu_paths(frozenset(flags), amx)) == "portable"
+    assert bf16_gemm.choose_bf16_path(bf16_gemm.PATHS, choose_cpu_paths(frozenset(flags), amx)) == want
+    assert bf16_gemm.choose_bf16_path(("portable",), choose_cpu_paths(frozenset(flags), amx)) == "portable"
 
 
 def test_bad_operands_are_refused_with_the_reason() -> None:
     assert native is not None
     packed = panels("odd")
-    with pytest.raises(Bf16KernelError, match="45 columns"):
+    with pytest.raises(bf16_gemm.Bf16KernelError, match="45 columns"):
         native(torch.randn(2, 44), packed)
-    with pytest.raises(Bf16KernelError, match="float32"):
+    with pytest.raises(bf16_gemm.Bf16KernelError, match="float32"):
         native(torch.randn(2, 45, dtype=torch.float64), packed)
     if native.path != "amx":
-        with pytest.raises(Bf16KernelError, match="does not run here"):
+        with pytest.raises(bf16_gemm.Bf16KernelError, match="does not run here"):
             native(torch.randn(2, 45), packed, path="amx")
 
 
@@ -217,7 +207,7 @@ def test_on_a_cpu_without_avx512_the_library_builds_the_portable_path_alone_and_
     built = build.build_library(flags)
     assert built.library is not None, built.reason
     assert isinstance(built.library, ctypes.CDLL)
-    avx2 = NativeBf16(built.library)
+    avx2 = bf16_gemm.NativeBf16(built.library)
     assert avx2.paths == ("portable",) and avx2.path == "portable"
     w, b = operands("odd")
     x = torch.randn(9, w.shape[1])

@@ -22,28 +22,11 @@ from kvfleet.engine.kernels.native.decode_layers import BF16_PANELS
 from kvfleet.engine.layers.linear import config as quant_config
 from kvfleet.engine.runner.model_runner import ModelRunner
 
+from ..kernels.test_bf16_cpu import PROMPTS
 from .test_fused_decode import BLOCK, assert_one_call_is_the_per_op_step
 
 native = load_bf16()
 pytestmark = pytest.mark.skipif(native is None, reason="the native library does not build here")
-PROMPTS = [
-    "hello world",
-    "the",
-    "kvfleet serves models on kubernetes",
-    "The capital of France is",
-    "1 2 3 4 5",
-    "abcdefghij",
-    "Once upon a time",
-    "def main():",
-    "zzzz",
-    "What is the meaning of life?",
-    "paged attention over blocks",
-    "SELECT * FROM",
-    "<html><body>",
-    "quick brown fox",
-    "[1, 2, 3]",
-    "bf16 vs fp32",
-]
 TOKENS = 8
 
 
