@@ -380,6 +380,7 @@ def _sim_arguments(s: Group) -> None:
 
 
 def _tool_arguments(t: Group) -> None:
+    from kvfleet.engine.server.reasoning import REASONING_PARSERS
     from kvfleet.engine.server.tool_parsers import PARSERS
 
     t.add_argument(
@@ -387,7 +388,16 @@ def _tool_arguments(t: Group) -> None:
         choices=sorted(PARSERS),
         default=None,
         help="How the model writes tool calls, which tool_choice 'auto' reads with it: hermes (also the "
-        "prompt kvfleet renders for chat templates without tools), llama3_json, mistral or qwen.",
+        "prompt kvfleet renders for chat templates without tools), llama3_json, mistral, openai (gpt-oss's "
+        "Harmony commentary calls) or qwen.",
+    )
+    t.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="How the model writes its reasoning, returned apart as message.reasoning_content (and "
+        "vLLM's reasoning), streamed as delta.reasoning_content: deepseek_r1 or qwen3 (<think>...</think>; "
+        "qwen3 honours chat_template_kwargs.enable_thinking) or openai_gptoss (Harmony's analysis channel).",
     )
     t.add_argument(
         "--enable-auto-tool-choice",
