@@ -6,12 +6,15 @@ must be what the whole text's parse reads, in OpenAI's order (reasoning before c
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from itertools import count
+from typing import get_args
 
 import pytest
 
+from kvfleet.engine import cli
 from kvfleet.engine.server.reasoning import REASONING_PARSERS, get_reasoning_parser
 from kvfleet.engine.server.reasoning.base import OutputEvent, OutputReader, ReasoningDelta, Split
 from kvfleet.engine.server.tool_parsers import get_parser
@@ -24,6 +27,7 @@ from kvfleet.engine.server.tool_parsers.base import (
     ToolParser,
 )
 from kvfleet.engine.server.tool_parsers.openai import OpenAIParser
+from kvfleet.resources import ReasoningParserName
 
 QWEN3 = "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?"
 ANALYSIS = "<|channel|>analysis<|message|>User asks weather. Call get_weather.<|end|>"
@@ -32,6 +36,12 @@ CALL = (
     '<|message|>{"city": "Paris"}<|call|>'
 )
 FINAL = "<|start|>assistant<|channel|>final<|message|>It is 18 C in Paris.<|return|>"
+
+
+def engine_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(flags))
 
 
 def numbered(parser: ToolParser) -> ToolParser:
@@ -77,6 +87,21 @@ def test_the_reasoning_parsers_are_registered_by_vllms_names() -> None:
         ValueError, match=r"unknown parser 'r1'; known: \['deepseek_r1', 'openai_gptoss', 'qwen3'\]"
     ):
         get_reasoning_parser("r1")
+
+
+def test_the_operators_spec_names_the_same_parsers() -> None:
+    assert sorted(get_args(ReasoningParserName)) == sorted(REASONING_PARSERS)
+
+
+def test_an_unknown_reasoning_parser_flag_is_refused_naming_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        engine_args("--reasoning-parser", "granite")
+    assert (
+        "--reasoning-parser: invalid choice: 'granite' (choose from 'deepseek_r1', 'openai_gptoss', 'qwen3')"
+        in (capsys.readouterr().err)
+    )
 
 
 def test_qwen3_splits_the_thinking_from_the_answer() -> None:
