@@ -199,8 +199,9 @@ def _namespace(tools: Sequence[Mapping[str, Any]]) -> str:
             if spec.get("description"):
                 out.append(f"// {spec['description']}\n")
             out.append(f"{name}{'' if name in required else '?'}: {_ts_type(spec)}")
-            if "default" in spec:
-                out.append(f", // default: {json.dumps(spec['default'])}")
+            if "default" in spec:  # as the template: an enum's default bare, another as JSON
+                default = spec["default"] if spec.get("enum") else json.dumps(spec["default"])
+                out.append(f", // default: {default}")
             out.append(",\n")
         out.append("}) => any;\n\n")
     out.append("} // namespace functions")

@@ -47,7 +47,7 @@ def test_the_system_message_becomes_the_developers_instructions_with_the_tools()
     assert text == system(tools=True) + (
         "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\n"
         "namespace functions {\n\n// The weather in a city\ntype get_weather = (_: {\n// The city\ncity: string,\n"
-        'unit?: "C" | "F", // default: "C",\n}) => any;\n\n} // namespace functions<|end|>'
+        'unit?: "C" | "F", // default: C,\n}) => any;\n\n} // namespace functions<|end|>'
         "<|start|>user<|message|>Weather?<|end|><|start|>assistant"
     )
 
@@ -82,7 +82,9 @@ def test_reasoning_of_a_turn_a_later_answer_followed_is_dropped() -> None:
         {"role": "user", "content": "Q2"},
     ]
     text = render_conversation(chat)
-    assert "<|channel|>analysis" not in text and "<|start|>assistant<|channel|>final<|message|>A<|end|>" in text
+    assert (
+        "<|channel|>analysis" not in text and "<|start|>assistant<|channel|>final<|message|>A<|end|>" in text
+    )
 
 
 def test_a_tool_result_without_a_call_before_it_is_refused() -> None:
