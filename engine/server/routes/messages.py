@@ -286,8 +286,8 @@ class StreamBlocks:
 
     def feed(self, event: OutputEvent) -> list[str]:
         if isinstance(event, ReasoningDelta):
-            start = self._start({"type": "thinking", "thinking": "", "signature": ""})
-            events = start if self.open != "thinking" else []
+            thinking = {"type": "thinking", "thinking": "", "signature": ""}
+            events = self._start(thinking) if self.open != "thinking" else []
             delta = {"index": self.index, "delta": {"type": "thinking_delta", "thinking": event.text}}
             return [*events, _event("content_block_delta", delta)]
         if isinstance(event, CallStart):

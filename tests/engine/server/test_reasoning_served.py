@@ -193,3 +193,23 @@ def test_gpt_oss_streams_reasoning_then_the_call_id_name_and_arguments(gptoss_se
                 names += [d.function.name] if d.id else []
                 arguments += d.function.arguments or "" if d.function else ""
     assert (names, json.loads(arguments), finish) == (["get_weather"], {"city": "Paris"}, "tool_calls")
+
+
+def test_streamed_responses_and_messages_send_the_reasoning_first(qwen3_server: LiveServer) -> None:
+    with qwen3_server.openai_client() as client:
+        chat = client.chat.completions.create(model="qwen3-tiny", messages=ASK, max_tokens=8, temperature=0)
+        thought = (chat.choices[0].message.model_extra or {})["reasoning_content"]
+        with client.responses.stream(
+            model="qwen3-tiny", input=ASK, max_output_tokens=8, temperature=0
+        ) as stream:
+            kinds = [event.type for event in stream]
+            final = stream.get_final_response()
+    deltas = [k for k in kinds if k == "response.reasoning_text.delta"]
+    assert deltas and kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.done")
+    assert final.output[0].type == "reasoning" and final.output[0].content is not None
+    assert final.output[0].content[0].text == thought
+    with anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0) as claude:
+        ask: Any = {"model": "qwen3-tiny", "messages": ASK, "max_tokens": 8, "extra_body": {"temperature": 0}}
+        with claude.messages.stream(**ask) as events:
+            message = events.get_final_message()
+    assert message.content[0].type == "thinking" and message.content[0].thinking == thought
