@@ -71,24 +71,33 @@ def chat_prompt_ids(
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    tok = state.tokenizer
-    kwargs = template_kwargs or {}
+    text = chat_text(state, messages, tools, template_kwargs)
+    return state.tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_text(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The prompt text of a chat (``/tokenize`` renders it too); a template's refusal is a 400."""
+    tok, kwargs, prompt = state.tokenizer, template_kwargs or {}, add_generation_prompt
     harmony = state.tools.reasoning_parser == "openai_gptoss" or state.tools.parser == "openai"
     try:
         if isinstance(tok, ToolTemplating) and tok.chat_template is None and harmony:
-            text = render_conversation(messages, tools, kwargs)
-        elif isinstance(tok, ToolTemplating):
+            return render_conversation(messages, tools, kwargs, add_generation_prompt=prompt)
+        if isinstance(tok, ToolTemplating):
             chat, given = (
                 (messages, tools) if tok.template_renders_tools else (hermes_messages(messages, tools), None)
             )
-            text = tok.apply_chat_template(
-                chat, add_generation_prompt=True, tools=given, template_kwargs=kwargs
+            return tok.apply_chat_template(
+                chat, add_generation_prompt=prompt, tools=given, template_kwargs=kwargs
             )
-        else:
-            text = tok.apply_chat_template(hermes_messages(messages, tools), add_generation_prompt=True)
+        return tok.apply_chat_template(hermes_messages(messages, tools), add_generation_prompt=prompt)
     except ValueError as exc:  # ChatTemplateError: no template, or it refused the messages
         raise APIError(400, f"messages: {exc}", param="messages") from None
-    return tok.encode(text, add_special_tokens=False)
 
 
 def hermes_messages(

@@ -192,6 +192,18 @@ class ChatMessage(BaseModel):
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
 
 
+def check_template_kwargs(cls: type, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``chat_template_kwargs``: no variable the request sets itself; Qwen3's ``enable_thinking`` a boolean."""
+    if v is None:
+        return v
+    taken = sorted(set(v) & TEMPLATE_VARIABLES)
+    if taken:
+        raise ValueError(f"{taken[0]}: set by the request itself, not a chat template keyword")
+    if "enable_thinking" in v and not isinstance(v["enable_thinking"], bool):
+        raise ValueError(f"enable_thinking: must be a boolean, not {type(v['enable_thinking']).__name__}")
+    return v
+
+
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``."""
 
@@ -204,17 +216,7 @@ class ChatCompletionRequest(_SamplingFields):
     include_reasoning: bool = True  # vLLM's: false drops the reasoning a reasoning parser splits off
     reasoning_effort: Literal["low", "medium", "high"] | None = None  # gpt-oss's (its template reads it)
 
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_kwargs_fit(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is None:
-            return v
-        taken = sorted(set(v) & TEMPLATE_VARIABLES)
-        if taken:
-            raise ValueError(f"{taken[0]}: set by the request itself, not a chat template keyword")
-        if "enable_thinking" in v and not isinstance(v["enable_thinking"], bool):
-            raise ValueError(f"enable_thinking: must be a boolean, not {type(v['enable_thinking']).__name__}")
-        return v
+    _template_kwargs_fit = field_validator("chat_template_kwargs")(check_template_kwargs)
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
@@ -286,6 +288,9 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool = True  # a chat's default is False (its template writes them), as vLLM's
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # as a chat request's (vLLM's tokenize takes it)
+
+    _template_kwargs_fit = field_validator("chat_template_kwargs")(check_template_kwargs)
 
     @model_validator(mode="after")
     def _one_of_prompt_or_messages(self) -> TokenizeRequest:

@@ -213,3 +213,18 @@ def test_streamed_responses_and_messages_send_the_reasoning_first(qwen3_server: 
         with claude.messages.stream(**ask) as events:
             message = events.get_final_message()
     assert message.content[0].type == "thinking" and message.content[0].thinking == thought
+
+
+def test_tokenize_counts_the_prompt_the_completion_reports_harmony_and_template_kwargs_included(
+    gptoss_server: LiveServer, qwen3_server: LiveServer
+) -> None:
+    for server, model, kwargs in ((gptoss_server, "gpt-oss-tiny", {}),
+                                  (qwen3_server, "qwen3-tiny", {"enable_thinking": False})):  # fmt: skip
+        with server.openai_client() as client, server.client() as http:
+            done = client.chat.completions.create(
+                model=model, messages=ASK, max_tokens=2, extra_body={"chat_template_kwargs": kwargs}
+            )
+            counted = http.post(
+                "/tokenize", json={"model": model, "messages": ASK, "chat_template_kwargs": kwargs}
+            )
+        assert done.usage is not None and counted.json()["count"] == done.usage.prompt_tokens
