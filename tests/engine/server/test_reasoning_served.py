@@ -228,3 +228,12 @@ def test_tokenize_counts_the_prompt_the_completion_reports_harmony_and_template_
                 "/tokenize", json={"model": model, "messages": ASK, "chat_template_kwargs": kwargs}
             )
         assert done.usage is not None and counted.json()["count"] == done.usage.prompt_tokens
+
+
+def test_a_bad_anthropic_thinking_setting_is_a_400_naming_the_field(qwen3_server: LiveServer) -> None:
+    claude = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0)
+    with claude, pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(
+            model="qwen3-tiny", messages=ASK, max_tokens=4, extra_body={"thinking": {"type": "sometimes"}}
+        )
+    assert err.value.body["error"]["message"].startswith("thinking.type: Input should be")  # type: ignore[index]
