@@ -41,7 +41,11 @@ def tool_settings(args: argparse.Namespace) -> ToolSettings:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral, qwen)"
         )
-    return ToolSettings(parser=args.tool_call_parser, auto=args.enable_auto_tool_choice)
+    return ToolSettings(
+        parser=args.tool_call_parser,
+        auto=args.enable_auto_tool_choice,
+        reasoning_parser=getattr(args, "reasoning_parser", None),
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

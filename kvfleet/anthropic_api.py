@@ -63,7 +63,27 @@ class ToolResultBlock(BaseModel):
         return self.content or ""
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(BaseModel):
+    """The assistant's reasoning of an earlier turn, sent back (with its tool_use) in the history."""
+
+    model_config = FORBID_EXTRA
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # kvfleet signs nothing: any signature is accepted
+
+
+class ThinkingConfig(BaseModel):
+    """``thinking``: ``enabled`` or ``disabled`` become the chat template's ``enable_thinking`` (Qwen3's
+    switch); ``budget_tokens`` is taken but not enforced (``max_tokens`` bounds reasoning and text)."""
+
+    model_config = FORBID_EXTRA
+
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(default=None, ge=1)
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
 
 
 class InputMessage(BaseModel):
@@ -79,6 +99,8 @@ class InputMessage(BaseModel):
                 raise ValueError("a tool_use block belongs to an assistant message, not a user one")
             if isinstance(block, ToolResultBlock) and self.role != "user":
                 raise ValueError("a tool_result block belongs to a user message, not an assistant one")
+            if isinstance(block, ThinkingBlock) and self.role != "assistant":
+                raise ValueError("a thinking block belongs to an assistant message, not a user one")
         return self
 
     def chat_messages(self) -> list[dict[str, Any]]:
@@ -96,10 +118,13 @@ class InputMessage(BaseModel):
             for b in self.content
             if isinstance(b, ToolUseBlock)
         ]
+        thinking = "\n".join(b.thinking for b in self.content if isinstance(b, ThinkingBlock))
         if calls:
             out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
-        elif text or not out:
+        elif text or thinking or not out:
             out.append({"role": self.role, "content": text})
+        if thinking:
+            out[-1]["reasoning"] = thinking
         return out
 
 
@@ -208,10 +233,13 @@ class MessagesRequest(_Prompted):
     top_k: int | None = Field(default=None, ge=-1)
     metadata: dict[str, Any] | None = None
     cache_salt: str | None = Field(default=None, min_length=1)  # vLLM's extension, set by the router
+    thinking: ThinkingConfig | None = None
 
     def chat_request(self) -> ChatCompletionRequest:
         body = self.chat_body()
         body["max_tokens"] = self.max_tokens
+        if self.thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": self.thinking.type == "enabled"}
         for name in ("temperature", "top_p", "top_k", "cache_salt"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)

@@ -96,6 +96,8 @@ def _none(value: object) -> bool:
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning: str | None = Field(default=None, exclude_if=_none)  # vLLM's name (--reasoning-parser) ...
+    reasoning_content: str | None = Field(default=None, exclude_if=_none)  # ... and its older one
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=_none)
 
 
@@ -134,6 +136,8 @@ class DeltaToolCall(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_none)
     content: str | None = None
+    reasoning: str | None = Field(default=None, exclude_if=_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=_none)
     tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_none)
 
 

@@ -71,6 +71,9 @@ class AdapterSpec(CamelModel):
     uri: str = Field(max_length=1024)  # pvc://, hf:// or file:// (a CEL rule of the CRD)
 
 
+ReasoningParserName = Literal["deepseek_r1", "openai_gptoss", "qwen3"]
+
+
 class EngineSpec(CamelModel):
     # kvfleet's own engine, or vLLM's OpenAI server (kvfleet.protocol.ENGINE_KINDS; docs/architecture.md §7)
     kind: Literal["kvfleet", "vllm"] = "kvfleet"
@@ -88,6 +91,8 @@ class EngineSpec(CamelModel):
     drain_seconds: int = Field(default=60, ge=0, le=3600)
     # the weights' format (--quantization, vLLM's flag): fp8 on GPUs, int8 and gguf on the CPU
     quantization: Literal["fp8", "int8", "gguf"] | None = None
+    # how the model writes its reasoning (--reasoning-parser, vLLM's flag and names; the engine's registry)
+    reasoning_parser: ReasoningParserName | None = None
 
     @field_validator("gpu_memory_utilization")
     @classmethod

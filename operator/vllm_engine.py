@@ -47,7 +47,8 @@ def shared_flags(spec: InferenceServiceSpec) -> list[str]:
 
 def shared_optional_flags(spec: InferenceServiceSpec) -> list[str]:
     """The optional flags both engines take alike, only where the spec sets them: the context length,
-    the dtype, the tensor-parallel size (``spec.resources.gpus`` > 1), the weights' format."""
+    the dtype, the tensor-parallel size (``spec.resources.gpus`` > 1), the weights' format, the
+    reasoning parser."""
     args: list[str] = []
     if spec.model.max_model_len is not None:
         args += ["--max-model-len", str(spec.model.max_model_len)]
@@ -57,6 +58,8 @@ def shared_optional_flags(spec: InferenceServiceSpec) -> list[str]:
         args += ["--tensor-parallel-size", str(spec.resources.gpus)]
     if spec.engine.quantization is not None:
         args += ["--quantization", spec.engine.quantization]
+    if spec.engine.reasoning_parser is not None:
+        args += ["--reasoning-parser", spec.engine.reasoning_parser]
     return args
 
 

@@ -13,6 +13,11 @@ way Hermes-format templates (Qwen 2.5's) render it, and the model answers in the
 * an assistant message's ``tool_calls`` become those ``<tool_call>`` blocks after its content;
 * consecutive ``tool`` messages become one ``user`` message of ``<tool_response>`` blocks
   (a role every template accepts).
+
+A request's ``chat_template_kwargs`` (and ``reasoning_effort``) go to the template as variables
+(Qwen3's ``enable_thinking``). A gpt-oss model served with the Harmony parsers
+(``--reasoning-parser openai_gptoss`` or ``--tool-call-parser openai``) whose tokenizer ships no
+chat template gets the Harmony its template would write (:mod:`kvfleet.engine.server.harmony`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from kvfleet.engine.server.harmony import render_conversation
 from kvfleet.engine.server.state import ServerState
 from kvfleet.openai_api import APIError
 
@@ -47,26 +53,51 @@ class ToolTemplating(Protocol):
     @property
     def template_renders_tools(self) -> bool: ...
 
+    @property
+    def chat_template(self) -> str | None: ...
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str: ...
 
 
 def chat_prompt_ids(
-    state: ServerState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    tok = state.tokenizer
+    text = chat_text(state, messages, tools, template_kwargs)
+    return state.tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_text(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The prompt text of a chat (``/tokenize`` renders it too); a template's refusal is a 400."""
+    tok, kwargs, prompt = state.tokenizer, template_kwargs or {}, add_generation_prompt
+    harmony = state.tools.reasoning_parser == "openai_gptoss" or state.tools.parser == "openai"
     try:
-        if isinstance(tok, ToolTemplating) and tok.template_renders_tools:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-        else:
-            text = tok.apply_chat_template(hermes_messages(messages, tools), add_generation_prompt=True)
+        if isinstance(tok, ToolTemplating) and tok.chat_template is None and harmony:
+            return render_conversation(messages, tools, kwargs, add_generation_prompt=prompt)
+        if isinstance(tok, ToolTemplating):
+            chat, given = (
+                (messages, tools) if tok.template_renders_tools else (hermes_messages(messages, tools), None)
+            )
+            return tok.apply_chat_template(
+                chat, add_generation_prompt=prompt, tools=given, template_kwargs=kwargs
+            )
+        return tok.apply_chat_template(hermes_messages(messages, tools), add_generation_prompt=prompt)
     except ValueError as exc:  # ChatTemplateError: no template, or it refused the messages
         raise APIError(400, f"messages: {exc}", param="messages") from None
-    return tok.encode(text, add_special_tokens=False)
 
 
 def hermes_messages(

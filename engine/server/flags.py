@@ -393,18 +393,20 @@ def _sim_arguments(s: Group) -> None:
 
 
 def _tool_arguments(t: Group) -> None:
+    from kvfleet.engine.server.reasoning import REASONING_PARSERS
     from kvfleet.engine.server.tool_parsers import PARSERS
 
     t.add_argument(
-        "--tool-call-parser",
-        choices=sorted(PARSERS),
-        default=None,
+        "--tool-call-parser", choices=sorted(PARSERS), default=None,
         help="How the model writes tool calls, which tool_choice 'auto' reads with it: hermes (also the "
-        "prompt kvfleet renders for chat templates without tools), llama3_json, mistral or qwen.",
-    )
+        "prompt kvfleet renders for templates without tools), llama3_json, mistral, openai (gpt-oss) or qwen.",
+    )  # fmt: skip
     t.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="Serve tool_choice 'auto' (needs --tool-call-parser). 'required' and a named function are "
-        "always served.",
-    )
+        "--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+        help="How the model writes its reasoning, returned apart as message.reasoning_content: deepseek_r1, "
+        "qwen3 (<think>...</think>; honours chat_template_kwargs.enable_thinking), openai_gptoss (Harmony).",
+    )  # fmt: skip
+    t.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help="Serve tool_choice 'auto' (needs --tool-call-parser). 'required' and a named function always are.",
+    )  # fmt: skip

@@ -2,10 +2,11 @@
 
 Where it sits: ``routes/responses.py`` generates as the chat route does, then asks a
 :class:`ResponseShaper` for the whole response (the output text read by the tool parser into
-a ``message`` item and ``function_call`` items) or for the stream's events. The stream, as
+a ``message`` item and ``function_call`` items, after a ``reasoning`` item when
+``--reasoning-parser`` splits reasoning off) or for the stream's events. The stream, as
 OpenAI's: ``response.created``, ``response.in_progress``; per item ``response.output_item.added``,
-its deltas (``response.output_text.delta`` within a ``content_part``, or
-``response.function_call_arguments.delta``), its ``.done`` events and
+its deltas (``response.reasoning_text.delta``, ``response.output_text.delta`` within a
+``content_part``, or ``response.function_call_arguments.delta``), its ``.done`` events and
 ``response.output_item.done``; last ``response.completed`` carrying the whole response (also
 when it is ``incomplete``, as vLLM sends it: the SDK's ``get_final_response`` reads that event).
 Every event has ``type`` and a ``sequence_number`` counting from 0, and goes out as
@@ -23,6 +24,7 @@ from typing import Any
 
 from kvfleet.engine.outputs import CompletionOutput
 from kvfleet.engine.server import generation as gen
+from kvfleet.engine.server.reasoning.base import OutputReader, ReasoningDelta, ReasoningParser
 from kvfleet.engine.server.tool_calling import ToolPlan
 from kvfleet.engine.server.tool_parsers.base import ArgumentsDelta, CallStart, ContentDelta
 from kvfleet.openai_api.responses_request import ResponsesRequest
@@ -45,6 +47,12 @@ def usage(prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """OpenAI's reasoning item, the text as a ``reasoning_text`` part (as vLLM returns it)."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": None}  # fmt: skip
 
 
 def call_item(
@@ -81,6 +89,7 @@ class ResponseShaper:
     body: ResponsesRequest
     plan: ToolPlan
     id: str = field(default_factory=lambda: _item_id("resp"))
+    reasoning: ReasoningParser | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def response(
@@ -134,20 +143,25 @@ class ResponseShaper:
 
     def whole(self, out: CompletionOutput, prompt_tokens: int) -> dict[str, Any]:
         """A non-streamed response: the output text read into a message and function calls."""
-        text, calls = out.text, []
-        if self.plan.parser is not None:
-            parsed = self.plan.parser.parse(out.text)
+        text, calls, thought, parser = out.text, [], [], self.plan.parser
+        if self.reasoning is not None:
+            split = self.reasoning.split(out.text, final=True)
+            text, parser = split.content, parser or self.reasoning.content_parser()
+            thought = [reasoning_item(_item_id("rs"), split.reasoning)] if split.reasoning else []
+        if parser is not None:
+            parsed = parser.parse(text)
             text = parsed.content or ""
             calls = [call_item(_item_id("fc"), c.id, c.name, c.arguments) for c in parsed.calls]
         output = [message_item(_item_id("msg"), text)] if text or not calls else []
-        return self.finished([*output, *calls], out.finish_reason, usage(prompt_tokens, len(out.token_ids)))
+        used = usage(prompt_tokens, len(out.token_ids))
+        return self.finished([*thought, *output, *calls], out.finish_reason, used)
 
     async def events(self, sub: gen.Submitted, on_done: Any = None) -> AsyncIterator[str]:
         """The stream's events; ``on_done(response)`` sees the final response (to store it)."""
         stream = _EventStream(self)
         yield stream.emit("response.created", response=self.response("in_progress", [], None))
         yield stream.emit("response.in_progress", response=self.response("in_progress", [], None))
-        tools = self.plan.parser.stream() if self.plan.parser is not None else None
+        reader = OutputReader(self.reasoning, self.plan.parser, keep_reasoning=True)
         tokens, reason = 0, None
         async for _, delta in gen.merged(sub.streams):
             for s in delta.seqs:
@@ -155,11 +169,7 @@ class ResponseShaper:
                 final = s.finish_reason is not None
                 if final:
                     reason = s.finish_reason
-                if tools is None:
-                    pieces: list[Any] = [ContentDelta(s.new_text)] if s.new_text else []
-                else:
-                    pieces = tools.feed(s.new_text, final=final)
-                for piece in pieces:
+                for piece in reader.feed(s.new_text, final=final):
                     for event in stream.feed(piece):
                         yield event
         for event in stream.close_all():
@@ -186,7 +196,13 @@ class _EventStream:
 
     def feed(self, piece: Any) -> list[str]:
         events: list[str] = []
-        if isinstance(piece, ContentDelta):
+        if isinstance(piece, ReasoningDelta):
+            if self.open is None or self.open["type"] != "reasoning":
+                events += self.close()
+                events += self._open(reasoning_item(_item_id("rs"), "", "in_progress"))
+            self.open["content"][0]["text"] += piece.text  # type: ignore[index]
+            events.append(self._on_open("response.reasoning_text.delta", content_index=0, delta=piece.text))
+        elif isinstance(piece, ContentDelta):
             if not piece.text:
                 return events
             if self.open is None or self.open["type"] != "message":
@@ -211,7 +227,7 @@ class _EventStream:
 
     def close_all(self) -> list[str]:
         events = self.close()
-        if not self.output:  # no text and no call: still one (empty) message, as the whole response has
+        if all(i["type"] == "reasoning" for i in self.output):  # no text, no call: an empty message, as whole
             events += self._open(message_item(_item_id("msg"), "", "in_progress"))
             events += self.close()
         return events
@@ -233,7 +249,10 @@ class _EventStream:
         if item is None:
             return []
         events = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            events.append(self._on_open("response.reasoning_text.done", content_index=0, text=text))
+        elif item["type"] == "message":
             part = item["content"][0]
             events.append(
                 self._on_open("response.output_text.done", content_index=0, text=part["text"], logprobs=[])

@@ -72,10 +72,12 @@ class InFlight:
 
 @dataclass(frozen=True)
 class ToolSettings:
-    """How the server reads tool calls (``--tool-call-parser``, ``--enable-auto-tool-choice``)."""
+    """How the server reads the model's output: tool calls (``--tool-call-parser``,
+    ``--enable-auto-tool-choice``) and reasoning (``--reasoning-parser``)."""
 
     parser: str | None = None  # the parser of tool_choice "auto"
     auto: bool = False  # whether tool_choice "auto" is served
+    reasoning_parser: str | None = None  # None: the output has no reasoning apart
 
 
 @dataclass

@@ -152,14 +152,17 @@ class HFTokenizer(Tokenizer):
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The chat as the template renders it; ``tools`` (OpenAI's tool objects) are handed to it as
-        transformers hands them (a template that does not name them ignores them)."""
+        transformers hands them (a template that does not name them ignores them), and
+        ``template_kwargs`` (a request's ``chat_template_kwargs``) as further variables."""
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template (tokenizer_config.json has none)")
         template = _compile_template(self.chat_template)
         try:
             return template.render(
+                **dict(template_kwargs or {}),
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 tools=None if tools is None else [dict(t) for t in tools],

@@ -145,6 +145,8 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_call_id: str | None = None  # role "tool": the call this message answers
     tool_calls: list[MessageToolCall] | None = None  # role "assistant": the calls it made
+    reasoning: str | None = None  # role "assistant": its reasoning (vLLM's name) ...
+    reasoning_content: str | None = None  # ... or its older one
 
     @model_validator(mode="after")
     def _tool_fields_fit_the_role(self) -> ChatMessage:
@@ -152,6 +154,9 @@ class ChatMessage(BaseModel):
             raise ValueError(f"tool_calls: only assistant messages carry tool calls, not {self.role!r} ones")
         if self.tool_call_id is not None and self.role != "tool":
             raise ValueError(f"tool_call_id: only tool messages answer a call, not {self.role!r} ones")
+        for name in ("reasoning", "reasoning_content"):
+            if getattr(self, name) is not None and self.role != "assistant":
+                raise ValueError(f"{name}: only assistant messages carry reasoning, not {self.role!r} ones")
         return self
 
     def template_dict(self) -> dict[str, Any]:
@@ -171,6 +176,9 @@ class ChatMessage(BaseModel):
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None and self.role == "tool":
             out["name"] = self.name
+        thought = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if thought is not None:  # Qwen3's templates read reasoning_content, gpt-oss's thinking
+            out["reasoning_content"] = out["thinking"] = thought
         return out
 
     @property
@@ -181,6 +189,21 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+def check_template_kwargs(cls: type, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``chat_template_kwargs``: no variable the request sets itself; Qwen3's ``enable_thinking`` a boolean."""
+    if v is None:
+        return v
+    taken = sorted(set(v) & TEMPLATE_VARIABLES)
+    if taken:
+        raise ValueError(f"{taken[0]}: set by the request itself, not a chat template keyword")
+    if "enable_thinking" in v and not isinstance(v["enable_thinking"], bool):
+        raise ValueError(f"enable_thinking: must be a boolean, not {type(v['enable_thinking']).__name__}")
+    return v
+
+
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``."""
 
@@ -189,6 +212,19 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
+    include_reasoning: bool = True  # vLLM's: false drops the reasoning a reasoning parser splits off
+    reasoning_effort: Literal["low", "medium", "high"] | None = None  # gpt-oss's (its template reads it)
+
+    _template_kwargs_fit = field_validator("chat_template_kwargs")(check_template_kwargs)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template gets beside the messages and tools (``reasoning_effort`` included)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return kwargs
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -252,6 +288,9 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool = True  # a chat's default is False (its template writes them), as vLLM's
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # as a chat request's (vLLM's tokenize takes it)
+
+    _template_kwargs_fit = field_validator("chat_template_kwargs")(check_template_kwargs)
 
     @model_validator(mode="after")
     def _one_of_prompt_or_messages(self) -> TokenizeRequest:

@@ -242,6 +242,9 @@ class ResponsesRequest(_Request):
                 body[field] = getattr(self, field)
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens
+        effort = self.reasoning.effort if self.reasoning else None
+        if effort in ("low", "medium", "high"):  # gpt-oss's efforts (its template reads reasoning_effort)
+            body["reasoning_effort"] = effort
         if self.tools:
             body["tools"] = [
                 {"type": "function", "function": FunctionDef.model_validate(t.model_dump(exclude={"type"}))}

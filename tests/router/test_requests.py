@@ -99,3 +99,28 @@ def test_an_embeddings_request_gets_no_cache_salt_from_its_tenant() -> None:
     req = parse_request(EMBEDDINGS, b'{"model": "tiny", "input": "hi"}', 256)
     tenant = SimpleNamespace(name="alice")  # a pooling engine keeps no KV cache: nothing to partition
     assert salted(SimpleNamespace(), tenant, req).upstream_content() is req.raw  # type: ignore[arg-type]
+
+
+def test_reasoning_fields_are_forwarded_byte_for_byte() -> None:
+    # chat_template_kwargs (Qwen3's enable_thinking), include_reasoning, gpt-oss's reasoning_effort, and an
+    # assistant turn's reasoning sent back: the engine reads them, the router passes them through unchanged
+    body = {
+        "model": "tiny", "max_tokens": 9, "chat_template_kwargs": {"enable_thinking": False},
+        "include_reasoning": False, "reasoning_effort": "low",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "reasoning_content": "r"},
+                     {"role": "user", "content": "and?"}],
+    }  # fmt: skip
+    raw = json.dumps(body).encode()
+    assert parse_request(CHAT, raw, 256).upstream_content() is raw
+
+
+def test_a_bad_enable_thinking_is_refused_at_the_router_naming_the_field() -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"enable_thinking": 1},
+    }
+    with pytest.raises(RouterError) as info:
+        parse_request(CHAT, json.dumps(body).encode(), 256)
+    assert (info.value.status, info.value.param) == (400, "chat_template_kwargs")
+    assert info.value.message == "chat_template_kwargs: enable_thinking: must be a boolean, not int"

@@ -5,8 +5,9 @@ request, and from there the chat route's path serves it: tools planned
 (:mod:`kvfleet.engine.server.tool_calling`), the prompt rendered by the chat template
 (:mod:`kvfleet.engine.server.chat_prompt`), one engine request submitted and collected or
 streamed (:func:`~kvfleet.engine.server.sse.generation_response`). Only the shapes differ:
-content blocks (``text``, ``tool_use``) and Anthropic's stop reasons; a stream is Anthropic's
-named events (``message_start``, ``content_block_start``/``_delta``/``_stop`` with
+content blocks (``thinking`` first when ``--reasoning-parser`` splits reasoning off, ``text``,
+``tool_use``) and Anthropic's stop reasons; a stream is Anthropic's named events
+(``message_start``, ``content_block_start``/``_delta``/``_stop`` with ``thinking_delta``,
 ``text_delta`` or ``input_json_delta``, ``message_delta`` with the stop reason and usage,
 ``message_stop``), with no ``[DONE]``. Errors are rewritten into Anthropic's error shape by
 :class:`~kvfleet.anthropic_api.AnthropicErrors`.
@@ -35,10 +36,12 @@ from kvfleet.engine.client.async_engine import EngineDeadError
 from kvfleet.engine.outputs import CompletionOutput
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.chat_prompt import chat_prompt_ids
+from kvfleet.engine.server.reasoning import keep_markers, request_reasoning
+from kvfleet.engine.server.reasoning.base import OutputEvent, OutputReader, ReasoningDelta, ReasoningParser
 from kvfleet.engine.server.sse import GenerationStream, generation_response
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.engine.server.tool_calling import ToolPlan, constrain, plan_tools
-from kvfleet.engine.server.tool_parsers.base import ArgumentsDelta, CallStart, StreamEvent, ToolStream
+from kvfleet.engine.server.tool_parsers.base import ArgumentsDelta, CallStart, ToolStream
 from kvfleet.openai_api import APIError, ChatCompletionRequest
 
 router = APIRouter(tags=["anthropic"])
@@ -63,7 +66,13 @@ class ToolUseContent(BaseModel):
     input: dict[str, Any]
 
 
-ContentBlock = TextContent | ToolUseContent
+class ThinkingContent(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""  # kvfleet signs nothing
+
+
+ContentBlock = ThinkingContent | TextContent | ToolUseContent
 
 
 class MessageResponse(BaseModel):
@@ -123,7 +132,7 @@ def _messages_field_names() -> Iterator[None]:
 
 def _prompt(state: ServerState, chat: ChatCompletionRequest) -> tuple[list[int], ToolPlan]:
     plan = plan_tools(chat, state.tools)
-    return chat_prompt_ids(state, chat.message_dicts(), plan.tools), plan
+    return chat_prompt_ids(state, chat.message_dicts(), plan.tools, chat.template_kwargs), plan
 
 
 @router.post(
@@ -135,7 +144,9 @@ async def count_tokens(body: CountTokensRequest, state: State) -> TokenCount:
         chat = body.chat_request()
     state.check_accepting(chat.model)
     tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
-    return TokenCount(input_tokens=len(chat_prompt_ids(state, chat.message_dicts(), tools)))
+    return TokenCount(
+        input_tokens=len(chat_prompt_ids(state, chat.message_dicts(), tools, chat.template_kwargs))
+    )
 
 
 @router.post(MESSAGES, response_model=MessageResponse, responses=RESPONSES)
@@ -149,11 +160,14 @@ async def create_message(
         gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
         max_tokens = gen.resolve_max_tokens(body.max_tokens, len(ids), state.model.max_model_len)
         params = constrain(plan, gen.sampling_params(chat, max_tokens, None, state.tokenizer.vocab_size))
-    shaper = MessageShaper(body, f"msg_{uuid.uuid4().hex}", plan)
+        reasoning = request_reasoning(
+            state.tools.reasoning_parser, chat.template_kwargs, plan.schema is not None
+        )
+    shaper = MessageShaper(body, f"msg_{uuid.uuid4().hex}", plan, reasoning)
     return await generation_response(
         state,
         request,
-        gen.Submission(shaper.id, [ids], [params], 0, lora),
+        gen.Submission(shaper.id, [ids], [keep_markers(params, reasoning)], 0, lora),
         stream=body.stream,
         stream_body=shaper.events,
         collect=shaper.collect,
@@ -180,8 +194,10 @@ def _event(kind: str, payload: dict[str, Any]) -> str:
 class MessageShaper:
     """One message's response: whole (:meth:`collect`) or as Anthropic's stream events (:meth:`events`)."""
 
-    def __init__(self, body: MessagesRequest, message_id: str, plan: ToolPlan) -> None:
-        self.body, self.id, self.plan = body, message_id, plan
+    def __init__(
+        self, body: MessagesRequest, message_id: str, plan: ToolPlan, reasoning: ReasoningParser | None = None
+    ) -> None:
+        self.body, self.id, self.plan, self.reasoning = body, message_id, plan, reasoning
 
     def _message(self, content: list[ContentBlock], stop: tuple[StopReason | None, str | None],
                  usage: MessageUsage) -> MessageResponse:  # fmt: skip
@@ -192,11 +208,16 @@ class MessageShaper:
 
     async def collect(self, sub: gen.Submitted) -> MessageResponse:
         out: CompletionOutput = (await gen.final_outputs(sub, 1))[0]
-        content: list[ContentBlock] = [TextContent(text=out.text)]
+        text, thought, parser = out.text, [], self.plan.parser
+        if self.reasoning is not None:
+            split = self.reasoning.split(out.text, final=True)
+            text, parser = split.content, parser or self.reasoning.content_parser()
+            thought = [ThinkingContent(thinking=split.reasoning)] if split.reasoning else []
+        content: list[ContentBlock] = [*thought, TextContent(text=text)]
         called = False
-        if self.plan.parser is not None:
-            parsed = self.plan.parser.parse(out.text)
-            content = [TextContent(text=parsed.content)] if parsed.content else []
+        if parser is not None:
+            parsed = parser.parse(text)
+            content = [*thought, *([TextContent(text=parsed.content)] if parsed.content else [])]
             for c in parsed.calls:
                 content.append(ToolUseContent(id=c.id, name=c.name, input=_input(c.arguments)))
             called = bool(parsed.calls)
@@ -208,7 +229,7 @@ class MessageShaper:
         usage = MessageUsage(input_tokens=sub.prompt_lens[0], output_tokens=0)
         start = self._message([], (None, None), usage).model_dump(exclude_none=True)
         yield _event("message_start", {"message": {**start, "stop_reason": None, "stop_sequence": None}})
-        stream: ToolStream | None = None if self.plan.parser is None else self.plan.parser.stream()
+        stream = OutputReader(self.reasoning, self.plan.parser, keep_reasoning=True)
         blocks = StreamBlocks()
         reason: str | None = None
         matched: str | int | None = None
@@ -218,19 +239,14 @@ class MessageShaper:
                     usage.output_tokens += len(s.new_token_ids)
                     final = s.finish_reason is not None
                     reason, matched = s.finish_reason or reason, s.stop_reason if final else matched
-                    events = (
-                        blocks.text(s.new_text)
-                        if stream is None
-                        else tool_events(blocks, stream, s.new_text, final)
-                    )
-                    for event in events:
+                    for event in tool_events(blocks, stream, s.new_text, final):
                         yield event
         except EngineDeadError as exc:  # the core died mid-stream: Anthropic's terminal error event
             yield _event("error", {"error": anthropic_error_body(503, str(exc))["error"]})
             return
         for event in blocks.close():
             yield event
-        stop, sequence = _stop(reason, matched, stream is not None and stream.called)
+        stop, sequence = _stop(reason, matched, stream.called)
         yield _event(
             "message_delta",
             {"delta": {"stop_reason": stop, "stop_sequence": sequence}, "usage": usage.model_dump()},
@@ -238,7 +254,7 @@ class MessageShaper:
         yield _event("message_stop", {})
 
 
-def tool_events(blocks: StreamBlocks, stream: ToolStream, text: str, final: bool) -> list[str]:
+def tool_events(blocks: StreamBlocks, stream: OutputReader | ToolStream, text: str, final: bool) -> list[str]:
     return [event for parsed in stream.feed(text, final=final) for event in blocks.feed(parsed)]
 
 
@@ -268,7 +284,12 @@ class StreamBlocks:
         delta = {"index": self.index, "delta": {"type": "text_delta", "text": text}}
         return [*events, _event("content_block_delta", delta)]
 
-    def feed(self, event: StreamEvent) -> list[str]:
+    def feed(self, event: OutputEvent) -> list[str]:
+        if isinstance(event, ReasoningDelta):
+            thinking = {"type": "thinking", "thinking": "", "signature": ""}
+            events = self._start(thinking) if self.open != "thinking" else []
+            delta = {"index": self.index, "delta": {"type": "thinking_delta", "thinking": event.text}}
+            return [*events, _event("content_block_delta", delta)]
         if isinstance(event, CallStart):
             return self._start({"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
         if isinstance(event, ArgumentsDelta):

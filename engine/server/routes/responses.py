@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 
 from kvfleet.engine.server import generation as gen
 from kvfleet.engine.server.chat_prompt import chat_prompt_ids
+from kvfleet.engine.server.reasoning import keep_markers, request_reasoning
 from kvfleet.engine.server.response_store import StoredResponse
 from kvfleet.engine.server.responses_shaping import ResponseShaper, history_of
 from kvfleet.engine.server.sse import GENERATION_RESPONSES, GenerationStream, generation_response
@@ -97,11 +98,15 @@ async def create_response(body: ResponsesRequest, state: State, request: Request
         except ValueError as exc:  # a pydantic ValidationError of the translated chat request
             raise APIError(400, f"input: {exc}", param="input") from None
         plan = plan_tools(chat, state.tools)
-        ids = chat_prompt_ids(state, chat.message_dicts(), plan.tools)
+        ids = chat_prompt_ids(state, chat.message_dicts(), plan.tools, chat.template_kwargs)
         gen.check_prompt_ids(ids, state.tokenizer.vocab_size, state.model.max_model_len, 0)
         max_tokens = gen.resolve_max_tokens(body.max_output_tokens, len(ids), state.model.max_model_len)
         params = constrain(plan, gen.sampling_params(chat, max_tokens, None, state.tokenizer.vocab_size))
-    shaper = ResponseShaper(body, plan, new_response_id(request.headers.get("host")))
+        reasoning = request_reasoning(
+            state.tools.reasoning_parser, chat.template_kwargs, plan.schema is not None
+        )
+        params = keep_markers(params, reasoning)
+    shaper = ResponseShaper(body, plan, new_response_id(request.headers.get("host")), reasoning=reasoning)
     conversation = [*past, *body.input_messages()]
     submission = gen.Submission(shaper.id, [ids], [params], body.priority, lora)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from kvfleet.engine.server.chat_prompt import ToolTemplating, hermes_messages
+from kvfleet.engine.server.chat_prompt import chat_text
 from kvfleet.engine.server.sse import GENERATION_RESPONSES
 from kvfleet.engine.server.state import ServerState, State
 from kvfleet.openai_api import APIError, DetokenizeRequest, TokenizeRequest
@@ -36,13 +36,7 @@ def _check_model(state: ServerState, model: str | None) -> None:
 def _chat_text(state: ServerState, body: TokenizeRequest) -> str:
     assert body.messages is not None
     messages = [m.template_dict() for m in body.messages]
-    tok, prompt = state.tokenizer, body.add_generation_prompt
-    try:
-        if isinstance(tok, ToolTemplating) and tok.template_renders_tools:
-            return tok.apply_chat_template(messages, add_generation_prompt=prompt)
-        return tok.apply_chat_template(hermes_messages(messages, None), add_generation_prompt=prompt)
-    except ValueError as exc:  # no template, or it refused the messages
-        raise APIError(400, f"messages: {exc}", param="messages") from None
+    return chat_text(state, messages, None, body.chat_template_kwargs, body.add_generation_prompt)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_RESPONSES)

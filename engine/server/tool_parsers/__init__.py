@@ -11,10 +11,11 @@ from kvfleet.engine.server.tool_parsers.base import ToolParser
 from kvfleet.engine.server.tool_parsers.hermes import HermesParser
 from kvfleet.engine.server.tool_parsers.llama3_json import Llama3JsonParser
 from kvfleet.engine.server.tool_parsers.mistral import MistralParser
+from kvfleet.engine.server.tool_parsers.openai import OpenAIParser
 from kvfleet.engine.server.tool_parsers.qwen import QwenParser
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, QwenParser)
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, OpenAIParser, QwenParser)
 }
 
 

@@ -141,6 +141,43 @@ def smollm2_server() -> Iterator[LiveServer]:
     )  # fmt: skip
 
 
+# Reasoning models on copies of the tiny checkpoint (tests/engine/server/test_reasoning_served.py): a
+# Qwen3-style template that honours enable_thinking, and a gpt-oss one whose tokenizer has no template.
+QWEN3_TEMPLATE = (
+    r"{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') + '<|im_end|>\n' }}"
+    r"{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    r"{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    r"{% endif %}"
+)
+REASONING_SIZE = ("--num-kv-blocks", "256", "--max-model-len", "2048", "--max-num-seqs", "2")
+
+
+def _model_copy(root: Path, name: str, template: str | None) -> Path:
+    folder = root / name
+    shutil.copytree(ensure_tiny_model(), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    if template is not None:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = _model_copy(tmp_path_factory.mktemp("qwen3"), "qwen3-tiny", QWEN3_TEMPLATE)
+    yield from _serve("--model", str(folder), "--served-model-name", "qwen3-tiny", "--reasoning-parser", "qwen3",
+                      *REASONING_SIZE, simulate=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gptoss_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = _model_copy(tmp_path_factory.mktemp("gptoss"), "gpt-oss-tiny", None)
+    yield from _serve("--model", str(folder), "--served-model-name", "gpt-oss-tiny", "--reasoning-parser",
+                      "openai_gptoss", "--tool-call-parser",
+                      "openai", "--enable-auto-tool-choice", *REASONING_SIZE, simulate=False)  # fmt: skip
+
+
 EMBED_MODEL = "tiny-embed"  # the pooling server's model: the tiny decoder, told it is matryoshka-trained
 
 

@@ -34,7 +34,7 @@ def streamed(parser: ToolParser, pieces: list[str]) -> list[list[StreamEvent]]:
 
 
 def test_the_parsers_are_registered_by_name() -> None:
-    assert sorted(PARSERS) == ["hermes", "llama3_json", "mistral", "qwen"]
+    assert sorted(PARSERS) == ["hermes", "llama3_json", "mistral", "openai", "qwen"]
     assert get_parser("qwen").name == "qwen"
     with pytest.raises(ValueError, match="unknown parser 'nope'; known: \\['hermes', 'llama3_json'"):
         get_parser("nope")
