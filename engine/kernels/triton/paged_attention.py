@@ -109,8 +109,7 @@ def _paged_attention_kernel(
     HAS_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    tile, kv_head = tl.program_id(0), tl.program_id(1)
     seq = _find_sequence(query_start_ptr, tile, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
@@ -128,12 +127,7 @@ def _paged_attention_kernel(
         q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
         position = seq_len - q_len + q_idx
         kv_start, kv_end = _key_range(seq_len, q_len, q_tile, window, BLOCK_Q, TILE_N, HAS_WINDOW)
-        if HAS_SINKS:  # the sink is the softmax's first logit: m = sink (log2 domain), l = exp2(0)
-            m_0 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-            l_0 = tl.full([BLOCK_Q * GROUP_PAD], 1.0, tl.float32)
-        else:
-            m_0 = tl.full([BLOCK_Q * GROUP_PAD], -1.0e30, tl.float32)
-            l_0 = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+        m_0, l_0 = _softmax_start(sinks_ptr, head, row_ok, BLOCK_Q * GROUP_PAD, HAS_SINKS)
         acc, l_i = _attend_blocks(
             q,
             m_0,
@@ -160,6 +154,19 @@ def _paged_attention_kernel(
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :] * stride_od
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+# Each row's running max and sum before its first key: nothing (-inf as -1e30, 0), or with sinks
+# its head's sink as the softmax's first logit (m = sink in the log2 domain, l = exp2(0) = 1).
+@triton.jit
+def _softmax_start(sinks_ptr, head, row_ok, ROWS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    if HAS_SINKS:
+        m_0 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_0 = tl.full([ROWS], 1.0, tl.float32)
+    else:
+        m_0 = tl.full([ROWS], -1.0e30, tl.float32)
+        l_0 = tl.zeros([ROWS], tl.float32)
+    return m_0, l_0
 
 
 @triton.jit
