@@ -111,7 +111,12 @@ class GptOssDecoderLayer(DecoderLayer):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = GptOssAttention(config, layer, shard)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GptOssMoeBlock(config, config.moe, shard)
+        self.add_module(
+            "mlp", GptOssMoeBlock(config, config.moe, shard)
+        )  # not llama.MLP: no ``self.mlp`` type
+
+    def feed_forward(self) -> nn.Module:
+        return self.get_submodule("mlp")
 
 
 class GptOssForCausalLM(LlamaForCausalLM):
