@@ -18,6 +18,7 @@ from kvfleet.engine.outputs import RequestOutput
 
 from .gpt_oss_checkpoints import make_gpt_oss_checkpoint
 from .moe_checkpoints import ENGINE, GREEDY, PROMPTS, assert_equal_to_transformers
+from .test_runner_hf_equivalence import HandScheduler, make_runner, new_seq
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +82,10 @@ def test_the_model_holds_sinks_and_biased_experts_and_refuses_the_native_one_cal
         assert stacked.w13.data_ptr() == block.experts.gate_up_proj.data_ptr()
     finally:
         llm.close()
+
+
+def test_the_step_dispatcher_routes_gpt_oss_decodes_per_op_naming_the_sinks(gpt_oss: Path) -> None:
+    runner, sched = make_runner(gpt_oss, backend="cpu"), HandScheduler()
+    route = runner.route(sched.decode_all([new_seq(PROMPTS[1])]))
+    assert route.path == "per_op"
+    assert "GptOssForCausalLM's attention sinks are not part of the native decode call" in route.reason
