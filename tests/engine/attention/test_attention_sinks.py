@@ -17,6 +17,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
+from kvfleet.engine.kernels.native.paged_prefill import load_prefill
 
 
 def step(seq_lens: list[int], query_lens: list[int], tables: torch.Tensor) -> AttentionMetadata:
@@ -87,10 +88,11 @@ def test_each_cpu_backend_with_sinks_equals_the_reference_for_decodes_chunks_and
     sinks = torch.randn(heads, generator=gen) * 3
     scale = head_dim**-0.5
     attention = get_backend(backend)
-    if backend == "cpu" and head_dim % 16 == 0:  # the native prefill kernel's sinks entry point, not SDPA
-        assert isinstance(attention, CpuAttentionBackend) and attention.prefills_natively(
-            heads, kv_heads, head_dim
-        )
+    native = load_prefill()
+    if backend == "cpu" and head_dim % 16 == 0 and native is not None and native.preferred:
+        # the prefill chunks go to the native kernel's sinks entry point, not to SDPA
+        assert isinstance(attention, CpuAttentionBackend)
+        assert attention.prefills_natively(heads, kv_heads, head_dim)
     ours = attention.forward(q, LayerKV(k_cache, v_cache, scale, window, sinks), meta)
     want = paged_attention_reference(q, k_cache, v_cache, meta, scale, window, sinks)
     torch.testing.assert_close(ours, want, atol=2e-5, rtol=2e-5)
