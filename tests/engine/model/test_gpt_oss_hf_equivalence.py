@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from kvfleet.engine import LLM
-from kvfleet.engine.model.config import ModelConfig
+from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.gpt_oss import GptOssForCausalLM, GptOssMoeBlock
 from kvfleet.engine.outputs import RequestOutput
 
-from .gpt_oss_checkpoints import make_gpt_oss_checkpoint
+from .gpt_oss_checkpoints import gpt_oss_config, make_gpt_oss_checkpoint
 from .moe_checkpoints import ENGINE, GREEDY, PROMPTS, assert_equal_to_transformers
 from .test_runner_hf_equivalence import HandScheduler, make_runner, new_seq
 
@@ -89,3 +89,12 @@ def test_the_step_dispatcher_routes_gpt_oss_decodes_per_op_naming_the_sinks(gpt_
     route = runner.route(sched.decode_all([new_seq(PROMPTS[1])]))
     assert route.path == "per_op"
     assert "GptOssForCausalLM's attention sinks are not part of the native decode call" in route.reason
+
+
+def test_without_layer_types_the_layers_alternate_sliding_and_full_as_transformers_default() -> None:
+    raw = gpt_oss_config().to_dict() | {"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4}
+    del raw["layer_types"]
+    assert ModelConfig.from_dict(raw).layer_windows == (8, None, 8, None)
+    bad = raw | {"num_experts_per_tok": 9}
+    with pytest.raises(ModelLoadError, match="num_experts_per_tok=9 must be between 1 and the 8 experts"):
+        ModelConfig.from_dict(bad)
