@@ -98,3 +98,12 @@ def test_without_layer_types_the_layers_alternate_sliding_and_full_as_transforme
     bad = raw | {"num_experts_per_tok": 9}
     with pytest.raises(ModelLoadError, match="num_experts_per_tok=9 must be between 1 and the 8 experts"):
         ModelConfig.from_dict(bad)
+
+
+def test_quantizing_gpt_oss_is_refused_naming_the_architecture_and_the_way_it_is_served(
+    gpt_oss: Path,
+) -> None:
+    with pytest.raises(
+        ModelLoadError, match="GptOssForCausalLM is not served quantized .*serve it in floats"
+    ):
+        LLM(str(gpt_oss), quantization="int8", num_kv_blocks=16)
