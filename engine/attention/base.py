@@ -22,6 +22,10 @@ Causality: query row ``i`` of sequence ``s`` sits at position
 ``sliding_window`` W (per layer, in the :class:`LayerKV` given to ``forward``) it attends to keys
 ``max(0, position - W + 1)..position``: W keys, itself included, as transformers'
 ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``).
+
+Attention sinks (gpt-oss; ``LayerKV.sinks``, one float32 logit per query head): each head's
+softmax takes one more logit, ``sinks[h]``, that has no value row: the weights over the keys are
+``exp(s_i) / (sum_j exp(s_j) + exp(sinks[h]))`` and sum to less than one.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class LayerKV(NamedTuple):
     v_cache: torch.Tensor
     scale: float
     sliding_window: int | None = None  # None: full causal attention
+    sinks: torch.Tensor | None = None  # (num_heads,) float32: a softmax logit per head with no value
 
 
 class AttentionBackend(Protocol):

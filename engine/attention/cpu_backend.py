@@ -13,6 +13,7 @@ Float32 only: with another dtype, or tensors off the CPU, it falls back to the t
 backend's path for the whole step, so it is never wrong, only sometimes no faster. Since the
 kernel reads raw memory, shapes are checked per call and the step's offsets, lengths and
 block ids once per step (``kvfleet.engine.attention.checks``): a bad one is a ValueError.
+A layer with attention sinks (gpt-oss) hands them to both kernels' sinks entry points.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._split: tuple[AttentionMetadata, RowSplit] | None = None
 
     def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
-        k_cache, v_cache, scale, sliding_window = layer
+        k_cache, v_cache, scale, sliding_window, sinks = layer
         if not _native_ok(q, k_cache, v_cache, meta):
             return super().forward(q, layer, meta)
         check_cache(k_cache, v_cache)
@@ -65,21 +66,23 @@ class CpuAttentionBackend(TorchAttentionBackend):
             check_paged_bounds(q, k_cache, meta)
             self._checked = meta
         q = q.contiguous()
+        if sinks is not None:
+            sinks = sinks.detach().float().contiguous()
         out = torch.empty_like(q)
         paged = PagedCache(k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
         native_prefill = self._native_prefill if prefill_ok(q.shape[1], *k_cache.shape[2:]) else None
         if native_prefill is None:  # a geometry the prefill kernel does not take: SDPA for the chunks
             layout = self._prefill.layout(meta, BatchedAttention.geometry(q, k_cache))
             if layout.decode_seqs is not None:
-                self._kernel(q, paged, layout.decode_seqs, out, scale, sliding_window)
+                self._kernel(q, paged, layout.decode_seqs, out, scale, sliding_window, sinks)
             if layout.has_prefill:
                 self._prefill.forward(q, layer, meta, out=out)
             return out
         decodes, prefills = self.split(meta)
         if decodes is not None:
-            self._kernel(q, paged, decodes, out, scale, sliding_window)
+            self._kernel(q, paged, decodes, out, scale, sliding_window, sinks)
         if prefills is not None:
-            native_prefill(q, paged, prefills, out, scale, sliding_window)
+            native_prefill(q, paged, prefills, out, scale, sliding_window, sinks)
         return out
 
     def prefills_natively(self, heads: int, kv_heads: int, head_dim: int) -> bool:

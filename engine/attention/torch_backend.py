@@ -32,9 +32,11 @@ def _attend_one(
     seq_len: int,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence's query rows (L, H, D) against its first ``seq_len`` cached keys, causally
-    (and only the last ``window`` keys up to each row's position, when a window is given)."""
+    (and only the last ``window`` keys up to each row's position, when a window is given; each
+    head's ``sinks`` logit joining its softmax, when given)."""
     num_heads, num_kv_heads = q_s.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_size = k_cache.shape[1]
@@ -52,7 +54,11 @@ def _attend_one(
     if window is not None:
         mask |= key_pos <= positions[:, None] - window
     scores.masked_fill_(mask[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:  # one more logit per head, dropped after the softmax (it has no value)
+        sink = sinks.float()[:, None, None].expand(-1, query_len, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values).to(q_s.dtype)
 
 
@@ -63,14 +69,17 @@ def paged_attention_reference(
     meta: AttentionMetadata,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Invariant: row i of sequence s at position p = seq_len - query_len + i attends exactly
-    # keys 0..p, or max(0, p - window + 1)..p with a window.
+    # keys 0..p, or max(0, p - window + 1)..p with a window; a head's sink only joins its softmax.
     out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
     for s, seq_len in enumerate(meta.seq_lens.tolist()):
         rows = slice(starts[s], starts[s + 1])
-        out[rows] = _attend_one(q[rows], k_cache, v_cache, meta.block_tables[s], seq_len, scale, window)
+        out[rows] = _attend_one(
+            q[rows], k_cache, v_cache, meta.block_tables[s], seq_len, scale, window, sinks
+        )
     return out
 
 

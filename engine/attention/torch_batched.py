@@ -15,6 +15,9 @@ query heads of one KV head become ``g`` rows per token), so K/V are never repeat
 
 Fresh prompts: a prompt whose first chunk is this step's (no cached context) skips all of
 that: its keys are its own rows, attended in unpadded query tiles (:class:`Fresh`).
+
+Attention sinks (``LayerKV.sinks``): SDPA has no extra logit, so a layer with sinks runs the same
+groups and masks through :func:`sink_attention`, the softmax written out with the sink column.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ def key_allowed(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | No
     if window is not None:
         allowed &= key_pos[None, None, :] > query_pos[:, :, None] - window
     return allowed
+
+
+def sink_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, sinks: torch.Tensor
+) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, k, v, mask)`` with one more logit per query row, ``sinks``
+    (broadcast to q's rows: (..., Lq, 1)), in the softmax and dropped after it (it has no value)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + mask
+    logits = torch.cat((scores, sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)), dim=-1)
+    return torch.matmul(torch.softmax(logits, dim=-1)[..., :-1], v)
 
 
 class CacheGeometry(NamedTuple):
@@ -316,7 +329,7 @@ class BatchedAttention:
         self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Attention of the rows the layout's groups cover, written into ``out`` (new if None)."""
-        k_cache, v_cache, scale, window = layer
+        k_cache, v_cache, scale, window, sinks = layer
         block_size, kv_heads, head_dim = k_cache.shape[1:]
         heads = q.shape[1]
         g = heads // kv_heads
@@ -334,7 +347,11 @@ class BatchedAttention:
             qg = qg.transpose(1, 2).reshape(n, kv_heads, lq * g, head_dim)
             if k.dtype != dtype or qg.dtype != dtype:  # mixed precision only; float32 copies nothing
                 qg, k, v = qg.to(dtype), k.to(dtype), v.to(dtype)
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.bias(window), scale=scale)
+            if sinks is None:
+                o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.bias(window), scale=scale)
+            else:  # folded rows are (token, head in group): head kh * g + j at row i * g + j
+                row_sinks = sinks.view(kv_heads, 1, g).expand(-1, lq, -1).reshape(1, kv_heads, lq * g, 1)
+                o = sink_attention(qg, k, v, grp.bias(window), scale, row_sinks)
             o = o.view(n, kv_heads, lq, g, head_dim).transpose(1, 2).reshape(n * lq, heads, head_dim)
             if grp.out_index is not None:
                 o = o.index_select(0, grp.out_index)
@@ -343,7 +360,7 @@ class BatchedAttention:
 
     def _fresh(self, q: torch.Tensor, layer: LayerKV, span: Fresh, out: torch.Tensor) -> None:
         """One prompt from its first token: its own K/V rows, a masked SDPA call per query tile."""
-        k_cache, v_cache, scale, window = layer
+        k_cache, v_cache, scale, window, sinks = layer
         kv_heads, head_dim = k_cache.shape[2:]
         first, rows = span.first_row, span.num_rows
         kv = self._gather(k_cache, v_cache, span.key_slots)
@@ -353,8 +370,16 @@ class BatchedAttention:
         dtype = torch.promote_types(q.dtype, k_cache.dtype)
         if k.dtype != dtype or qs.dtype != dtype:  # mixed precision only
             qs, k, v = qs.to(dtype), k.to(dtype), v.to(dtype)
+        if sinks is not None:  # sink_attention broadcasts no grouped heads: K/V repeated per query head
+            g = qs.shape[1] // kv_heads
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         for (lo, hi), mask in zip(span.tiles(), span.masks(window, dtype), strict=True):
-            o = F.scaled_dot_product_attention(
-                qs[:, :, lo:hi], k[:, :, :hi], v[:, :, :hi], attn_mask=mask, scale=scale, enable_gqa=True
-            )
+            if sinks is None:
+                o = F.scaled_dot_product_attention(
+                    qs[:, :, lo:hi], k[:, :, :hi], v[:, :, :hi], attn_mask=mask, scale=scale, enable_gqa=True
+                )
+            else:
+                o = sink_attention(
+                    qs[:, :, lo:hi], k[:, :, :hi], v[:, :, :hi], mask, scale, sinks.view(1, -1, 1, 1)
+                )
             out[first + lo : first + hi] = o[0].transpose(0, 1)

@@ -58,8 +58,14 @@ class TritonAttentionBackend:
         kv_store.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def forward(self, q: torch.Tensor, layer: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
-        k_cache, v_cache, scale, sliding_window = layer
+        k_cache, v_cache, scale, sliding_window, sinks = layer
         _check_device(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+        if sinks is not None:
+            if sinks.shape != (q.shape[1],):
+                raise ValueError(
+                    f"sinks must be ({q.shape[1]},), one per query head, got {tuple(sinks.shape)}"
+                )
+            sinks = sinks.detach().to(device=q.device, dtype=torch.float32).contiguous()
         _check_cache(k_cache, v_cache)
         check_forward(q, k_cache, meta, sliding_window)
         return paged_attention.paged_attention(
@@ -72,4 +78,5 @@ class TritonAttentionBackend:
             meta.max_query_len,
             scale,
             sliding_window,
+            sinks,
         )

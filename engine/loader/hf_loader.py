@@ -10,6 +10,9 @@ shape fails with :class:`ModelLoadError` naming the file and the tensor.
 Tensor parallelism (``shard``, from ``engine/parallel/shard.py``): the model is built at the
 rank's sizes and each split tensor is read through ``safe_open(...).get_slice``, so a rank reads
 and holds only its own rows or columns (``tp.checkpoint_slice`` says which).
+
+A tensor stored MXFP4-packed (``<name>_blocks`` + ``<name>_scales``: gpt-oss's experts) is read
+dequantized to the model dtype (``loader/mxfp4.py``), then sliced as its float form would be.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import SafetensorError, safe_open
 
+from kvfleet.engine.loader import mxfp4
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
 from kvfleet.engine.model.llama import LlamaForCausalLM
 from kvfleet.engine.model.tp import SliceSpec, slice_for
@@ -135,6 +139,8 @@ def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path], shard: RankSh
     params = dict(model.named_parameters(remove_duplicate=False))
     if model.config.tie_word_embeddings:
         params.pop("lm_head.weight")
+    packed = mxfp4.packed_tensors(files)
+    files = {**files, **{name: files[pair[0]] for name, pair in packed.items() if name in params}}
     missing = sorted(set(params) - set(files))
     if missing:
         where = sorted({str(p) for p in files.values()})
@@ -144,7 +150,7 @@ def _copy_weights(model: LlamaForCausalLM, files: dict[str, Path], shard: RankSh
         by_file.setdefault(files[name], []).append(name)
     slices = _slices(model, list(params), shard)
     for path, names in by_file.items():
-        _copy_from_file(path, names, params, slices)
+        _copy_from_file(path, names, params, slices, packed)
 
 
 def _read(f: object, path: Path, name: str, spec: SliceSpec | None) -> torch.Tensor:
@@ -157,8 +163,25 @@ def _read(f: object, path: Path, name: str, spec: SliceSpec | None) -> torch.Ten
         raise ModelLoadError(
             f"{path}: tensor {name!r} has shape {shape}, the config needs {spec.full} along axis {spec.dim}"
         )
-    tensor: torch.Tensor = sliced[spec.span] if spec.dim == 0 else sliced[:, spec.span]
+    tensor: torch.Tensor = sliced[(slice(None),) * spec.dim + (spec.span,)]
     return tensor
+
+
+def _read_packed(
+    path: Path, f: object, name: str, pair: tuple[str, str], spec: SliceSpec | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """An MXFP4-packed tensor, dequantized whole, then ``spec``'s slice of it (its axis checked first)."""
+    try:
+        tensor = mxfp4.read_packed(f, pair, dtype)
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: tensor {name!r}: {e}") from e
+    if spec is None:
+        return tensor
+    if tensor.dim() <= spec.dim or tensor.shape[spec.dim] != spec.full:
+        raise ModelLoadError(
+            f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, the config needs {spec.full} along axis {spec.dim}"
+        )
+    return tensor[(slice(None),) * spec.dim + (spec.span,)]
 
 
 def _copy_from_file(
@@ -166,13 +189,17 @@ def _copy_from_file(
     names: list[str],
     params: dict[str, torch.nn.Parameter],
     slices: dict[str, SliceSpec] | None = None,
+    packed: dict[str, tuple[str, str]] | None = None,
 ) -> None:
-    slices = slices or {}
+    slices, packed = slices or {}, packed or {}
     try:
         with safe_open(str(path), framework="pt") as f, torch.no_grad():
             for name in names:
-                tensor = _read(f, path, name, slices.get(name))
                 param = params[name]
+                if name in packed:
+                    tensor = _read_packed(path, f, name, packed[name], slices.get(name), param.dtype)
+                else:
+                    tensor = _read(f, path, name, slices.get(name))
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise ModelLoadError(
                         f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, "

@@ -249,6 +249,11 @@ def load_hf_with(
     config = load_config(folder)
     with torch.device("meta"):
         llama = build_model(config, shard)
+    if config.moe is not None and config.moe.biases:  # its sinks and biased experts are float weights
+        raise ModelLoadError(
+            f"{folder}: {config.architecture} is not served quantized ({quant.source}); "
+            "serve it in floats (its MXFP4 experts are dequantized at load)"
+        )
     llama.reset_buffers(device)
     for i, layer in enumerate(llama.model.layers):
         assert isinstance(layer, DecoderLayer)

@@ -134,6 +134,7 @@ class Attention(ProjectedBlock):
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.scale = (config.query_pre_attn_scalar or d) ** -0.5
+        self.sinks: nn.Parameter | None = None  # gpt-oss's per-head softmax logits (model/gpt_oss.py)
 
     def forward(
         self, x: torch.Tensor, kv_cache: torch.Tensor, step: Step, keep: torch.Tensor | None = None
@@ -152,7 +153,7 @@ class Attention(ProjectedBlock):
         qk = apply_rope(qk, *rope)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
-        layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window)
+        layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window, self.sinks)
         backend.store_kv(k, v, layer, meta.slot_mapping)
         out = backend.forward(q, layer, meta)
         attn = out.reshape(t, self.num_heads * self.head_dim)
@@ -359,6 +360,11 @@ class LlamaForCausalLM(nn.Module):
         """Why this model's layers cannot run in the native decode call (None: they may)."""
         if self.config.qk_norm:
             return f"{self.config.architecture}'s q/k norms are not part of the native decode call"
+        if any(
+            isinstance(layer, DecoderLayer) and layer.self_attn.sinks is not None
+            for layer in self.model.layers
+        ):
+            return f"{self.config.architecture}'s attention sinks are not part of the native decode call"
         return None
 
     def fused_decode(self) -> FusedLayers | None:

@@ -44,6 +44,9 @@ def split_span(size: int, parts: int, index: int) -> slice:
 
 # A mixture-of-experts expert's linears (Qwen3-MoE's names, Mixtral's): column- or row-parallel.
 _EXPERT_COLUMN, _EXPERT_ROW = ("gate_proj", "up_proj", "w1", "w3"), ("down_proj", "w2")
+# gpt-oss's experts stacked in one tensor each: (E, H, 2I) with gate/up columns interleaved (a
+# rank's intermediate span j..k is columns 2j..2k), its bias (E, 2I), and (E, I, H): (axis, unit).
+_STACKED_EXPERTS = {"gate_up_proj": (2, 2), "gate_up_proj_bias": (1, 2), "down_proj": (1, 1)}
 
 
 def checkpoint_slice(name: str, shard: RankShard, head_dim: int, full: dict[str, int]) -> SliceSpec | None:
@@ -53,6 +56,13 @@ def checkpoint_slice(name: str, shard: RankShard, head_dim: int, full: dict[str,
     for a mixture-of-experts model ``expert_intermediate`` (every expert's columns are split)."""
     leaf = name.rsplit(".", 2)
     module, kind = (leaf[-2], leaf[-1]) if len(leaf) == 3 else ("", name)
+    if module == "experts" and kind in _STACKED_EXPERTS:  # gpt-oss's (its down bias: whole, rank 0)
+        axis, unit = _STACKED_EXPERTS[kind]
+        inter = full["expert_intermediate"]
+        span = split_span(inter, shard.tp_size, shard.rank)
+        return SliceSpec(axis, slice(span.start * unit, span.stop * unit), inter * unit)
+    if module == "self_attn" and kind == "sinks":  # gpt-oss's: one per query head
+        return SliceSpec(0, shard.q_heads.scaled(1), full["q"] // head_dim)
     if ".experts." in name and module in _EXPERT_COLUMN + _EXPERT_ROW:
         inter = full["expert_intermediate"]
         span = split_span(inter, shard.tp_size, shard.rank)

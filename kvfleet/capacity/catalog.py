@@ -86,6 +86,10 @@ class ModelShape:
     sparse_layers: int = 0
     qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each q and k head
     sandwich_norms: bool = False  # Gemma 3: norms after attention and before and after the MLP too
+    # gpt-oss: a bias on o_proj too, a sink logit per head, biases on the router and every expert matmul
+    o_bias: bool = False
+    attention_sinks: bool = False
+    expert_biases: bool = False
 
     @property
     def num_params(self) -> int:
@@ -108,8 +112,11 @@ class ModelShape:
         attention = h * q_width + 2 * h * kv_width + q_width * h
         if self.attention_bias:
             attention += q_width + 2 * kv_width
+        attention += (h if self.o_bias else 0) + (self.num_heads if self.attention_sinks else 0)
         mlp = 3 * h * self.intermediate_size  # gate, up, down
         sparse = experts * 3 * h * self.expert_intermediate_size + self.num_experts * h  # + router
+        if self.expert_biases:  # gate/up and down biases of each expert, the router's
+            sparse += experts * (2 * self.expert_intermediate_size + h) + self.num_experts
         norms = (4 if self.sandwich_norms else 2) * h + (2 * self.head_dim if self.qk_norm else 0)  # (+ q/k)
         dense_layers = self.num_layers - self.sparse_layers
         layers = self.num_layers * (attention + norms) + dense_layers * mlp + self.sparse_layers * sparse
@@ -172,6 +179,27 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         expert_intermediate_size=768,
         sparse_layers=48,
     ),
+    # gpt-oss: every layer sparse, experts as wide as the hidden size, q/k/v/o biases and sinks
+    "gpt-oss-20b": ModelShape(
+        "gpt-oss-20b",
+        24,
+        2880,
+        64,
+        8,
+        64,
+        2880,
+        201088,
+        False,
+        131072,
+        attention_bias=True,
+        o_bias=True,
+        attention_sinks=True,
+        expert_biases=True,
+        num_experts=32,
+        experts_per_token=4,
+        expert_intermediate_size=2880,
+        sparse_layers=24,
+    ),
 }
 _MODEL_ALIASES = {
     "meta-llama-3-8b": "llama-3-8b",
@@ -180,7 +208,7 @@ _MODEL_ALIASES = {
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
 }
 
-_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral"}
+_ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral", "gpt_oss"}
 
 
 def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
@@ -193,8 +221,8 @@ def _int_field(config: Mapping[str, Any], key: str, name: str, default: int | No
 
 
 def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> ModelShape:
-    """The shape of a Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Qwen3-MoE or Mixtral model from its
-    ``config.json`` dict."""
+    """The shape of a Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Qwen3-MoE, Mixtral or gpt-oss model
+    from its ``config.json`` dict."""
     model_type = config.get("model_type", "llama")
     if model_type not in _ARCHITECTURES:
         raise UnknownModelError(
@@ -219,20 +247,23 @@ def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> 
         vocab_size=_int_field(config, "vocab_size", name),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_position_embeddings=_int_field(config, "max_position_embeddings", name, default=2048),
-        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+        attention_bias=bool(config.get("attention_bias", model_type in ("qwen2", "gpt_oss"))),
         qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
         sandwich_norms=model_type == "gemma3_text",
+        o_bias=model_type == "gpt_oss" and bool(config.get("attention_bias", True)),
+        attention_sinks=model_type == "gpt_oss",
+        expert_biases=model_type == "gpt_oss",
         **_experts(config, model_type, name),
     )
 
 
 def _experts(config: Mapping[str, Any], model_type: str, name: str) -> dict[str, int]:
     """The mixture-of-experts fields (none for a dense model), read as ``engine/model/config.py`` reads them."""
-    if model_type not in ("qwen3_moe", "mixtral"):
+    if model_type not in ("qwen3_moe", "mixtral", "gpt_oss"):
         return {}
     key = "num_experts" if config.get("num_experts") else "num_local_experts"
     layers = _int_field(config, "num_hidden_layers", name)
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "gpt_oss"):
         inter, sparse = _int_field(config, "intermediate_size", name), layers
     else:
         inter = _int_field(config, "moe_intermediate_size", name)

@@ -51,7 +51,7 @@ def per_rank_params(shape: ModelShape, tp: int) -> int:
     / tp) features, the RMSNorms whole (Gemma 3's four, q/k norms of one head); a sparse layer's
     every expert over ceil(expert intermediate / tp) features and its router whole; then the
     embedding and an untied lm_head over ceil(vocab / tp) rows (vocab-parallel), and the final norm
-    whole.
+    whole. gpt-oss's biases and sinks as its weights are split (``engine/model/tp.py``).
     """
     h, d = shape.hidden_size, shape.head_dim
     q_width = q_heads_per_rank(shape.num_heads, shape.num_kv_heads, tp) * d
@@ -59,8 +59,13 @@ def per_rank_params(shape: ModelShape, tp: int) -> int:
     attention = 2 * h * q_width + 2 * h * kv_width
     if shape.attention_bias:
         attention += q_width + 2 * kv_width
+    # gpt-oss: o's bias whole (on rank 0), the sinks of the rank's heads
+    attention += (h if shape.o_bias else 0) + (q_width // d if shape.attention_sinks else 0)
     mlp = 3 * h * math.ceil(shape.intermediate_size / tp)
-    sparse = shape.num_experts * (3 * h * math.ceil(shape.expert_intermediate_size / tp) + h)
+    expert_columns = math.ceil(shape.expert_intermediate_size / tp)
+    sparse = shape.num_experts * (3 * h * expert_columns + h)
+    if shape.expert_biases:  # each expert's gate/up bias over its columns, down's whole; the router's
+        sparse += shape.num_experts * (2 * expert_columns + h + 1)
     norms = (4 if shape.sandwich_norms else 2) * h + (2 * d if shape.qk_norm else 0)
     dense_layers = shape.num_layers - shape.sparse_layers
     layers = shape.num_layers * (attention + norms) + dense_layers * mlp + shape.sparse_layers * sparse

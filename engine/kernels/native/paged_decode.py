@@ -9,6 +9,9 @@ the cache instead of three is most of the gain.
 :func:`load_kernel` builds the native library (``build.py``: once per machine, cached on disk).
 No compiler, or a failed build: :func:`load_kernel` gives no kernel and the reason, and the
 ``auto`` backend falls back to ``torch``.
+
+Attention sinks (gpt-oss): a call with ``sinks`` (one float32 logit per query head) goes to the
+kernel's ``*_sinks_f32`` entry point, the same arguments and the sinks' pointer last.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ class PagedCache(NamedTuple):
 
 class PagedKernel:
     """A C attention kernel over the paged cache behind a typed call (``paged_decode_f32``,
-    ``paged_prefill_f32``): both take the same arguments and return a status, 0 for done."""
+    ``paged_prefill_f32``): both take the same arguments and return a status, 0 for done; their
+    ``*_sinks_f32`` twins (``with_sinks``) take the sinks' pointer after them."""
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, with_sinks: Any) -> None:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         fn.argtypes = [p, p, p, p, i64, p, p, p, i64, p, i32, i32, i32, i32, f32, i32, i32]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        with_sinks.argtypes = [*fn.argtypes, p]
+        fn.restype = with_sinks.restype = ctypes.c_int
+        self._fn, self._with_sinks = fn, with_sinks
 
     def __call__(
         self,
@@ -50,12 +55,21 @@ class PagedKernel:
         out: torch.Tensor,
         scale: float,
         window: int | None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        """Attend the query rows of the sequences in ``seqs`` (int64 indices) into ``out``."""
+        """Attend the query rows of the sequences in ``seqs`` (int64 indices) into ``out`` (with
+        ``sinks``, (heads,) float32 contiguous: a logit per head joining its softmax)."""
         k_cache, v_cache, block_tables, seq_lens, query_start_loc = paged
         _, block_size, kv_heads, head_dim = k_cache.shape
+        extra: tuple[int, ...] = ()
+        if sinks is not None:
+            if sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32 or not sinks.is_contiguous():
+                raise ValueError(
+                    f"sinks must be ({q.shape[1]},) float32 contiguous, got {tuple(sinks.shape)}"
+                )
+            extra = (sinks.data_ptr(),)
         status = int(
-            self._fn(
+            (self._fn if sinks is None else self._with_sinks)(
                 q.data_ptr(),
                 k_cache.data_ptr(),
                 v_cache.data_ptr(),
@@ -73,6 +87,7 @@ class PagedKernel:
                 scale,
                 window or 0,
                 torch.get_num_threads(),
+                *extra,
             )
         )
         if status != 0:
@@ -87,7 +102,7 @@ class NativeDecode(PagedKernel):
     """``paged_decode_f32``: float32 CPU tensors in, the one query row of each listed sequence written."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        super().__init__(lib.paged_decode_f32)
+        super().__init__(lib.paged_decode_f32, lib.paged_decode_sinks_f32)
 
     def fail(self, status: int, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
         raise MemoryError(f"the CPU decode kernel could not allocate scores for {int(seq_lens.max())} keys")

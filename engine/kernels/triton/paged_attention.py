@@ -14,6 +14,10 @@ as the rows of one tile, so every KV block is loaded once per kv-head group (GQA
 Sliding window (``HAS_WINDOW``): a program starts its key loop at the first key tile its
 earliest query row can see (``position - window + 1``), so a long sequence's decode reads
 only about ``window`` keys, and masks the keys before each row's own window start.
+
+Attention sinks (``HAS_SINKS``, gpt-oss): each row's online softmax starts from its head's sink
+logit instead of from nothing (m = sink in the log2 domain, l = 1, acc = 0), so the sink joins the
+softmax's sum and adds no value.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def _paged_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_ptr,
+    sinks_ptr,
     num_seqs,
     scale_log2,
     window,
@@ -102,9 +107,9 @@ def _paged_attention_kernel(
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    tile, kv_head = tl.program_id(0), tl.program_id(1)
     seq = _find_sequence(query_start_ptr, tile, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
@@ -122,8 +127,11 @@ def _paged_attention_kernel(
         q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
         position = seq_len - q_len + q_idx
         kv_start, kv_end = _key_range(seq_len, q_len, q_tile, window, BLOCK_Q, TILE_N, HAS_WINDOW)
+        m_0, l_0 = _softmax_start(sinks_ptr, head, row_ok, BLOCK_Q * GROUP_PAD, HAS_SINKS)
         acc, l_i = _attend_blocks(
             q,
+            m_0,
+            l_0,
             position,
             kv_start,
             kv_end,
@@ -148,9 +156,24 @@ def _paged_attention_kernel(
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+# Each row's running max and sum before its first key: nothing (-inf as -1e30, 0), or with sinks
+# its head's sink as the softmax's first logit (m = sink in the log2 domain, l = exp2(0) = 1).
+@triton.jit
+def _softmax_start(sinks_ptr, head, row_ok, ROWS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    if HAS_SINKS:
+        m_0 = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_0 = tl.full([ROWS], 1.0, tl.float32)
+    else:
+        m_0 = tl.full([ROWS], -1.0e30, tl.float32)
+        l_0 = tl.zeros([ROWS], tl.float32)
+    return m_0, l_0
+
+
 @triton.jit
 def _attend_blocks(
     q,
+    m_i,
+    l_i,
     position,
     kv_start,
     kv_end,
@@ -173,8 +196,6 @@ def _attend_blocks(
     ROWS: tl.constexpr = q.shape[0]
     if DOT_FP32:
         q = q.to(tl.float32)
-    m_i = tl.full([ROWS], -1.0e30, tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DIM_PAD], tl.float32)
     dims = tl.arange(0, DIM_PAD)
     for n0 in range(kv_start, kv_end, TILE_N):
@@ -232,9 +253,11 @@ def paged_attention(
     max_query_len: int,
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` (T, H, D) over the paged cache, each row over the last
-    ``sliding_window`` keys up to its position when given; returns (T, H, D) in q's dtype."""
+    ``sliding_window`` keys up to its position when given (with ``sinks``, (H,): each head's logit
+    in its softmax); returns (T, H, D) in q's dtype."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -252,6 +275,7 @@ def paged_attention(
         block_tables,
         seq_lens,
         query_start_loc,
+        q if sinks is None else sinks,  # not read without sinks
         num_seqs,
         scale * _LOG2_E,
         sliding_window or 0,
@@ -269,6 +293,7 @@ def paged_attention(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         DOT_FP32=INTERPRETED and q.dtype == torch.bfloat16,
         HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=cfg.num_warps,
     )
     return out

@@ -2,6 +2,7 @@
 method (``grouped.py``) and its plain torch reference (``reference.py``), used by ``model/moe.py``."""
 
 from kvfleet.engine.layers.moe.grouped import (
+    Activation,
     ExpertGroups,
     Experts,
     KernelExperts,
@@ -11,6 +12,7 @@ from kvfleet.engine.layers.moe.grouped import (
 from kvfleet.engine.layers.moe.router import Routing, get_router, register_router
 
 __all__ = [
+    "Activation",
     "ExpertGroups",
     "Experts",
     "KernelExperts",

@@ -9,11 +9,16 @@ Python loop runs over the experts that received a token, never over tokens. CUDA
 experts go to the Triton fused-MoE kernel (``kernels/triton/fused_moe.py``) instead. Under tensor
 parallelism each expert holds its share of the intermediate columns and the caller sums the ranks'
 outputs (one all-reduce per block, as the dense MLP's down_proj).
+
+Activations (:class:`Activation`, registered by name): ``silu`` (SwiGLU over gate columns then up
+columns: Qwen3-MoE, Mixtral) and ``clamped_swiglu`` (gpt-oss: gate and up columns interleaved as
+its checkpoint stores them, each clamped to ``limit``, ``(up + 1) * gate * sigmoid(alpha * gate)``).
+Float experts may carry biases (gpt-oss's), added after each matmul.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -25,8 +30,45 @@ from kvfleet.engine.layers.linear.base import LinearMethod
 from kvfleet.engine.layers.moe.router import Routing
 
 
+class Activation(NamedTuple):
+    """The expert activation ``name`` (registered in ``ACTIVATIONS``): (n, 2I) gate/up → (n, I).
+    ``alpha`` and ``limit``: ``clamped_swiglu``'s (gpt-oss's ``swiglu_alpha``, ``swiglu_limit``)."""
+
+    name: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        try:
+            fn = ACTIVATIONS[self.name]
+        except KeyError:
+            raise ValueError(
+                f"no expert activation {self.name!r}; registered: {sorted(ACTIVATIONS)}"
+            ) from None
+        return fn(gate_up, self)
+
+
+def _silu(gate_up: torch.Tensor, act: Activation) -> torch.Tensor:
+    return silu_mul(gate_up)
+
+
+def clamped_swiglu(gate_up: torch.Tensor, act: Activation) -> torch.Tensor:
+    """gpt-oss's: columns alternate gate, up; gate clamped above at ``limit``, up to ±``limit``."""
+    gate = gate_up[..., 0::2].clamp(max=act.limit)
+    up = gate_up[..., 1::2].clamp(min=-act.limit, max=act.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor, Activation], torch.Tensor]] = {
+    "silu": _silu,
+    "clamped_swiglu": clamped_swiglu,
+}
+SILU = Activation()
+
+
 class Experts(Protocol):
-    """Each expert's two matmuls: ``gate_up`` (n, H) → (n, 2I), gate columns then up; ``down`` (n, I) → (n, H)."""
+    """Each expert's two matmuls: ``gate_up`` (n, H) → (n, 2I), in the activation's column order
+    (gate then up for ``silu``); ``down`` (n, I) → (n, H)."""
 
     @property
     def num_experts(self) -> int: ...
@@ -35,20 +77,23 @@ class Experts(Protocol):
 
 
 class StackedExperts(NamedTuple):
-    """Float experts stacked: ``w13`` (E, 2I, H), gate rows then up rows; ``w2`` (E, H, I)."""
+    """Float experts stacked: ``w13`` (E, 2I, H), rows in the activation's order (gate then up for
+    ``silu``); ``w2`` (E, H, I); optional biases ``b13`` (E, 2I) and ``b2`` (E, H)."""
 
     w13: torch.Tensor
     w2: torch.Tensor
+    b13: torch.Tensor | None = None
+    b2: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
         return int(self.w13.shape[0])
 
     def gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.w13[expert])
+        return F.linear(x, self.w13[expert], None if self.b13 is None else self.b13[expert])
 
     def down(self, expert: int, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.w2[expert])
+        return F.linear(h, self.w2[expert], None if self.b2 is None else self.b2[expert])
 
 
 class KernelExperts(NamedTuple):
@@ -97,13 +142,17 @@ def group_by_expert(routing: Routing, num_experts: int) -> ExpertGroups:
     return ExpertGroups(order // top_k, routing.weights.reshape(-1)[order], counts)
 
 
-def grouped_moe(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Tensor:
+def grouped_moe(
+    x: torch.Tensor, routing: Routing, experts: Experts, activation: Activation = SILU
+) -> torch.Tensor:
     """The experts' weighted sum for each row of ``x`` (T, H), in ``x``'s dtype."""
     # Invariant: rows start .. start+n of the gathered block are exactly expert e's n assignments,
     # so each expert runs once over all its tokens and an expert without tokens never runs.
-    if x.is_cuda and isinstance(experts, StackedExperts):  # triton imported only where a GPU runs
+    fused = isinstance(experts, StackedExperts) and experts.b13 is None and experts.b2 is None
+    if x.is_cuda and fused and activation.name == "silu":  # triton imported only where a GPU runs
         from kvfleet.engine.kernels.triton.fused_moe import fused_moe
 
+        assert isinstance(experts, StackedExperts)
         return fused_moe(x, routing.experts, routing.weights, experts.w13, experts.w2)
     out = torch.zeros_like(x)
     if x.shape[0] == 0:  # a step whose rows all stop before this layer
@@ -115,7 +164,7 @@ def grouped_moe(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Te
     for expert, n in enumerate(groups.counts):
         if n:
             rows = gathered[start : start + n]
-            out_rows.append(experts.down(expert, silu_mul(experts.gate_up(expert, rows))))
+            out_rows.append(experts.down(expert, activation(experts.gate_up(expert, rows))))
             start += n
     ys = torch.cat(out_rows).to(x.dtype) * groups.weight_of.to(x.dtype)[:, None]
     return out.index_add_(0, groups.token_of, ys)

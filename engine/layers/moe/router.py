@@ -3,7 +3,8 @@
 Where it sits: a sparse block (``engine/model/moe.py``) computes each token's router logits with its
 ``gate`` linear, asks the router registered under the config's name for a :class:`Routing`, and
 hands it to the grouped expert compute (``layers/moe/grouped.py``). Routers register by name
-(:func:`register_router`); ``softmax_topk`` is transformers' Qwen3-MoE and Mixtral router.
+(:func:`register_router`); ``softmax_topk`` is transformers' Qwen3-MoE and Mixtral router,
+``topk_softmax`` gpt-oss's (the top-k logits first, then a softmax over those k alone).
 """
 
 from __future__ import annotations
@@ -51,3 +52,11 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> Routing
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return Routing(experts, weights)
+
+
+@register_router("topk_softmax")
+def topk_softmax(logits: torch.Tensor, top_k: int, renormalize: bool) -> Routing:
+    """gpt-oss's: the ``top_k`` largest logits, then a softmax over those alone (so the weights
+    always sum to 1; ``renormalize`` changes nothing). In the logits' dtype, as transformers."""
+    top, experts = torch.topk(logits, top_k, dim=-1)
+    return Routing(experts, torch.softmax(top, dim=-1).float())

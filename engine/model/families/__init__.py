@@ -4,4 +4,4 @@ Where it sits: the architecture registry (``engine/model/registry.py``) imports 
 look-up. A new family is a module here that calls ``register_architecture`` and a line below.
 """
 
-from kvfleet.engine.model.families import gemma3, llama, moe, qwen3  # noqa: F401  (registered at import)
+from kvfleet.engine.model.families import gemma3, gpt_oss, llama, moe, qwen3  # noqa: F401  (registered at import)

@@ -41,6 +41,13 @@ class MoeSpec:
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP (intermediate_size)
     block_name: str  # the checkpoint's module name: ``mlp`` (Qwen3-MoE), ``block_sparse_moe`` (Mixtral)
     linear_names: tuple[str, str, str]  # each expert's gate, up, down linear as the checkpoint names them
+    # gpt-oss (``families/gpt_oss.py``): its router (``layers/moe/router.py``), its experts'
+    # activation (``layers/moe/grouped.py``) with their alpha and limit, and biases on every matmul.
+    router: str = "softmax_topk"
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    biases: bool = False
 
 
 def _experts(raw: Mapping[str, Any]) -> tuple[int, int]:

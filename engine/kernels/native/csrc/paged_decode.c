@@ -16,6 +16,10 @@
  * weighted sum of V rows. A step's sequences are shared among the OpenMP threads. The portable
  * loops are what every CPU runs; with AVX-512 (-march=native found it) head sizes that are a
  * multiple of 16 take attend16, the same computation in explicit vector code.
+ *
+ * Attention sinks (gpt-oss): paged_decode_sinks_f32 takes one more argument, sinks (H,) float32,
+ * a logit per head that joins its softmax with no value row (the max and the sum include it, so
+ * the key weights sum to less than one); paged_decode_f32 is the same call with no sinks.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,14 +28,15 @@
 
 #include "fast_exp.h"
 
-/* Each of the H rows of n scores becomes its softmax, in place. */
-static inline void softmax_rows(float *scores, int H, int n) {
+/* Each of the H rows of n scores becomes its softmax, in place (with head h's sink logit sinks[h]
+ * in its max and sum, when sinks is not NULL). */
+static inline void softmax_rows(float *scores, int H, int n, const float *sinks) {
     for (int h = 0; h < H; h++) {
         float *sc = scores + (int64_t)h * n;
-        float m = sc[0];
+        float m = sinks ? sinks[h] : sc[0];
 #pragma omp simd reduction(max : m)
         for (int i = 0; i < n; i++) m = sc[i] > m ? sc[i] : m;
-        float sum = 0.0f;
+        float sum = sinks ? exp_clamped(sinks[h] - m) : 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < n; i++) {
             sc[i] = exp_clamped(sc[i] - m);
@@ -57,7 +62,7 @@ static inline void prefetch_row(const float *cache, const int32_t *table, int po
 
 static inline __attribute__((always_inline)) void attend(
     const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int L, int lo, int H,
-    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out) {
+    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out, const float *sinks) {
     const int64_t rs = (int64_t)KVH * D;              /* floats between consecutive tokens of a block */
     const int64_t bstride = (int64_t)block_size * rs; /* floats between consecutive blocks */
     const int n = L - lo;
@@ -81,7 +86,7 @@ static inline __attribute__((always_inline)) void attend(
             }
         }
     }
-    softmax_rows(scores, H, n);
+    softmax_rows(scores, H, n, sinks);
     memset(out, 0, sizeof(float) * (size_t)H * D);
     for (int b = first, i = 0; b <= last; b++) {
         const float *base = v_cache + (int64_t)table[b] * bstride;
@@ -136,7 +141,7 @@ static inline void token_rows(const float *cache, const int32_t *table, int lo, 
  * registers over all its keys. Same invariant as attend(). */
 static inline __attribute__((always_inline)) void attend16(
     const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int L, int lo, int H,
-    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out) {
+    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out, const float *sinks) {
     const int DV = D / 16;
     const int64_t rs = (int64_t)KVH * D, bstride = (int64_t)block_size * rs;
     const int n = L - lo;
@@ -165,7 +170,7 @@ static inline __attribute__((always_inline)) void attend16(
             _mm512_mask_storeu_ps(scores + (int64_t)h * n + i0, keep, _mm512_mul_ps(sum_lanes16(p), _mm512_set1_ps(scale)));
         }
     }
-    softmax_rows(scores, H, n);
+    softmax_rows(scores, H, n, sinks);
     for (int h = 0; h < H; h++) {
         const float *w = scores + (int64_t)h * n;
         const int64_t voff = (int64_t)(h / g) * D;
@@ -187,15 +192,16 @@ static inline __attribute__((always_inline)) void attend16(
 #endif
 
 #if defined(__AVX512F__)
-#define ATTEND_BODY(DIM) attend16(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o)
+#define ATTEND_BODY(DIM) attend16(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o, sinks)
 #else
-#define ATTEND_BODY(DIM) attend(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o)
+#define ATTEND_BODY(DIM) attend(q, kc, vc, table, L, lo, H, g, KVH, DIM, bs, scale, sc, o, sinks)
 #endif
 /* The common head sizes get their own copy, so the inner loops have a constant trip count; with
  * AVX-512 they take attend16, other sizes (and other CPUs) the portable attend. */
 #define ATTEND_FIXED(DIM)                                                                                  \
     static void attend_##DIM(const float *q, const float *kc, const float *vc, const int32_t *table, int L, \
-                             int lo, int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o) { \
+                             int lo, int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o,  \
+                             const float *sinks) {                                                         \
         (void)D;                                                                                           \
         ATTEND_BODY(DIM);                                                                                  \
     }
@@ -203,21 +209,23 @@ ATTEND_FIXED(32)
 ATTEND_FIXED(64)
 ATTEND_FIXED(128)
 static void attend_any(const float *q, const float *kc, const float *vc, const int32_t *table, int L, int lo,
-                       int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o) {
+                       int H, int g, int KVH, int D, int bs, float scale, float *sc, float *o, const float *sinks) {
 #if defined(__AVX512F__)
     if (D % 16 == 0 && D <= 128) {
-        attend16(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o);
+        attend16(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o, sinks);
         return;
     }
 #endif
-    attend(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o);
+    attend(q, kc, vc, table, L, lo, H, g, KVH, D, bs, scale, sc, o, sinks);
 }
 
-/* Returns 0, or 2 if the scores scratch (H * longest context floats per thread) could not be allocated. */
-int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
-                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                     float scale, int window, int num_threads) {
+/* Returns 0, or 2 if the scores scratch (H * longest context floats per thread) could not be allocated;
+ * sinks: NULL, or (H,) sink logits. */
+int paged_decode_sinks_f32(const float *q, const float *k_cache, const float *v_cache,
+                           const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                           const int32_t *query_start, const int64_t *seqs, int64_t num_seqs, float *out, int H,
+                           int KVH, int D, int block_size, float scale, int window, int num_threads,
+                           const float *sinks) {
     const int g = H / KVH;
     typeof(attend_any) *fn = D == 32 ? attend_32 : D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
     int max_len = 1;
@@ -239,9 +247,17 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
             const int lo = (window > 0 && L > window) ? L - window : 0;
             const int64_t row = query_start[s];
             fn(q + row * H * D, k_cache, v_cache, block_tables + s * table_stride, L, lo, H, g, KVH, D,
-               block_size, scale, scores, out + row * H * D);
+               block_size, scale, scores, out + row * H * D, sinks);
         }
         free(scores);
     }
     return failed ? 2 : 0;
+}
+
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                     float scale, int window, int num_threads) {
+    return paged_decode_sinks_f32(q, k_cache, v_cache, block_tables, table_stride, seq_lens, query_start, seqs,
+                                  num_seqs, out, H, KVH, D, block_size, scale, window, num_threads, NULL);
 }

@@ -20,6 +20,10 @@
  * transposed, (BK, R), from FMAs of a K element broadcast straight from the cache against Q
  * vectors; softmax then runs down the rows of that block in vectors with no horizontal sums, and
  * P @ V broadcasts P against V rows read in place. No K/V row is gathered or copied.
+ *
+ * Attention sinks (gpt-oss): paged_prefill_sinks_f32 takes sinks (H,) float32, a logit per head
+ * with no value row; each row's online softmax starts from it (m = sink, l = 1) instead of
+ * (m = -inf, l = 0). paged_prefill_f32 is the same call with no sinks.
  */
 #include <math.h>
 #include <stdint.h>
@@ -186,7 +190,7 @@ typedef struct {
 /* One work item: G heads x TQ positions of one sequence against its keys, written into out. */
 static void attend_item(const float *q, const Cache *c, int64_t row0, int64_t n_rows, int64_t pos_first,
                         int h, int64_t tile, int H, int G, float scale, int window, float *out,
-                        const Scratch *w) {
+                        const Scratch *w, const float *sinks) {
     const int D = c->D, R = G * TQ;
     const int64_t t0 = tile * TQ, nq = n_rows - t0 < TQ ? n_rows - t0 : TQ;
     const int64_t pos0 = pos_first + t0, last = pos0 + nq - 1;
@@ -198,7 +202,10 @@ static void attend_item(const float *q, const Cache *c, int64_t row0, int64_t n_
             for (int d = 0; d < D; d++) w->Qt[(int64_t)d * R + gi * TQ + i] = scale * src[d];
         }
     memset(w->acc, 0, sizeof(float) * (size_t)R * (size_t)D);
-    for (int r = 0; r < R; r++) w->m[r] = -INFINITY, w->l[r] = 0.0f;
+    for (int r = 0; r < R; r++) { /* row r is head h * G + r / TQ: its sink is the softmax's first logit */
+        w->m[r] = sinks ? sinks[h * G + r / TQ] : -INFINITY;
+        w->l[r] = sinks ? 1.0f : 0.0f;
+    }
     int64_t lo = window > 0 ? pos0 - window + 1 : 0;
     if (lo < 0) lo = 0;
     const float *kp[BK], *vp[BK];
@@ -233,11 +240,13 @@ static int by_cost(const void *a, const void *b) {
 }
 
 /* Returns 0; 1 if a scratch buffer could not be allocated; 2 for a head size or grouping it does
- * not take (head_dim not a multiple of 16 or above 256, more than 16 query heads per KV head). */
-int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                      int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
-                      const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                      float scale, int window, int num_threads) {
+ * not take (head_dim not a multiple of 16 or above 256, more than 16 query heads per KV head).
+ * sinks: NULL, or (H,) sink logits. */
+int paged_prefill_sinks_f32(const float *q, const float *k_cache, const float *v_cache,
+                            const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                            const int32_t *query_start, const int64_t *seqs, int64_t num_seqs, float *out, int H,
+                            int KVH, int D, int block_size, float scale, int window, int num_threads,
+                            const float *sinks) {
     const int G = H / KVH, R = G * TQ;
     if (D % 16 != 0 || D > MAX_D || G > MAX_G || G * KVH != H) return 2;
     int64_t count = 0;
@@ -279,12 +288,20 @@ int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache
             const int64_t rows = query_start[it.seq + 1] - query_start[it.seq];
             const Cache c = {k_cache, v_cache, block_tables + it.seq * table_stride, KVH, D, block_size};
             attend_item(q, &c, query_start[it.seq], rows, seq_lens[it.seq] - rows, (int)it.kv_head, it.tile, H,
-                        G, scale, window, out, &w);
+                        G, scale, window, out, &w, sinks);
         }
         free(w.Qt), free(w.acc), free(w.St), free(w.m), free(w.l);
     }
     free(items);
     return failed;
+}
+
+int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                      int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                      const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                      float scale, int window, int num_threads) {
+    return paged_prefill_sinks_f32(q, k_cache, v_cache, block_tables, table_stride, seq_lens, query_start, seqs,
+                                   num_seqs, out, H, KVH, D, block_size, scale, window, num_threads, NULL);
 }
 
 /* 1 where this build has AVX-512 or AVX2, the builds measured faster than torch's SDPA on SmolLM2 (512-token
