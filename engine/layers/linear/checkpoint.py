@@ -48,6 +48,8 @@ def scheme_of(qc: Any, where: Path | str) -> Scheme | None:
     if not isinstance(qc, dict):
         return None
     method = qc.get("quant_method")
+    if method == "mxfp4":  # gpt-oss's experts: dequantised at load by loader/mxfp4.py, served as floats
+        return None
     if method == "fp8":
         return _fp8_scheme(qc, where)
     if method != "compressed-tensors":

@@ -106,3 +106,21 @@ def test_transformers_reads_our_packed_checkpoint_into_the_float_forms_weights(t
     assert plain.keys() == packed.keys()
     for name, tensor in plain.items():
         assert torch.equal(tensor, packed[name]), name
+
+
+def test_an_engine_serves_a_packed_checkpoint_with_the_tokens_of_its_float_form(tmp_path: Path) -> None:
+    from kvfleet.engine import LLM, SamplingParams
+
+    float_dir = make_gpt_oss_checkpoint(tmp_path / "float")
+    packed_dir = pack_checkpoint(float_dir, tmp_path / "mxfp4")
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompts = ["hello world", "the capital of France is", "1 2 3 4"]
+    tokens = []
+    for folder in (float_dir, packed_dir):
+        llm = LLM(str(folder), device="cpu", num_kv_blocks=64)
+        try:
+            assert llm.engine.runner.quantization.method == "float"  # dequantized at load, served as floats
+            tokens.append([o.outputs[0].token_ids for o in llm.generate(prompts, greedy)])
+        finally:
+            llm.close()
+    assert tokens[0] == tokens[1]
