@@ -49,7 +49,8 @@ def test_the_kernel_is_the_exact_int8_product_and_near_the_float_one(
 
 def test_every_path_here_takes_the_same_integer_dots_as_the_portable_one() -> None:
     assert native is not None
-    x, w = torch.randn(7, 333), int8_gemm.quantize_per_channel(torch.randn(40, 333))  # a k with a 64-byte tail
+    x = torch.randn(7, 333)
+    w = int8_gemm.quantize_per_channel(torch.randn(40, 333))  # a k with a 64-byte tail
     x[2] = 0.0  # a zero row: no offset left over on the VNNI path
     x[3, :] = torch.where(torch.arange(333) % 2 == 0, 1.0, -1.0) * 9.0  # every int8 at +-127
     portable = native(x, w, path="portable")
