@@ -129,3 +129,38 @@ def test_auto_tool_choice_without_the_flag_is_a_400_naming_it(smollm2_server: Li
     with smollm2_server.openai_client() as client, pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="smollm2", messages=QUESTION, tools=TOOLS, tool_choice="auto")
     assert "--enable-auto-tool-choice" in str(err.value)
+
+
+# SmolLM2 answers this with get_weather for Paris, then London, then Paris again, until max_tokens.
+TWO_CITIES = [{"role": "user", "content": "Get the weather in Paris and in London, in celsius."}]
+CUT_CALLS = [
+    ("get_weather", {"city": "Paris", "unit": "celsius"}),
+    ("get_weather", {"city": "London", "unit": "celsius"}),
+]
+
+
+def test_a_required_call_array_cut_at_max_tokens_returns_the_calls_that_closed_before_the_cut(
+    smollm2_server: LiveServer,
+) -> None:
+    asking: Any = {"model": "smollm2", "messages": TWO_CITIES, "tools": TOOLS, "tool_choice": "required",
+                   "max_tokens": 80, "temperature": 0}  # fmt: skip
+    with smollm2_server.openai_client() as client:
+        whole = client.chat.completions.create(**asking).choices[0]
+        streamed: dict[int, list[str]] = {}
+        finish = None
+        for chunk in client.chat.completions.create(**asking, stream=True):
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
+                assert not choice.delta.content  # the cut third call is not sent as text either
+                for d in choice.delta.tool_calls or []:
+                    call = streamed.setdefault(d.index, [d.id or "", ""])
+                    call[1] += d.function.arguments if d.function and d.function.arguments else ""
+                    if d.function and d.function.name:
+                        call.append(d.function.name)
+    assert whole.finish_reason == "length" and finish == "length"  # as vLLM: the engine's reason
+    assert whole.message.content is None
+    calls = whole.message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == CUT_CALLS
+    assert len({c.id for c in calls}) == 2
+    assert [(v[2], json.loads(v[1])) for _, v in sorted(streamed.items())] == CUT_CALLS
+    assert len({v[0] for v in streamed.values()}) == 2
