@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
-import pytest
 
 from kvfleet.engine.server.tool_parsers import PARSERS
 
@@ -91,7 +90,9 @@ def _answer_sees_both_results(live: LiveServer, calls: list[tuple[str, str, str]
     """Both results go back; the answer's prompt is exactly the history /tokenize renders, results in it."""
     called = {"role": "assistant", "content": None, "tool_calls": [
         {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]}  # fmt: skip
-    results = [{"role": "tool", "tool_call_id": i, "content": r} for (i, _, _), r in zip(calls, RESULTS)]
+    results = [
+        {"role": "tool", "tool_call_id": i, "content": r} for (i, _, _), r in zip(calls, RESULTS, strict=True)
+    ]
     history = [*QUESTION, called, *results]
     with live.openai_client() as client:
         answer = client.chat.completions.create(model="tiny", messages=history, max_tokens=1, temperature=0)
