@@ -93,11 +93,15 @@ RESULT = '{"temperature": 18, "sky": "sunny"}'
 
 def _final_answer(live: LiveServer, call_id: str, name: str, arguments: str) -> str | None:
     """The tool's result goes back through the chat template; the model answers in text, from a prompt
-    that is exactly the history /tokenize renders, the result in it."""
+    that is exactly the history /tokenize renders, the result in it (and, with the tools and
+    tool_choice none, a longer prompt that renders them too)."""
     history = _history(call_id, name, arguments, RESULT)
     with live.openai_client() as client:
         answer = client.chat.completions.create(
             model="smollm2", messages=history, max_tokens=24, temperature=0
+        )
+        with_tools = client.chat.completions.create(
+            model="smollm2", messages=history, tools=TOOLS, tool_choice="none", max_tokens=1, temperature=0
         )
     with httpx.Client(base_url=live.url, timeout=30) as c:
         rendered = c.post(
@@ -108,6 +112,8 @@ def _final_answer(live: LiveServer, call_id: str, name: str, arguments: str) -> 
     assert not choice.message.tool_calls
     assert answer.usage is not None and answer.usage.prompt_tokens == rendered.json()["count"]
     assert f"<tool_response>\n{RESULT}\n</tool_response>" in "".join(rendered.json()["token_strs"])
+    assert not with_tools.choices[0].message.tool_calls  # tool_choice none: text, the tools rendered
+    assert with_tools.usage is not None and with_tools.usage.prompt_tokens > answer.usage.prompt_tokens
     return choice.message.content
 
 
