@@ -7,10 +7,15 @@ words, ``ignore_eos`` outputs of ``--output-len`` tokens; ``random`` = unrelated
 ``shared`` = the first 80% of every prompt one common prefix). Requests per cell are ``--rounds``
 x the concurrency, at least ``--min-requests``, so after the first burst new prompts keep
 arriving while streams decode: the case where today's token-budget scheduler freezes every
-stream for a whole prefill step of up to 2048 tokens. ``--repeats`` runs (default 2), every server
-started afresh in each and the order reversed on odd runs; each run's table is printed, then the cells
-pooled (every request of every run: percentiles over all gaps, tokens over the summed time), on which
-the checks that close the issue are read: one run on a shared 2-core box moves ITL p99 by 0.5x p50.
+stream for a whole prefill step of up to 2048 tokens. The ``poisson`` cell (issue #50) keeps new
+prompts arriving for the whole cell instead of after one burst: ``--poisson-requests`` random
+prompts (default 2 x 32) sent open loop as a Poisson process at ``--poisson-rate`` requests/s
+(default 2; 0 leaves the cell out), the same prompts and arrival times for every contender; its
+``conc`` column reads 32, the closed-loop cell it stands beside. ``--runs`` N (default 3), every
+server started afresh in each and the order reversed on odd runs; each run's table is printed,
+then per cell the median of the runs with their spread (min-max), then the cells pooled (every
+request of every run: percentiles over all gaps, tokens over the summed time), on which the checks
+that close the issue are read: one run on a shared 2-core box moves ITL p99 by 0.5x p50.
 
 Contenders: ``kvfleet --no-stall-free`` (today's scheduler before #33: ``--max-num-batched-tokens``
 2048 only), ``kvfleet`` stall-free with each ``--factors`` K (``--stall-free-factor``; 2 is the
@@ -26,17 +31,22 @@ results open with the same cells on the simulated clock (``stall_free_sim.py``, 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from bench.common import RESULTS, cpu_name, resolve_model, side_venv
-from bench.peers.peers import serve_cells, vllm_server
+from bench.peers.peers import flops, load_spec, serve_cells, vllm_server
 from bench.peers.roof import Row, Shape, ms, pct
 from bench.serving import stall_free_sim
 from kvfleet.bench import parse_distribution
+from kvfleet.bench.load import run_load
 from kvfleet.bench.stats import summarize
 from kvfleet.testing.processes import engine_process
 
@@ -105,6 +115,49 @@ def table(rows: list[Row]) -> list[str]:
     return lines
 
 
+POISSON_CONCURRENCY = 32  # the closed-loop cell the poisson cell stands beside
+
+
+def poisson_cell(args: argparse.Namespace, url: str, name: str, shape: Shape, say: Any) -> Row:
+    """Random prompts arriving as a Poisson process (open loop) for the whole cell: no single burst."""
+    spec = load_spec(args, "random", POISSON_CONCURRENCY)
+    spec = replace(spec, url=url, concurrency=None, rate=args.poisson_rate, num_requests=args.poisson_requests,
+                   seed=spec.seed + 7)  # fmt: skip
+    result = asyncio.run(run_load(spec))
+    s = summarize(result.records, result.duration_s)
+    row = Row("serving", name, s.duration_s, s.total_prompt_tokens, s.total_output_tokens,
+              flops(shape, [r for r in result.records if r.ok]), "poisson", POISSON_CONCURRENCY, pct(s.ttft),
+              pct(s.itl), s.num_failed, extra={"records": result.records})  # fmt: skip
+    say(f"  {name} poisson {args.poisson_rate:g}/s x {args.poisson_requests}: {row.out_tps:.1f} out tok/s, "
+        f"TTFT p50/p99 {ms(row.ttft)} ms, ITL p50/p99 {ms(row.itl)} ms, {s.num_failed} failed")  # fmt: skip
+    return row
+
+
+def spread(runs: list[list[Row]]) -> list[str]:
+    """Per (server, workload, concurrency): the median of the runs' figures and their min-max."""
+    cells: dict[tuple[str, str, int], list[Row]] = {}
+    for row in (r for rows in runs for r in rows):
+        cells.setdefault((row.name, row.workload, row.concurrency), []).append(row)
+
+    def fig(values: list[float], fmt: str) -> str:
+        return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+    lines = [f"{'server':<34} {'workload':<8} {'conc':>4} {'out tok/s':>17} {'TTFT p99 ms':>17} "
+             f"{'ITL p99 ms':>15} {'ITL p99/p50':>15}"]  # fmt: skip
+    for (name, workload, conc), rows in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        timed = [
+            (r.out_tps, r.ttft, r.itl) for r in rows if r.ttft is not None and r.itl is not None and r.itl[0]
+        ]
+        if not timed:
+            continue
+        tps = fig([t for t, _, _ in timed], ".1f")
+        ttft = fig([f[1] * 1e3 for _, f, _ in timed], ".0f")
+        itl = fig([i[1] * 1e3 for _, _, i in timed], ".0f")
+        ratio = fig([i[1] / i[0] for _, _, i in timed], ".1f")
+        lines.append(f"{name:<34} {workload:<8} {conc:>4} {tps:>17} {ttft:>17} {itl:>15} {ratio:>15}")
+    return lines
+
+
 def pooled(runs: list[list[Row]]) -> list[Row]:
     """One row per (server, workload, concurrency): the runs' requests together (percentiles over all
     their gaps, output tokens over the summed cell times), so one noisy run neither makes nor breaks a cell."""
@@ -136,7 +189,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-vllm", dest="vllm", action="store_false")
     p.add_argument("--smoke", action="store_true", help="a few short requests per cell")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=2, help="runs, each server restarted, cells pooled")
+    p.add_argument(
+        "--runs",
+        "--repeats",
+        dest="runs",
+        type=int,
+        default=3,
+        help="runs, each server restarted; per cell the median and spread, and the cells pooled",
+    )
+    p.add_argument("--poisson-rate", type=float, default=2.0, help="the poisson cell's requests/s (0: none)")
+    p.add_argument("--poisson-requests", type=int, default=2 * POISSON_CONCURRENCY)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--vllm-kv-gib", type=int, default=4)
     p.add_argument("--start-timeout", type=float, default=600.0)
@@ -144,7 +206,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.concurrency, args.rounds, args.min_requests, args.output_len = "4", 1, 4, "uniform:8:16"
-        args.repeats = 1
+        args.runs, args.poisson_requests = 1, 4
     args.out = args.out or RESULTS / ("stall_free_smoke.txt" if args.smoke else "stall_free.txt")
     args.factors, args.targets_ms = (
         stall_free_sim.floats(args.factors),
@@ -170,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load average at the start {load}",
         f"# chat, input {args.input_len} words, output {args.output_len} tokens, closed loop, requests per cell "
         f"max({args.min_requests}, {args.rounds:g} x concurrency); shared = first 80% of each prompt one prefix",
+        f"# poisson = {args.poisson_requests} random prompts arriving open loop, Poisson at {args.poisson_rate:g} "
+        f"requests/s (none at 0); {args.runs} runs, servers restarted per run",
     ]
     sim_modes = stall_free_sim.modes(sorted({2.0, 3.0, *args.factors}), args.targets_ms)
     sim = stall_free_sim.table(sim_modes, args.concurrency, 4, args.seed)
@@ -180,15 +244,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.vllm:
         args.vllm_python = side_venv("vllm_env.sh", 1800)
     shape, runs = Shape.of(folder), []
-    for run in range(args.repeats):  # each server started afresh per run; odd runs in reverse order
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    for run in range(args.runs):  # each server started afresh per run; odd runs in reverse order
         rows: list[Row] = []
         order = contenders(args, folder)
         for name, server in order if run % 2 == 0 else order[::-1]:
             with server() as url:
-                rows += serve_cells(args, url, name, shape, lambda text: print(text, flush=True))
+                rows += serve_cells(args, url, name, shape, say)
+                if args.poisson_rate > 0:
+                    rows.append(poisson_cell(args, url, name, shape, say))
         runs.append(rows)
     for run, rows in enumerate(runs if len(runs) > 1 else []):
         lines += ["", f"run {run + 1} of {len(runs)}:", *table(rows)]
+    if len(runs) > 1:
+        lines += ["", f"MEDIAN [min-max] over {len(runs)} runs (each run's own percentiles and tokens/s):",
+                  *spread(runs)]  # fmt: skip
     pooled_note = f"POOLED over {len(runs)} runs (every request's gaps; tokens over the runs' summed time):"
     lines += ["", pooled_note if len(runs) > 1 else "", *table(pooled(runs)), ""]
     lines.append(f"# wall time {time.monotonic() - started:.0f} s, load average at the end "

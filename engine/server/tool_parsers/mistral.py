@@ -32,6 +32,11 @@ def read_call_array(text: str, pos: int) -> list[CallSoFar]:
     return read_calls(text, skip_ws(text, pos + 1), separated_by(text, ","))
 
 
+def complete_calls(calls: list[CallSoFar]) -> list[CallSoFar]:
+    """The calls of an array read so far whose objects have closed: those a cut cannot take back."""
+    return [c for c in calls if c.complete and c.name is not None]
+
+
 class MistralParser(ToolParser):
     name: ClassVar[str] = "mistral"
     skip_special_tokens: ClassVar[bool] = False

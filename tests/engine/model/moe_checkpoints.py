@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.outputs import RequestOutput
 
+from ..parallel.workers import assert_workers_ran
 from .conftest import COMMON, QK_NORMS, save_checkpoint
 
 NEW_TOKENS = 32
@@ -74,7 +75,9 @@ def engine_outputs(folder: Path, tp: int = 1) -> tuple[list[RequestOutput], Any]
     llm = LLM(str(folder), tensor_parallel_size=tp, **ENGINE)
     try:
         first = llm.generate(PROMPTS[:1], GREEDY)
-        return first + llm.generate(PROMPTS[1:], GREEDY), llm.engine.stats()
+        rest = llm.generate(PROMPTS[1:], GREEDY)
+        assert_workers_ran(llm, tp)
+        return first + rest, llm.engine.stats()
     finally:
         llm.close()
 

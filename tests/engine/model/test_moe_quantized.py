@@ -15,6 +15,7 @@ from kvfleet.engine.loader.resident import resident_weight_bytes
 from kvfleet.engine.model.moe import SparseMoeBlock
 from kvfleet.engine.outputs import RequestOutput
 
+from ..parallel.workers import assert_workers_ran
 from .moe_checkpoints import ENGINE, PROMPTS, make_moe_checkpoint
 
 MARGIN = 0.2
@@ -34,6 +35,7 @@ def test_int8_experts_serve_the_float_models_first_tokens_and_tp2_equals_tp1(
         llm = LLM(folder, quantization="int8", tensor_parallel_size=tp, **ENGINE)
         try:
             outs.append(llm.generate(PROMPTS, PARAMS))
+            assert_workers_ran(llm, tp)
             if tp == 1:
                 model = llm.engine.runner.model
                 blocks = [

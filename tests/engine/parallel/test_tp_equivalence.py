@@ -14,6 +14,7 @@ from kvfleet.engine.outputs import RequestOutput
 
 from ..lora.conftest import ADAPTERS, make_adapter
 from .compare import assert_same_greedy
+from .workers import assert_workers_ran
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
 SYSTEM = [256] + list(range(60, 80))  # a shared 21-token prefix: later prompts hit the prefix cache
@@ -36,6 +37,7 @@ def run(
     try:
         first = llm.generate(PROMPTS[:1], GREEDY)  # warms the prefix cache with SYSTEM
         rest = llm.generate(PROMPTS[1:], GREEDY, lora=lora)
+        assert_workers_ran(llm, tp)
         return first + rest, llm.engine.stats()
     finally:
         llm.close()
@@ -79,6 +81,7 @@ def test_tp2_lora_adapters_beside_base_requests_equal_tp1(
             llm.load_lora("attn-r4", str(folders["attn-r4"]))  # at run time: reaches the worker too
             outs.append(llm.generate(PROMPTS[1:], GREEDY, lora=lora))
             assert llm.engine.stats().lora is not None
+            assert_workers_ran(llm, tp)
         finally:
             llm.close()
     assert_same_greedy(outs[0], outs[1], "lora")

@@ -34,6 +34,7 @@ from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from ..lora.conftest import make_adapter
 from .compare import assert_same_greedy
+from .workers import assert_workers_ran
 
 LOGPROB_TOL = 0.05  # nats: int8 activation roundings moved by float summation order (module docstring)
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 1, 2, 3], [256, *range(40, 69)], [256, 200, 17, 90, 33]]
@@ -65,7 +66,9 @@ def serve(model: Path, tp: int, lora: str | None = None, **kw: object) -> list[R
         assert runner.quantization.method == "gguf"  # in its blocks on every rank, not dequantised
         embed = runner.model.model.embed_tokens
         assert isinstance(embed, QuantEmbedding) and embed.num_embeddings == (259 if tp == 1 else 130)
-        return llm.generate(PROMPTS, GREEDY, lora=lora) if lora else llm.generate(PROMPTS, GREEDY)
+        outs = llm.generate(PROMPTS, GREEDY, lora=lora) if lora else llm.generate(PROMPTS, GREEDY)
+        assert_workers_ran(llm, tp)
+        return outs
     finally:
         llm.close()
 
@@ -143,6 +146,7 @@ def test_smollm2s_q4_1_blocks_over_two_ranks_keep_the_first_greedy_token_of_most
         try:
             assert isinstance(llm.engine.runner.model.model.embed_tokens, QuantEmbedding)
             outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1))
+            assert_workers_ran(llm, tp)
             return [o.outputs[0].token_ids[0] for o in outs]
         finally:
             llm.close()

@@ -15,6 +15,8 @@ import torch
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.kernels.native.int8_gemm import load_int8
 
+from .workers import assert_workers_ran
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 PROMPTS = [
     torch.randint(3, 259, (3 + i % 8,), generator=torch.Generator().manual_seed(i)).tolist()
@@ -32,7 +34,9 @@ def test_an_int8_model_over_two_ranks_keeps_the_single_ranks_greedy_tokens(
             str(tp_checkpoints[variant]), quantization="int8", tensor_parallel_size=tp, num_kv_blocks=64
         )
         try:
-            return [o.outputs[0].token_ids[0] for o in llm.generate(PROMPTS, GREEDY)]
+            outs = llm.generate(PROMPTS, GREEDY)
+            assert_workers_ran(llm, tp)
+            return [o.outputs[0].token_ids[0] for o in outs]
         finally:
             llm.close()
 

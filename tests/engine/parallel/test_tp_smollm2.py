@@ -10,6 +10,7 @@ from kvfleet.engine.loader.sources import resolve_model
 from kvfleet.engine.tokenizer.hf import HFTokenizer
 
 from .compare import assert_same_greedy
+from .workers import assert_workers_ran
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
@@ -31,6 +32,7 @@ def test_smollm2_tp2_greedy_tokens_equal_tp1() -> None:
         )
         try:
             outs.append(llm.generate(prompts, GREEDY))
+            assert_workers_ran(llm, tp)
         finally:
             llm.close()
     assert_same_greedy(outs[0], outs[1], "smollm2")

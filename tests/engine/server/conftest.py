@@ -19,6 +19,7 @@ import uvicorn
 from kvfleet.engine import cli
 from kvfleet.engine.server.app import create_app
 from kvfleet.engine.server.state import ServerState
+from kvfleet.engine.server.tool_parsers import PARSERS
 from kvfleet.engine.testing.tiny import ensure_tiny_model
 from kvfleet.testing.faults import children
 
@@ -130,6 +131,14 @@ def long_tiny_server() -> Iterator[LiveServer]:
     """The real tiny model with room for a tools prompt (its byte tokenizer makes one 700 tokens)."""
     yield from _serve("--model", "tiny", "--num-kv-blocks", "256", "--max-model-len", "2048",
                       "--max-num-seqs", "2", simulate=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(PARSERS))
+def auto_tool_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+    """The real tiny model serving ``tool_choice: auto`` with each registered parser in turn."""
+    yield from _serve("--model", "tiny", "--num-kv-blocks", "256", "--max-model-len", "2048",
+                      "--max-num-seqs", "2", "--enable-auto-tool-choice", "--tool-call-parser",
+                      request.param, simulate=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

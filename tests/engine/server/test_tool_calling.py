@@ -5,8 +5,10 @@ streamed. The forced choices are grammar-constrained, so the arguments always va
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -72,9 +74,8 @@ def _stream_call(client: openai.OpenAI, tool_choice: Any) -> tuple[str, str, str
     return call_id, name, arguments, finish
 
 
-def _final_answer(client: openai.OpenAI, call_id: str, name: str, arguments: str) -> str | None:
-    """The tool's result goes back through the chat template; the model answers in text."""
-    history: list[Any] = [
+def _history(call_id: str, name: str, arguments: str, result: str) -> list[Any]:
+    return [
         *QUESTION,
         {
             "role": "assistant",
@@ -83,15 +84,36 @@ def _final_answer(client: openai.OpenAI, call_id: str, name: str, arguments: str
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             ],
         },
-        {"role": "tool", "tool_call_id": call_id, "content": '{"temperature": 18, "sky": "sunny"}'},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
     ]
-    answer = client.chat.completions.create(
-        model="smollm2", messages=history, tools=TOOLS, tool_choice="none", max_tokens=24, temperature=0
-    )
+
+
+RESULT = '{"temperature": 18, "sky": "sunny"}'
+
+
+def _final_answer(live: LiveServer, call_id: str, name: str, arguments: str) -> str | None:
+    """The tool's result goes back through the chat template; the model answers in text, from a prompt
+    that is exactly the history /tokenize renders, the result in it (and, with the tools and
+    tool_choice none, a longer prompt that renders them too)."""
+    history = _history(call_id, name, arguments, RESULT)
+    with live.openai_client() as client:
+        answer = client.chat.completions.create(
+            model="smollm2", messages=history, max_tokens=24, temperature=0
+        )
+        with_tools = client.chat.completions.create(
+            model="smollm2", messages=history, tools=TOOLS, tool_choice="none", max_tokens=1, temperature=0
+        )
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        rendered = c.post(
+            "/tokenize", json={"model": "smollm2", "messages": history, "return_token_strs": True}
+        )
     choice = answer.choices[0]
     assert choice.finish_reason in {"stop", "length"}
     assert not choice.message.tool_calls
-    assert answer.usage is not None and answer.usage.prompt_tokens > 40  # the history was rendered
+    assert answer.usage is not None and answer.usage.prompt_tokens == rendered.json()["count"]
+    assert f"<tool_response>\n{RESULT}\n</tool_response>" in "".join(rendered.json()["token_strs"])
+    assert not with_tools.choices[0].message.tool_calls  # tool_choice none: text, the tools rendered
+    assert with_tools.usage is not None and with_tools.usage.prompt_tokens > answer.usage.prompt_tokens
     return choice.message.content
 
 
@@ -108,7 +130,7 @@ def test_a_forced_tool_call_round_trip_whole(smollm2_server: LiveServer, tool_ch
         if tool_choice == NAMED:
             assert call.function.name == "get_weather"
         _check_call(call.function.name, call.function.arguments)
-        answer = _final_answer(client, call.id, call.function.name, call.function.arguments)
+        answer = _final_answer(smollm2_server, call.id, call.function.name, call.function.arguments)
         assert isinstance(answer, str) and answer
 
 
@@ -121,7 +143,7 @@ def test_a_forced_tool_call_round_trip_streamed(smollm2_server: LiveServer, tool
         if tool_choice == NAMED:
             assert name == "get_weather"
         _check_call(name, arguments)
-        answer = _final_answer(client, call_id, name, arguments)
+        answer = _final_answer(smollm2_server, call_id, name, arguments)
         assert isinstance(answer, str) and answer
 
 
@@ -129,3 +151,53 @@ def test_auto_tool_choice_without_the_flag_is_a_400_naming_it(smollm2_server: Li
     with smollm2_server.openai_client() as client, pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="smollm2", messages=QUESTION, tools=TOOLS, tool_choice="auto")
     assert "--enable-auto-tool-choice" in str(err.value)
+
+
+# SmolLM2 answers this with get_weather for Paris, then London, then Paris again, until max_tokens.
+TWO_CITIES = [{"role": "user", "content": "Get the weather in Paris and in London, in celsius."}]
+CUT_CALLS = [
+    ("get_weather", {"city": "Paris", "unit": "celsius"}),
+    ("get_weather", {"city": "London", "unit": "celsius"}),
+]
+
+
+def test_a_required_call_array_cut_at_max_tokens_returns_the_calls_that_closed_before_the_cut(
+    smollm2_server: LiveServer,
+) -> None:
+    asking: Any = {"model": "smollm2", "messages": TWO_CITIES, "tools": TOOLS, "tool_choice": "required",
+                   "max_tokens": 80, "temperature": 0}  # fmt: skip
+    with smollm2_server.openai_client() as client:
+        whole = client.chat.completions.create(**asking).choices[0]
+        streamed: dict[int, list[str]] = {}
+        finish = None
+        for chunk in client.chat.completions.create(**asking, stream=True):
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
+                assert not choice.delta.content  # the cut third call is not sent as text either
+                for d in choice.delta.tool_calls or []:
+                    call = streamed.setdefault(d.index, [d.id or "", ""])
+                    call[1] += d.function.arguments if d.function and d.function.arguments else ""
+                    if d.function and d.function.name:
+                        call.append(d.function.name)
+    assert whole.finish_reason == "length" and finish == "length"  # as vLLM: the engine's reason
+    assert whole.message.content is None
+    calls = whole.message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == CUT_CALLS
+    assert len({c.id for c in calls}) == 2
+    assert [(v[2], json.loads(v[1])) for _, v in sorted(streamed.items())] == CUT_CALLS
+    assert len({v[0] for v in streamed.values()}) == 2
+
+
+@pytest.mark.parametrize("celsius", [7, 18, 31])
+def test_the_answer_reads_the_tool_result_in_the_history(smollm2_server: LiveServer, celsius: int) -> None:
+    """SmolLM2 answers with the temperature the tool gave (greedy: "The weather in Paris, in Celsius,
+    is 31."): a dropped or misrendered tool message cannot give three different right numbers."""
+    call = '{"city": "Paris", "unit": "celsius"}'
+    history = _history(
+        "chatcmpl-tool-1", "get_weather", call, f'{{"temperature": {celsius}, "sky": "sunny"}}'
+    )
+    with smollm2_server.openai_client() as client:
+        answer = client.chat.completions.create(
+            model="smollm2", messages=history, max_tokens=30, temperature=0
+        )
+    assert re.findall(r"\d+", answer.choices[0].message.content or "") == [str(celsius)]

@@ -139,11 +139,33 @@ def test_required_output_is_an_array_of_name_and_parameters() -> None:
     assert numbered(RequiredParser()).parse(text) == ParsedOutput(
         None, [ParsedCall("id0", "a", '{"x": 1}'), ParsedCall("id1", "b", "{}")]
     )
-    assert streamed(RequiredParser(), ['[{"name"', ': "a", "parameters": {"x"', ": 1}}]"]) == [
+    assert streamed(
+        RequiredParser(), ['[{"name"', ': "a", "parameters": {"x"', ": 1}}, {", '"name": "b"}]']
+    ) == [
         [],
-        [CallStart(0, "id0", "a"), ArgumentsDelta(0, '{"x"')],
-        [ArgumentsDelta(0, ": 1}")],
+        [],  # a required call goes out once its object has closed: a cut cannot take it back
+        [CallStart(0, "id0", "a"), ArgumentsDelta(0, '{"x": 1}')],
+        [CallStart(1, "id1", "b"), ArgumentsDelta(1, "{}")],
     ]
+
+
+REQUIRED_CUT = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {}}, {"name": "a", "para'
+
+
+@pytest.mark.parametrize("end", [len(REQUIRED_CUT), REQUIRED_CUT.index(', {"name": "a"') + 2])
+def test_a_required_array_cut_short_keeps_every_call_that_closed_before_the_cut(end: int) -> None:
+    cut = REQUIRED_CUT[:end]
+    both = [ParsedCall("id0", "a", '{"x": 1}'), ParsedCall("id1", "b", "{}")]
+    assert numbered(RequiredParser()).parse(cut) == ParsedOutput(None, both)
+    events = [e for batch in streamed(RequiredParser(), [cut[:30], cut[30:60], cut[60:]]) for e in batch]
+    assert events == [CallStart(0, "id0", "a"), ArgumentsDelta(0, '{"x": 1}'), CallStart(1, "id1", "b"),
+                      ArgumentsDelta(1, "{}")]  # fmt: skip
+
+
+def test_a_required_array_cut_inside_its_first_call_has_no_call_and_is_content() -> None:
+    cut = '[{"name": "a", "parameters": {"x"'
+    assert RequiredParser().parse(cut) == ParsedOutput(cut, [])
+    assert streamed(RequiredParser(), [cut]) == [[]]
 
 
 def test_a_named_choice_sends_its_name_at_once_and_every_character_as_arguments() -> None:
