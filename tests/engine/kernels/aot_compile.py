@@ -40,11 +40,18 @@ def compile_kernel(
 
 
 def attention(
-    dtype: str, group: int, head_dim: int, block_size: int, max_query_len: int, window: bool = False
+    dtype: str,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    max_query_len: int,
+    window: bool = False,
+    sinks: bool = False,
 ) -> str:
     cfg = paged_attention.choose_tiles(group, head_dim, max_query_len)
     pointers = {name: f"*{dtype}" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
     pointers |= {name: "*i32" for name in ("block_tables_ptr", "seq_lens_ptr", "query_start_ptr")}
+    pointers["sinks_ptr"] = "*fp32"  # gpt-oss's per-head sink logits (read only with HAS_SINKS)
     constants = {
         "GROUP": group,
         "GROUP_PAD": cfg.group_pad,
@@ -56,12 +63,13 @@ def attention(
         "PRECISION": "ieee" if dtype == "fp32" else "tf32",
         "DOT_FP32": False,
         "HAS_WINDOW": window,
+        "HAS_SINKS": sinks,
     }
     shared = compile_kernel(paged_attention._paged_attention_kernel, pointers, constants, cfg.num_warps)
     name = (
         f"paged_attention {dtype} group={group} head_dim={head_dim} block={block_size} max_q={max_query_len}"
     )
-    return f"{name}{' window' if window else ''}: {shared} B shared"
+    return f"{name}{' window' if window else ''}{' sinks' if sinks else ''}: {shared} B shared"
 
 
 def store(source: str, cache: str, kv_heads: int, head_dim: int, block_size: int) -> str:
@@ -127,6 +135,7 @@ def main() -> int:
         attention("bf16", 4, 128, 16, 1),  # Llama-3-8B decode step
         attention("fp16", 7, 256, 32, 64),  # group not a power of two, the widest head
         attention("bf16", 4, 128, 16, 512, window=True),  # Mistral-7B: a sliding window
+        attention("bf16", 8, 64, 16, 512, window=True, sinks=True),  # gpt-oss-20b: window and sinks
         store("fp32", "bf16", 8, 128, 16),
         lora_delta("bf16", 16),  # a LoRA delta (multi-LoRA, engine/kernels/triton/lora.py)
         *fused("bf16"),
