@@ -8,6 +8,9 @@ still be *cached*: it keeps its block hash, and a later sequence with the same p
 take it back out of the free queue instead of recomputing it. Allocation takes from the
 head of the free queue and the frees go to its tail, so cached free blocks are evicted
 least-recently-freed first (LRU).
+
+With several KV cache groups (``engine/kv/groups.py``) the map is keyed by (hash, group): the same
+tokens have the same hash in every group, but each group caches its own block for them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full, computed and cached
+    cache_group: int = 0  # the KV cache group it is cached for
 
 
 class BlockPool:
@@ -41,7 +45,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Free queue: block id → None; head = next to allocate, tail = most recently freed.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[BlockHash, int] = {}
+        self._cached: dict[tuple[BlockHash, int], int] = {}
 
     # ---- queries
     @property
@@ -56,9 +60,9 @@ class BlockPool:
         """Fraction of blocks referenced by at least one sequence."""
         return 1.0 - len(self._free) / self.num_blocks
 
-    def lookup(self, block_hash: BlockHash) -> int | None:
-        """The cached block holding this hash, free or in use, or None."""
-        return self._cached.get(block_hash)
+    def lookup(self, block_hash: BlockHash, group: int = 0) -> int | None:
+        """The cached block holding this hash for ``group``, free or in use, or None."""
+        return self._cached.get((block_hash, group))
 
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free
@@ -98,18 +102,18 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self._free[block_id] = None
 
-    def cache(self, block_id: int, block_hash: BlockHash) -> bool:
-        """Record a full, computed block under its hash; False if another block already holds it."""
+    def cache(self, block_id: int, block_hash: BlockHash, group: int = 0) -> bool:
+        """Record a full, computed block of ``group`` under its hash; False if another block already holds it."""
         block = self.blocks[block_id]
         if block.block_hash is not None:
-            return block.block_hash == block_hash
-        if block_hash in self._cached:
+            return block.block_hash == block_hash and block.cache_group == group
+        if (block_hash, group) in self._cached:
             return False
-        block.block_hash = block_hash
-        self._cached[block_hash] = block_id
+        block.block_hash, block.cache_group = block_hash, group
+        self._cached[(block_hash, group)] = block_id
         return True
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
-            del self._cached[block.block_hash]
+            del self._cached[(block.block_hash, block.cache_group)]
             block.block_hash = None
