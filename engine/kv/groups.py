@@ -4,7 +4,7 @@ Where it sits: the runner (and each tensor-parallel worker) lays out its KV tens
 :func:`kv_layout`; the engine gives the group windows to the ``KVCacheManager``; each attention
 layer reads its group's block table (``AttentionMetadata.for_kv_group``). Torch-free.
 
-As vLLM's hybrid allocator (``kv_cache_coordinator.py``): the layers are grouped by attention type
+As vLLM's hybrid allocator (its KV cache coordinator): the layers are grouped by attention type
 (full, or sliding with window W), and each type's layers are cut into groups of ``k`` layers,
 ``k`` the fewest layers of any type. Every group has its own block table per sequence, all drawn
 from ONE pool of block ids, and a block id names one page of ``k`` KV tensors: the ``i``-th layer of

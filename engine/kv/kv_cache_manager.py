@@ -90,6 +90,7 @@ class KVCacheManager:
             if window is not None and window < 1:
                 raise ValueError(f"sliding_window must be a positive number of tokens, got {window}")
         self.group_windows = windows
+        self._slides = any(w is not None for w in windows)  # some group frees blocks out of its window
         self.sliding_window = windows[0] if len(windows) == 1 else None
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -279,7 +280,7 @@ class KVCacheManager:
     # the prefix cache first (with prefix caching on), and no query from num_computed_tokens on reads them.
     def _free_out_of_window(self, seq: Sequence) -> None:
         state = self._seqs.get(seq.seq_id)
-        if state is None or self.group_windows == (None,):
+        if state is None or not self._slides:
             return
         for g, (window, table) in enumerate(zip(self.group_windows, _tables(seq), strict=True)):
             if window is None:
