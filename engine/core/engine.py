@@ -88,8 +88,9 @@ class Engine:
         )
         self._awaiting_grammar: dict[str, list[Sequence]] = {}  # request id → its sequences, unscheduled
         self._late_verdicts: list[tuple[str, RequestError | None]] = []
+        chunk = config.max_num_batched_tokens if config.enable_chunked_prefill else None
         self.kv = KVCacheManager(
-            runner.num_kv_blocks, config.block_size, prefix_caching, kv_window, group_windows
+            runner.num_kv_blocks, config.block_size, prefix_caching, kv_window, group_windows, chunk
         )
         self.max_model_len = config.max_model_len or model_max_len or self.kv.max_tokens_per_seq()
         self.scheduler = Scheduler(

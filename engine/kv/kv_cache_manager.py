@@ -82,6 +82,7 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
         group_windows: tuple[int | None, ...] | None = None,
+        max_chunk_tokens: int | None = None,
     ) -> None:
         windows = (sliding_window,) if group_windows is None else group_windows
         if not windows:
@@ -91,6 +92,7 @@ class KVCacheManager:
                 raise ValueError(f"sliding_window must be a positive number of tokens, got {window}")
         self.group_windows = windows
         self._slides = any(w is not None for w in windows)  # some group frees blocks out of its window
+        self.max_chunk_tokens = max_chunk_tokens  # a step's most tokens of one sequence (None: whole prompts)
         self.sliding_window = windows[0] if len(windows) == 1 else None
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -116,9 +118,28 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
+    # Invariant: a sequence of the result's tokens, computed chunk by chunk, never holds more blocks
+    # than the pool has: its full groups every block, each sliding group at most the blocks its window
+    # reaches back from a chunk, and the chunk's own (all of them when prompts are computed whole).
     def max_tokens_per_seq(self) -> int:
-        """The most tokens one sequence can ever hold (the whole cache, shared by its groups)."""
-        return self.pool.num_blocks // self.num_groups * self.block_size
+        """The most tokens one sequence can ever hold (with one group, the whole cache)."""
+        bs, total = self.block_size, self.pool.num_blocks
+        if self.num_groups == 1:
+            return total * bs
+        chunk = self.max_chunk_tokens
+        caps = [
+            None if w is None or chunk is None else cdiv(w - 1, bs) + cdiv(chunk, bs) + 2
+            for w in self.group_windows
+        ]
+
+        def needed(blocks: int) -> int:
+            return sum(blocks if cap is None else min(blocks, cap) for cap in caps)
+
+        lo, hi = 0, total  # needed(lo) <= total; the answer lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if needed(mid) <= total else (lo, mid - 1)
+        return lo * bs
 
     def block_tables(self, seq: Sequence) -> list[list[int]]:
         """``seq``'s block table in each group, group 0's first (empty ones before it starts)."""

@@ -159,3 +159,25 @@ def test_one_group_per_attention_type_cut_to_the_fewest_layers_of_a_type() -> No
     uneven = kv_layout((6, None, 6, 6, 6), 5)
     assert [g.layers for g in uneven.groups] == [(1,), (0,), (2,), (3,), (4,)]
     assert kv_layout((6, 6), 2).windows == (6,)
+
+
+def test_the_longest_sequence_counts_the_sliding_group_at_its_window_when_prompts_are_chunked() -> None:
+    whole = KVCacheManager(40, 4, group_windows=(None, 8))
+    assert whole.max_tokens_per_seq() == 20 * 4  # computed whole, the sliding group holds every block too
+    chunked = KVCacheManager(40, 4, group_windows=(None, 8), max_chunk_tokens=8)
+    # the sliding group holds at most ceil(7/4) + ceil(8/4) + 2 = 6 blocks: 34 are left for the full group
+    assert chunked.max_tokens_per_seq() == 34 * 4
+    assert KVCacheManager(40, 4, sliding_window=8, max_chunk_tokens=8).max_tokens_per_seq() == 160
+
+
+def test_a_prompt_as_long_as_the_longest_fits_chunk_by_chunk() -> None:
+    kv = KVCacheManager(12, 4, group_windows=(None, 8), max_chunk_tokens=8)
+    longest = kv.max_tokens_per_seq()
+    assert longest == 6 * 4  # full 6 + sliding min(6, 6): the bound is tight here
+    kv = KVCacheManager(12, 4, group_windows=(None, 6), max_chunk_tokens=4)
+    longest = kv.max_tokens_per_seq()
+    a = seq(list(range(longest)))
+    for start in range(0, longest, 4):
+        assert kv.allocate_slots(a, 4) is not None, f"chunk at {start} of {longest}"
+        computed(kv, a, start + 4)
+    assert len(kv.block_tables(a)[0]) == longest // 4
