@@ -54,9 +54,9 @@ def kv_layout(layer_windows: tuple[int | None, ...], num_layers: int) -> KVLayou
     for layer in sorted(range(num_layers), key=lambda i: (windows[i] is not None, windows[i] or 0, i)):
         by_type.setdefault(windows[layer], []).append(layer)  # full attention first, as vLLM orders
     if len(by_type) == 1:
-        layers = tuple(range(num_layers))
+        every = tuple(range(num_layers))
         return KVLayout(
-            (KVGroup(windows[0] if windows else None, layers),), (0,) * num_layers, layers, num_layers
+            (KVGroup(windows[0] if windows else None, every),), (0,) * num_layers, every, num_layers
         )
     k = min(len(layers) for layers in by_type.values())
     groups: list[KVGroup] = []
