@@ -23,8 +23,8 @@ Sliding windows and KV cache groups (``engine/kv/groups.py``): the manager keeps
 per group (``group_windows``, group 0's in ``seq.block_ids``, the others in ``seq.group_block_ids``),
 all from one pool; a one-group manager (every Llama; ``sliding_window`` where every layer slides) is
 today's one table. A block of a sliding group whose every position lies before
-``num_computed - window + 1`` is read by no later query, so each step the sequence is served
-(``free_out_of_window``, also the first thing ``allocate_slots`` does) those blocks go back to the pool (their hashes kept: a later prefix hit can
+``num_computed - window + 1`` is read by no later query, so when the sequence next grows
+(``allocate_slots``) those blocks go back to the pool (their hashes kept: a later prefix hit can
 still revive them) and the table keeps :data:`FREED_BLOCK` in their place, as vLLM's
 SlidingWindowManager keeps its null block; a full group frees nothing. A prefix hit of ``n`` blocks
 must hold in every group: all ``n`` blocks of a full group, and in a sliding group only the last
@@ -91,7 +91,7 @@ class KVCacheManager:
             if window is not None and window < 1:
                 raise ValueError(f"sliding_window must be a positive number of tokens, got {window}")
         self.group_windows = windows
-        self.slides = any(w is not None for w in windows)  # some group frees blocks out of its window
+        self._slides = any(w is not None for w in windows)  # some group frees blocks out of its window
         self.max_chunk_tokens = max_chunk_tokens  # a step's most tokens of one sequence (None: whole prompts)
         self.sliding_window = windows[0] if len(windows) == 1 else None
         self.block_size = block_size
@@ -251,7 +251,7 @@ class KVCacheManager:
         Returns the ids of the newly allocated blocks, group 0's first (cache hits are not new), or
         None when the pool has too few free blocks. First frees the blocks that fell out of a window.
         """
-        self.free_out_of_window(seq)
+        self._free_out_of_window(seq)
         if cached is None or not cached.block_ids:
             # Fast path (most decode steps): the new tokens fit in the blocks already held.
             if (
@@ -299,11 +299,9 @@ class KVCacheManager:
 
     # Invariant: the freed blocks are the first num_freed[g] of group g's table, each registered in
     # the prefix cache first (with prefix caching on), and no query from num_computed_tokens on reads them.
-    def free_out_of_window(self, seq: Sequence) -> None:
-        """Give back ``seq``'s blocks that fell out of their group's window (the scheduler calls it
-        each step a sequence is served without new blocks; ``allocate_slots`` calls it first)."""
+    def _free_out_of_window(self, seq: Sequence) -> None:
         state = self._seqs.get(seq.seq_id)
-        if state is None or not self.slides:
+        if state is None or not self._slides:
             return
         for g, (window, table) in enumerate(zip(self.group_windows, _tables(seq), strict=True)):
             if window is None:

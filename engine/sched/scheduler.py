@@ -143,7 +143,6 @@ class Scheduler:
         under the time budget) until it is spent; one preempted meanwhile (:meth:`_make_room`) is skipped."""
         block_size, running = self.kv.block_size, SequenceStatus.RUNNING
         grant, spend, append = step.grant, step.spend, scheduled.append  # per sequence: bound once
-        slides = self.kv.slides  # a sliding group frees its blocks out of the window every step
         for seq in step.order:
             if seq.status is not running:
                 continue  # preempted for a sequence served before it
@@ -155,8 +154,6 @@ class Scheduler:
                 break  # the step is full
             if blocks and before + num_new <= len(blocks) * block_size:
                 # O(1) fast path (most decode steps): the chunk fits in the blocks already held.
-                if slides:
-                    self.kv.free_out_of_window(seq)
                 groups = tuple(map(tuple, seq.group_block_ids)) if seq.group_block_ids else ()
                 entry: ScheduledSeq | None = ScheduledSeq(seq, before, num_new, tuple(blocks), groups)
             else:

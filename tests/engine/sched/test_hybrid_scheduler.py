@@ -50,14 +50,10 @@ def test_a_decode_needing_a_block_in_each_group_preempts_the_latest_sequence() -
 
 
 def test_the_sliding_groups_freed_blocks_let_a_waiting_sequence_in() -> None:
-    s = make(num_blocks=7)
-    a = add(s, "a", 8, 0)
-    step(s)  # a: 2 + 2 blocks
-    step(s)  # its 9th token: 3 + 3, one block left
+    s = make(num_blocks=13)
+    a = add(s, "a", 24, 0)
+    step(s)  # a's whole prompt: 6 + 6 blocks, one left
     c = add(s, "c", 4, 1)
-    for position in (9, 10):
-        plan = step(s)  # c needs a block in each group: it waits
-        assert summary(plan) == [("a", position, 1)] and c.status is SequenceStatus.WAITING
-    plan = step(s)  # position 11 reads keys 4..: a's sliding block 0 is freed in this step, and c fits
-    assert s.kv.block_tables(a)[1][0] == FREED_BLOCK
-    assert summary(plan) == [("a", 11, 1), ("c", 0, 4)]
+    plan = step(s)  # a's 25th token takes a 7th block in each group: first its sliding blocks 0..3 go
+    assert s.kv.block_tables(a)[1][:5] == [FREED_BLOCK] * 4 + [10]
+    assert summary(plan) == [("a", 24, 1), ("c", 0, 4)]  # 1 + 4 - 2 free: c's block in each group fits
