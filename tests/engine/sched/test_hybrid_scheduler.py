@@ -57,3 +57,4 @@ def test_the_sliding_groups_freed_blocks_let_a_waiting_sequence_in() -> None:
     plan = step(s)  # a's 25th token takes a 7th block in each group: first its sliding blocks 0..3 go
     assert s.kv.block_tables(a)[1][:5] == [FREED_BLOCK] * 4 + [10]
     assert summary(plan) == [("a", 24, 1), ("c", 0, 4)]  # 1 + 4 - 2 free: c's block in each group fits
+    assert c.status is SequenceStatus.RUNNING and s.kv.block_tables(c) == [[8], [7]]
