@@ -56,6 +56,8 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last allocation
     block_ids: list[int] = field(default_factory=list)
+    # With several KV cache groups (kv/groups.py): the block tables of groups 1.. (block_ids is group 0's)
+    group_block_ids: list[list[int]] = field(default_factory=list)
     num_preemptions: int = 0
     # Seeds the prefix-cache hash chain (kv.block_hash.cache_namespace): b"" is shared by all.
     cache_namespace: bytes = b""

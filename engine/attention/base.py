@@ -13,6 +13,9 @@ Shapes (T = tokens in the step, S = sequences in the step):
 - ``slot_mapping``: (T,) int64, the cache slot ``block_id * block_size + offset`` of
   each new token
 - ``block_tables``: (S, max_blocks_per_seq) int32, padded with 0
+- ``kv_groups``: with several KV cache groups (``engine/kv/groups.py``: Gemma 3's sliding and global
+  layers), groups 1..'s (``slot_mapping``, ``block_tables``); a layer of group g attends over
+  ``meta.for_kv_group(g)``. Empty with one group.
 - ``seq_lens``: (S,) int32, tokens in the cache after this step (context length)
 - ``query_start_loc``: (S + 1,) int32, cumulative query lengths; sequence ``s`` owns
   query rows ``query_start_loc[s]:query_start_loc[s + 1]``
@@ -30,7 +33,7 @@ softmax takes one more logit, ``sinks[h]``, that has no value row: the weights o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
@@ -48,10 +51,22 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     lora: LoraContext | None = None  # the step's adapters (engine/lora); None: base model only
+    kv_groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()  # groups 1..: (slot_mapping, block_tables)
 
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    def for_kv_group(self, group: int) -> AttentionMetadata:
+        """The metadata a layer of KV cache group ``group`` reads (itself for group 0)."""
+        if group == 0:
+            return self
+        if not self.kv_groups:
+            if self.slot_mapping.numel() == 0:  # no paged cache at all (the pooler's step): nothing to pick
+                return self
+            raise ValueError(f"the step has no block tables of KV cache group {group}")
+        slot_mapping, block_tables = self.kv_groups[group - 1]
+        return replace(self, slot_mapping=slot_mapping, block_tables=block_tables, kv_groups=())
 
 
 class LayerKV(NamedTuple):

@@ -67,6 +67,7 @@ class Engine:
         eos_ids: frozenset[int] = frozenset()
         prefix_caching = config.enable_prefix_caching
         kv_window: int | None = None  # with a model whose every layer slides: blocks out of it are freed
+        group_windows: tuple[int | None, ...] | None = None  # per KV cache group (engine/kv/groups.py)
         if runner is None and tokenizer is None:
             from kvfleet.engine.runner.model_runner import build_runner
 
@@ -75,7 +76,7 @@ class Engine:
             model_max_len, eos_ids = info.max_model_len, frozenset(info.eos_token_ids)
             prefix_caching = prefix_caching and info.prefix_caching_exact
             vocab_size = info.vocab_size
-            kv_window = info.kv_window
+            kv_window, group_windows = info.kv_window, info.kv_group_windows
         if runner is None or tokenizer is None:
             raise ValueError(
                 "Engine: pass both runner and tokenizer, or neither (then both are built from config)"
@@ -88,7 +89,10 @@ class Engine:
         )
         self._awaiting_grammar: dict[str, list[Sequence]] = {}  # request id → its sequences, unscheduled
         self._late_verdicts: list[tuple[str, RequestError | None]] = []
-        self.kv = KVCacheManager(runner.num_kv_blocks, config.block_size, prefix_caching, kv_window)
+        chunk = config.max_num_batched_tokens if config.enable_chunked_prefill else None
+        self.kv = KVCacheManager(
+            runner.num_kv_blocks, config.block_size, prefix_caching, kv_window, group_windows, chunk
+        )
         self.max_model_len = config.max_model_len or model_max_len or self.kv.max_tokens_per_seq()
         self.scheduler = Scheduler(
             self.kv,

@@ -8,6 +8,9 @@ still be *cached*: it keeps its block hash, and a later sequence with the same p
 take it back out of the free queue instead of recomputing it. Allocation takes from the
 head of the free queue and the frees go to its tail, so cached free blocks are evicted
 least-recently-freed first (LRU).
+
+With several KV cache groups (``engine/kv/groups.py``) the map is keyed by (hash, group): the same
+tokens have the same hash in every group, but each group caches its own block for them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full, computed and cached
+    cache_group: int = 0  # the KV cache group it is cached for
 
 
 class BlockPool:
@@ -41,8 +45,9 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Free queue: block id → None; head = next to allocate, tail = most recently freed.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[BlockHash, int] = {}
-        # Observer (engine/kv_events): called ("stored", id, hash), ("removed", id, hash), ("cleared", None, None).
+        self._cached: dict[tuple[BlockHash, int], int] = {}
+        # Observer (engine/kv_events): called ("stored", id, hash), ("removed", id, hash), ("cleared", None, None),
+        # for KV cache group 0's blocks only (a hybrid model's other groups hold the same hashes: one event a block).
         self.on_event: Callable[[str, int | None, BlockHash | None], None] | None = None
 
     # ---- queries
@@ -58,9 +63,9 @@ class BlockPool:
         """Fraction of blocks referenced by at least one sequence."""
         return 1.0 - len(self._free) / self.num_blocks
 
-    def lookup(self, block_hash: BlockHash) -> int | None:
-        """The cached block holding this hash, free or in use, or None."""
-        return self._cached.get(block_hash)
+    def lookup(self, block_hash: BlockHash, group: int = 0) -> int | None:
+        """The cached block holding this hash for ``group``, free or in use, or None."""
+        return self._cached.get((block_hash, group))
 
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free
@@ -100,24 +105,24 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self._free[block_id] = None
 
-    def cache(self, block_id: int, block_hash: BlockHash) -> bool:
-        """Record a full, computed block under its hash; False if another block already holds it."""
+    def cache(self, block_id: int, block_hash: BlockHash, group: int = 0) -> bool:
+        """Record a full, computed block of ``group`` under its hash; False if another block already holds it."""
         block = self.blocks[block_id]
         if block.block_hash is not None:
-            return block.block_hash == block_hash
-        if block_hash in self._cached:
+            return block.block_hash == block_hash and block.cache_group == group
+        if (block_hash, group) in self._cached:
             return False
-        block.block_hash = block_hash
-        self._cached[block_hash] = block_id
-        if self.on_event is not None:
+        block.block_hash, block.cache_group = block_hash, group
+        self._cached[(block_hash, group)] = block_id
+        if self.on_event is not None and group == 0:
             self.on_event("stored", block_id, block_hash)
         return True
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
-            if self.on_event is not None:
+            if self.on_event is not None and block.cache_group == 0:
                 self.on_event("removed", block.block_id, block.block_hash)
-            del self._cached[block.block_hash]
+            del self._cached[(block.block_hash, block.cache_group)]
             block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:

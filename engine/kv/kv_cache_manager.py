@@ -19,13 +19,18 @@ right now by another one (``in_flight_tokens``) and let it wait for the hit inst
 computing the same KV a second time; when those blocks are computed in the step being planned,
 it shares them in that step (``ride_in_flight``) and computes only its own tail.
 
-Sliding windows (``sliding_window``: the widest window, given only where every layer slides; a
-model with any global layer, Gemma 3's, frees nothing here): a block whose every position lies
-before ``num_computed - window + 1`` is read by no later query, so when the sequence next grows
+Sliding windows and KV cache groups (``engine/kv/groups.py``): the manager keeps one block table
+per group (``group_windows``, group 0's in ``seq.block_ids``, the others in ``seq.group_block_ids``),
+all from one pool; a one-group manager (every Llama; ``sliding_window`` where every layer slides) is
+today's one table. A block of a sliding group whose every position lies before
+``num_computed - window + 1`` is read by no later query, so when the sequence next grows
 (``allocate_slots``) those blocks go back to the pool (their hashes kept: a later prefix hit can
 still revive them) and the table keeps :data:`FREED_BLOCK` in their place, as vLLM's
-SlidingWindowManager keeps its null block. One block table serves every layer, so only blocks out
-of every layer's window can go.
+SlidingWindowManager keeps its null block; a full group frees nothing. A prefix hit of ``n`` blocks
+must hold in every group: all ``n`` blocks of a full group, and in a sliding group only the last
+``ceil((window - 1) / block_size)`` of them (the rest, read by nobody, stay :data:`FREED_BLOCK`),
+vLLM's rule (``engine/kv/prefix_rule.py``). A sequence needs blocks in every group: admission and
+preemption count them all.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 
 from kvfleet.engine.kv.block_hash import BlockHash, hash_block
 from kvfleet.engine.kv.block_pool import BlockPool
+from kvfleet.engine.kv.prefix_rule import common_hit_blocks, skipped_blocks
 from kvfleet.engine.sequence import Sequence
 
 
@@ -42,24 +48,30 @@ from kvfleet.engine.sequence import Sequence
 class CachedPrefix:
     """A run of cached blocks that starts a sequence's tokens (possibly empty)."""
 
-    block_ids: tuple[int, ...] = ()
+    block_ids: tuple[int, ...] = ()  # group 0's (its first num_skipped[0] are FREED_BLOCK)
     hashes: tuple[BlockHash, ...] = ()
     num_tokens: int = 0
+    group_block_ids: tuple[tuple[int, ...], ...] = ()  # groups 1..'s, as block_ids
+    num_skipped: tuple[int, ...] = ()  # per group: its first blocks out of the window (not held)
 
 
 @dataclass
 class _SeqBlocks:
     hashes: list[BlockHash] = field(default_factory=list)  # hash chain of its computed full blocks
     in_flight: list[BlockHash] = field(default_factory=list)  # prompt blocks it registered as in flight
-    num_freed: int = 0  # its first blocks, out of the window and back in the pool
+    num_freed: list[int] = field(default_factory=list)  # per group: its first blocks, not held
 
 
 NO_PREFIX = CachedPrefix()
-FREED_BLOCK = 0  # in a block table where a block out of every layer's window was freed: read by nobody
+FREED_BLOCK = 0  # in a block table where a block out of its group's window was freed: read by nobody
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _tables(seq: Sequence) -> list[list[int]]:
+    return [seq.block_ids, *seq.group_block_ids]
 
 
 class KVCacheManager:
@@ -69,18 +81,31 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
+        group_windows: tuple[int | None, ...] | None = None,
+        max_chunk_tokens: int | None = None,
     ) -> None:
-        if sliding_window is not None and sliding_window < 1:
-            raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
-        self.sliding_window = sliding_window
+        windows = (sliding_window,) if group_windows is None else group_windows
+        if not windows:
+            raise ValueError("group_windows must name at least one KV cache group")
+        for window in windows:
+            if window is not None and window < 1:
+                raise ValueError(f"sliding_window must be a positive number of tokens, got {window}")
+        self.group_windows = windows
+        self._slides = any(w is not None for w in windows)  # some group frees blocks out of its window
+        self.max_chunk_tokens = max_chunk_tokens  # a step's most tokens of one sequence (None: whole prompts)
+        self.sliding_window = windows[0] if len(windows) == 1 else None
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._seqs: dict[int, _SeqBlocks] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens served from the cache
-        self.window_freed_blocks = 0  # blocks given back as out of every layer's window
+        self.window_freed_blocks = 0  # blocks given back as out of their group's window
         self._in_flight: dict[BlockHash, int] = {}  # prompt block being computed → the seq_id computing it
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_windows)
 
     @property
     def num_blocks(self) -> int:
@@ -93,9 +118,34 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
+    # Invariant: a sequence of the result's tokens, computed chunk by chunk, never holds more blocks
+    # than the pool has: its full groups every block, each sliding group at most the blocks its window
+    # reaches back from a chunk, and the chunk's own (all of them when prompts are computed whole).
     def max_tokens_per_seq(self) -> int:
-        """The most tokens one sequence can ever hold (the whole cache)."""
-        return self.pool.num_blocks * self.block_size
+        """The most tokens one sequence can ever hold (with one group, the whole cache)."""
+        bs, total = self.block_size, self.pool.num_blocks
+        if self.num_groups == 1:
+            return total * bs
+        chunk = self.max_chunk_tokens
+        caps = [
+            None if w is None or chunk is None else cdiv(w - 1, bs) + cdiv(chunk, bs) + 2
+            for w in self.group_windows
+        ]
+
+        def needed(blocks: int) -> int:
+            return sum(blocks if cap is None else min(blocks, cap) for cap in caps)
+
+        lo, hi = 0, total  # needed(lo) <= total; the answer lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if needed(mid) <= total else (lo, mid - 1)
+        return lo * bs
+
+    def block_tables(self, seq: Sequence) -> list[list[int]]:
+        """``seq``'s block table in each group, group 0's first (empty ones before it starts)."""
+        return [list(seq.block_ids), *(list(t) for t in seq.group_block_ids)] + [
+            [] for _ in range(self.num_groups - 1 - len(seq.group_block_ids))
+        ]
 
     def _chain(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """The hash chain of ``seq``'s first ``num_blocks`` full blocks (memoised on the sequence)."""
@@ -112,15 +162,25 @@ class KVCacheManager:
         """The longest cached run of full blocks that starts ``seq``'s tokens; changes nothing."""
         if not self.enable_prefix_caching or seq.block_ids:
             return NO_PREFIX
-        ids: list[int] = []
-        hashes: list[BlockHash] = []
-        for block_hash in self._chain(seq, (seq.num_tokens - 1) // self.block_size):
-            block_id = self.pool.lookup(block_hash)
-            if block_id is None:
-                break
-            ids.append(block_id)
-            hashes.append(block_hash)
-        return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * self.block_size)
+        chain = self._chain(seq, (seq.num_tokens - 1) // self.block_size)
+        if self.group_windows == (None,):  # one full-attention group: the longest run (hot path)
+            ids: list[int] = []
+            for block_hash in chain:
+                block_id = self.pool.lookup(block_hash)
+                if block_id is None:
+                    break
+                ids.append(block_id)
+            return CachedPrefix(tuple(ids), tuple(chain[: len(ids)]), len(ids) * self.block_size)
+        lookup = self.pool.lookup
+        n = common_hit_blocks(
+            self.group_windows, self.block_size, len(chain), lambda g, i: lookup(chain[i], g) is not None
+        )
+        skipped = tuple(skipped_blocks(w, n * self.block_size, self.block_size) for w in self.group_windows)
+        tables = [
+            (FREED_BLOCK,) * skip + tuple(lookup(h, g) or 0 for h in chain[skip:n])
+            for g, skip in enumerate(skipped)
+        ]
+        return CachedPrefix(tables[0], tuple(chain[:n]), n * self.block_size, tuple(tables[1:]), skipped)
 
     def in_flight_tokens(self, seq: Sequence, cached: CachedPrefix) -> int:
         """Tokens right after ``cached`` whose blocks another started sequence is computing now."""
@@ -144,9 +204,13 @@ class KVCacheManager:
         and the token count it will have computed when the step ends. A block computed in the
         step can be shared in the step: every layer stores all rows' K/V before any row attends,
         so a sequence whose chunk starts after the shared blocks reads them as they are written.
+        Every group shares the owner's block of that group.
         """
         chain = self._chain(seq, (seq.num_tokens - 1) // self.block_size)
-        ids, hashes = list(cached.block_ids), list(cached.hashes)
+        tables = [list(cached.block_ids), *(list(t) for t in cached.group_block_ids)]
+        if not cached.hashes:
+            tables = [[] for _ in self.group_windows]
+        hashes = list(cached.hashes)
         for i in range(len(cached.hashes), len(chain)):
             owner_id = self._in_flight.get(chain[i])
             entry = computing.get(owner_id) if owner_id is not None else None
@@ -155,9 +219,14 @@ class KVCacheManager:
             owner, computed_at_end = entry
             if (i + 1) * self.block_size > computed_at_end or i >= len(owner.block_ids):
                 break  # the owner's chunk stops before this block ends: it is computed later
-            ids.append(owner.block_ids[i])
+            for table, owner_table in zip(tables, _tables(owner), strict=True):
+                table.append(owner_table[i])
             hashes.append(chain[i])
-        return CachedPrefix(tuple(ids), tuple(hashes), len(ids) * self.block_size)
+        skipped = cached.num_skipped or (0,) * self.num_groups
+        return CachedPrefix(
+            tuple(tables[0]), tuple(hashes), len(hashes) * self.block_size,
+            tuple(tuple(t) for t in tables[1:]), skipped,
+        )  # fmt: skip
 
     def _mark_in_flight(self, seq: Sequence, state: _SeqBlocks, num_cached: int) -> None:
         """Index the full prompt blocks ``seq`` is about to compute (those after its cached prefix)."""
@@ -173,14 +242,14 @@ class KVCacheManager:
                 del self._in_flight[block_hash]
 
     # Invariant: on success seq holds exactly cdiv(num_computed + num_new_tokens, block_size)
-    # blocks; on failure (None) nothing changed.
+    # table entries in every group; on failure (None) nothing changed.
     def allocate_slots(
         self, seq: Sequence, num_new_tokens: int, cached: CachedPrefix | None = None
     ) -> list[int] | None:
         """Make room for ``num_new_tokens`` more tokens of ``seq`` (after a cached prefix, if given).
 
-        Returns the ids of the newly allocated blocks (cache hits are not new), or None
-        when the pool has too few free blocks. First frees the blocks that fell out of the window.
+        Returns the ids of the newly allocated blocks, group 0's first (cache hits are not new), or
+        None when the pool has too few free blocks. First frees the blocks that fell out of a window.
         """
         self._free_out_of_window(seq)
         if cached is None or not cached.block_ids:
@@ -193,59 +262,73 @@ class KVCacheManager:
             cached = NO_PREFIX
         if cached.block_ids and (seq.block_ids or seq.num_computed_tokens):
             raise ValueError(f"sequence {seq.seq_id} already holds blocks; a cached prefix starts a sequence")
+        groups = self.num_groups
+        skipped = cached.num_skipped or (0,) * groups
+        hits = [cached.block_ids, *cached.group_block_ids] if cached.block_ids else [()] * groups
+        held_hits = [t[skip:] for t, skip in zip(hits, skipped, strict=True)]
         num_computed = seq.num_computed_tokens + cached.num_tokens
         held = len(seq.block_ids) + len(cached.block_ids)
         num_new_blocks = max(0, cdiv(num_computed + num_new_tokens, self.block_size) - held)
-        num_revived = sum(1 for b in cached.block_ids if self.pool.is_free(b))
-        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+        num_revived = sum(1 for t in held_hits for b in t if self.pool.is_free(b))
+        if num_new_blocks * groups + num_revived > self.pool.num_free_blocks:
             return None
-        self.pool.touch(cached.block_ids)
-        new_blocks = self.pool.allocate(num_new_blocks)
-        assert new_blocks is not None  # checked above
+        all_new: list[int] = []
         if not seq.block_ids:
-            state = self._seqs[seq.seq_id] = self._seqs.get(seq.seq_id) or _SeqBlocks()
-            self._count_lookup(seq, cached)
-            state.hashes = list(cached.hashes)
-            state.num_freed = 0
-            seq.num_computed_tokens = cached.num_tokens
-            seq.num_cached_tokens = cached.num_tokens
-            self._unmark_in_flight(seq.seq_id, state.in_flight)
-            state.in_flight = []
-            self._mark_in_flight(seq, state, len(cached.hashes))
-        seq.block_ids.extend(cached.block_ids)
-        seq.block_ids.extend(new_blocks)
-        return new_blocks
+            self._start(seq, cached, skipped, len(hits))
+        for table, hit, held_hit in zip(_tables(seq), hits, held_hits, strict=True):
+            self.pool.touch(held_hit)
+            new_blocks = self.pool.allocate(num_new_blocks)
+            assert new_blocks is not None  # checked above
+            table.extend(hit)
+            table.extend(new_blocks)
+            all_new.extend(new_blocks)
+        return all_new
 
-    # Invariant: the freed blocks are the first num_freed of the table, each registered in the
-    # prefix cache first (with prefix caching on), and no query from num_computed_tokens on reads them.
+    def _start(self, seq: Sequence, cached: CachedPrefix, skipped: tuple[int, ...], groups: int) -> None:
+        """A sequence's first allocation: its state, its counters, its prompt blocks in flight."""
+        state = self._seqs[seq.seq_id] = self._seqs.get(seq.seq_id) or _SeqBlocks()
+        self._count_lookup(seq, cached)
+        state.hashes = list(cached.hashes)
+        state.num_freed = list(skipped)
+        seq.group_block_ids = [[] for _ in range(groups - 1)]
+        seq.num_computed_tokens = cached.num_tokens
+        seq.num_cached_tokens = cached.num_tokens
+        self._unmark_in_flight(seq.seq_id, state.in_flight)
+        state.in_flight = []
+        self._mark_in_flight(seq, state, len(cached.hashes))
+
+    # Invariant: the freed blocks are the first num_freed[g] of group g's table, each registered in
+    # the prefix cache first (with prefix caching on), and no query from num_computed_tokens on reads them.
     def _free_out_of_window(self, seq: Sequence) -> None:
-        window, state = self.sliding_window, self._seqs.get(seq.seq_id)
-        if window is None or state is None:
-            return
-        first_needed = seq.num_computed_tokens - window + 1  # the oldest key the next query reads
-        upto = min(max(0, first_needed) // self.block_size, len(seq.block_ids))
-        if self.enable_prefix_caching:
-            upto = min(upto, len(state.hashes))
-        if upto <= state.num_freed:
-            return
-        gone = seq.block_ids[state.num_freed : upto]
-        self.pool.free(reversed(gone))
-        seq.block_ids[state.num_freed : upto] = [FREED_BLOCK] * len(gone)
-        state.num_freed = upto
-        self.window_freed_blocks += len(gone)
-
-    def freed_blocks(self, seq: Sequence) -> int:
-        """How many of ``seq``'s first blocks were freed as out of the window."""
         state = self._seqs.get(seq.seq_id)
-        return 0 if state is None else state.num_freed
+        if state is None or not self._slides:
+            return
+        for g, (window, table) in enumerate(zip(self.group_windows, _tables(seq), strict=True)):
+            if window is None:
+                continue
+            upto = min(skipped_blocks(window, seq.num_computed_tokens, self.block_size), len(table))
+            if self.enable_prefix_caching:
+                upto = min(upto, len(state.hashes))
+            if upto <= state.num_freed[g]:
+                continue
+            gone = table[state.num_freed[g] : upto]
+            self.pool.free(reversed(gone))
+            table[state.num_freed[g] : upto] = [FREED_BLOCK] * len(gone)
+            state.num_freed[g] = upto
+            self.window_freed_blocks += len(gone)
+
+    def freed_blocks(self, seq: Sequence, group: int = 0) -> int:
+        """How many of ``seq``'s first blocks of ``group`` are not held (out of the window)."""
+        state = self._seqs.get(seq.seq_id)
+        return 0 if state is None or not state.num_freed else state.num_freed[group]
 
     def _count_lookup(self, seq: Sequence, cached: CachedPrefix) -> None:
         if self.enable_prefix_caching and seq.num_computed_tokens == 0:
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += cached.num_tokens
 
-    # Invariant: after the call every full block below num_computed_tokens is registered
-    # (unless another block already holds the same hash), in chain order.
+    # Invariant: after the call every full block below num_computed_tokens is registered in every
+    # group (unless another block already holds the same hash there), in chain order.
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register the sequence's newly computed full blocks in the prefix cache."""
         if not self.enable_prefix_caching:
@@ -258,8 +341,10 @@ class KVCacheManager:
         if num_full <= len(state.hashes):
             return
         chain = self._chain(seq, num_full)
+        tables = _tables(seq)
         for i in range(len(state.hashes), num_full):
-            self.pool.cache(seq.block_ids[i], chain[i])
+            for g, table in enumerate(tables):
+                self.pool.cache(table[i], chain[i], g)
             state.hashes.append(chain[i])
             if self._in_flight.get(chain[i]) == seq.seq_id:
                 del self._in_flight[chain[i]]
@@ -276,23 +361,30 @@ class KVCacheManager:
         bs = self.block_size
         num_shared = min((parent.num_prompt_tokens - 1) // bs, parent.num_computed_tokens // bs)
         num_shared = min(num_shared, len(parent.block_ids))
-        if self.freed_blocks(parent):  # its head is gone: the child computes its own
-            num_shared = 0
-        shared = parent.block_ids[:num_shared]
-        self.pool.touch(shared)
-        child.block_ids = list(shared)
-        child.num_computed_tokens = num_shared * bs
         parent_state = self._seqs.get(parent.seq_id, _SeqBlocks())
-        self._seqs[child.seq_id] = _SeqBlocks(list(parent_state.hashes[:num_shared]))
+        if any(parent_state.num_freed):  # its head is gone: the child computes its own
+            num_shared = 0
+        shared = [table[:num_shared] for table in _tables(parent)]
+        for table in shared:
+            self.pool.touch(table)
+        child.block_ids = list(shared[0])
+        child.group_block_ids = [list(t) for t in shared[1:]]
+        child.num_computed_tokens = num_shared * bs
+        self._seqs[child.seq_id] = _SeqBlocks(
+            list(parent_state.hashes[:num_shared]), [], [0] * self.num_groups
+        )
         return num_shared * bs
 
-    # Invariant: the sequence's blocks join the free-queue tail last block first, so the
-    # tail of a sequence is evicted before its (more shareable) head.
+    # Invariant: each group's blocks join the free-queue tail last block first (group 0 first), so
+    # the tail of a sequence is evicted before its (more shareable) head.
     def free(self, seq: Sequence) -> None:
         """Release all of the sequence's blocks; its KV is gone (num_computed_tokens = 0)."""
         state = self._seqs.pop(seq.seq_id, None)
-        self.pool.free(reversed(seq.block_ids[0 if state is None else state.num_freed :]))
+        for g, table in enumerate(_tables(seq)):
+            skip = state.num_freed[g] if state is not None and state.num_freed else 0
+            self.pool.free(reversed(table[skip:]))
         seq.block_ids = []
+        seq.group_block_ids = []
         seq.num_computed_tokens = 0
         if state is not None:
             self._unmark_in_flight(seq.seq_id, state.in_flight)

@@ -10,6 +10,7 @@ and KV slot, and the attention metadata says which rows belong to which sequence
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,10 +18,10 @@ import torch
 
 from kvfleet.engine.attention import AttentionMetadata
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
-from kvfleet.engine.sequence import Sequence
+from kvfleet.engine.sequence import Sequence as Seq
 
 
-def _token_at(seq: Sequence, pos: int) -> int:
+def _token_at(seq: Seq, pos: int) -> int:
     prompt = seq.prompt_token_ids
     return prompt[pos] if pos < len(prompt) else seq.output_token_ids[pos - len(prompt)]
 
@@ -37,7 +38,7 @@ class FlatBatch:
 def _input_ids(scheduled: tuple[ScheduledSeq, ...]) -> list[int]:
     """The step's token ids, end to end (a decode's one token without slicing its sequence)."""
     ids: list[int] = []
-    for seq, start, num_new, _ in scheduled:
+    for seq, start, num_new, *_ in scheduled:
         if num_new == 1:
             ids.append(_token_at(seq, start))
         else:
@@ -45,14 +46,29 @@ def _input_ids(scheduled: tuple[ScheduledSeq, ...]) -> list[int]:
     return ids
 
 
-def _block_tables(scheduled: tuple[ScheduledSeq, ...], lens: np.ndarray) -> np.ndarray:
+def _block_tables(rows: Iterable[Sequence[int]], lens: np.ndarray) -> np.ndarray:
     """(rows, widest) int32, each row its sequence's block ids then zeros."""
-    tables = np.zeros((len(scheduled), int(lens.max())), dtype=np.int32)
-    flat = np.fromiter(
-        itertools.chain.from_iterable(e.block_ids for e in scheduled), np.int32, int(lens.sum())
-    )
+    tables = np.zeros((len(lens), int(lens.max())), dtype=np.int32)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lens.sum()))
     tables[np.arange(tables.shape[1]) < lens[:, None]] = flat
     return tables
+
+
+# Invariant: every group's table has the same length as group 0's (freed blocks keep their place), so
+# row r's slot in group g is tables_g[seq, p // block_size] * block_size + p % block_size.
+def group_tables(
+    scheduled: Sequence[ScheduledSeq], lens: np.ndarray, row_seq: np.ndarray, positions: np.ndarray,
+    block_size: int, device: torch.device,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:  # fmt: skip
+    """KV cache groups 1..'s (slot_mapping, block_tables) for the step (``AttentionMetadata.kv_groups``)."""
+    out = []
+    for g in range(len(scheduled[0].group_block_ids) if scheduled else 0):
+        tables = _block_tables((e.group_block_ids[g] for e in scheduled), lens)
+        slots = (
+            tables[row_seq, positions // block_size].astype(np.int64) * block_size + positions % block_size
+        )
+        out.append((torch.from_numpy(slots).to(device), torch.from_numpy(tables).to(device)))
+    return tuple(out)
 
 
 # Invariant: row r of the batch is token seq.all_token_ids[p] of its sequence, at position p,
@@ -71,7 +87,7 @@ def flatten_plan(plan: SchedulerPlan, block_size: int, device: torch.device) -> 
         raise ValueError(
             f"seq {scheduled[r].seq.seq_id}: {lens[r]} blocks of {block_size} cannot hold {end[r]} tokens"
         )
-    tables = _block_tables(scheduled, lens)
+    tables = _block_tables((e.block_ids for e in scheduled), lens)
     query_start = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(num_new, out=query_start[1:])
     row_seq = np.repeat(np.arange(n), num_new)  # each row's sequence
@@ -90,6 +106,7 @@ def flatten_plan(plan: SchedulerPlan, block_size: int, device: torch.device) -> 
         query_start_loc=tensor(query_start, torch.int32),
         max_query_len=int(num_new.max()),
         max_seq_len=int(end.max()),
+        kv_groups=group_tables(scheduled, lens, row_seq, positions, block_size, device),
     )
     return FlatBatch(
         input_ids=torch.tensor(_input_ids(scheduled), dtype=torch.int64, device=device),

@@ -28,6 +28,7 @@ from kvfleet.engine.kernels.fused_ops import add_rms_norm, add_rms_norm_referenc
 from kvfleet.engine.kernels.linear import Linear
 from kvfleet.engine.kernels.packing import packs_model_dtype, resolve
 from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.kv.groups import kv_layout
 from kvfleet.engine.layers.linear.packed import PackedFloatMethod
 from kvfleet.engine.lora.context import DOWN_PROJ, GATE_UP, O_PROJ, QKV, LoraContext
 from kvfleet.engine.model.config import ModelConfig
@@ -120,6 +121,7 @@ class Attention(ProjectedBlock):
         super().__init__()
         self.layer = layer
         self.sliding_window = config.layer_window(layer)
+        self.kv_group = kv_layout(config.layer_windows, config.num_layers).group_of[layer]  # its block table
         h, d = config.hidden_size, config.head_dim
         heads, kv_heads, o_bias = config.num_heads, config.num_kv_heads, config.o_bias
         if shard is not None:  # this rank's whole KV-head groups; o_proj's bias added on one rank only
@@ -154,6 +156,8 @@ class Attention(ProjectedBlock):
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, (heads + kv_heads) * d :].unflatten(1, (kv_heads, d))
         layer = LayerKV(kv_cache[0], kv_cache[1], self.scale, self.sliding_window, self.sinks)
+        if self.kv_group:  # several KV cache groups (Gemma 3, gpt-oss): this layer's group's tables
+            meta = meta.for_kv_group(self.kv_group)
         backend.store_kv(k, v, layer, meta.slot_mapping)
         out = backend.forward(q, layer, meta)
         attn = out.reshape(t, self.num_heads * self.head_dim)

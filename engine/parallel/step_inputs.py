@@ -2,7 +2,7 @@
 
 Where it sits: rank 0's runner flattens the scheduler's plan once (``engine/model/batch.py``) and
 :func:`pack` turns the batch (input ids, positions, the attention metadata's tensors, the rows
-that sample, each row's LoRA slot) into a :class:`StepHeader` of sizes and one int64 tensor.
+that sample, each row's LoRA slot, the slot mapping and block tables of KV cache groups 1..) into a :class:`StepHeader` of sizes and one int64 tensor.
 The header travels on the worker's control link (``parallel/leader.py``), the tensor by one
 ``dist.broadcast``; a worker rebuilds the same batch with :func:`unpack`. The scheduler and the
 plan never leave rank 0.
@@ -26,11 +26,21 @@ class StepHeader(NamedTuple):
     max_query_len: int
     max_seq_len: int
     lora: dict[str, int] | None  # adapter name → device slot, when the step has adapter rows
+    kv_groups: int = 0  # KV cache groups beyond the first (engine/kv/groups.py)
 
     @property
     def numel(self) -> int:
         t, s = self.rows, self.seqs
-        return 3 * t + s * self.table_width + s + (s + 1) + self.samples + (t if self.lora is not None else 0)
+        groups = self.kv_groups * (t + s * self.table_width)
+        return (
+            3 * t
+            + s * self.table_width
+            + s
+            + (s + 1)
+            + self.samples
+            + (t if self.lora is not None else 0)
+            + groups
+        )
 
 
 class WorkerStep(NamedTuple):
@@ -53,6 +63,7 @@ def pack(
         meta.max_query_len,
         meta.max_seq_len,
         lora,
+        len(meta.kv_groups),
     )
     parts = [
         batch.input_ids,
@@ -66,6 +77,8 @@ def pack(
     if lora is not None:
         assert token_slots is not None
         parts.append(token_slots)
+    for slot_mapping, block_tables in meta.kv_groups:
+        parts += [slot_mapping, block_tables.flatten()]
     flat = torch.cat([p.to(torch.int64) for p in parts])
     assert flat.numel() == header.numel
     return header, flat
@@ -74,8 +87,13 @@ def pack(
 def unpack(header: StepHeader, flat: torch.Tensor) -> WorkerStep:
     t, s, n = header.rows, header.seqs, header.samples
     sizes = [t, t, t, s * header.table_width, s, s + 1, n] + ([t] if header.lora is not None else [])
+    sizes += [t, s * header.table_width] * header.kv_groups
     parts = list(torch.split(flat, sizes))
     i32 = torch.int32
+    rest = parts[len(sizes) - 2 * header.kv_groups :]
+    groups = tuple(
+        (rest[2 * g], rest[2 * g + 1].view(s, header.table_width).to(i32)) for g in range(header.kv_groups)
+    )
     meta = AttentionMetadata(
         slot_mapping=parts[2],
         block_tables=parts[3].view(s, header.table_width).to(i32),
@@ -83,6 +101,7 @@ def unpack(header: StepHeader, flat: torch.Tensor) -> WorkerStep:
         query_start_loc=parts[5].to(i32),
         max_query_len=header.max_query_len,
         max_seq_len=header.max_seq_len,
+        kv_groups=groups,
     )
     batch = FlatBatch(parts[0], parts[1], meta, parts[6], ())
     slots = [int(v) for v in parts[7].tolist()] if header.lora is not None else None

@@ -30,10 +30,12 @@ import torch
 
 from kvfleet.engine.attention import get_backend
 from kvfleet.engine.config import EngineConfig
+from kvfleet.engine.kv.groups import kv_layout
 from kvfleet.engine.layers.linear.config import QuantizationConfig
 from kvfleet.engine.link import BlockingLink
 from kvfleet.engine.loader.registry import load_for
 from kvfleet.engine.lora.manager import LoraManager
+from kvfleet.engine.model.kv_tensors import layer_kv_caches
 from kvfleet.engine.parallel.group import TPComm, join_group, join_store, leave_group
 from kvfleet.engine.parallel.shard import RankShard, lora_slices
 from kvfleet.engine.parallel.step_inputs import StepHeader, unpack
@@ -90,8 +92,9 @@ class RankWorker:
     def allocate_kv(self, num_blocks: int) -> None:
         kv_heads = self.init.shard.kv_heads.size
         shape = (2, num_blocks, self.init.config.block_size, kv_heads, self.model.config.head_dim)
-        layers = self.model.config.num_layers
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)]
+        config = self.model.config
+        layout = kv_layout(config.layer_windows, config.num_layers)  # as rank 0's
+        self.kv_caches = layer_kv_caches(layout, shape, self.dtype, self.device)
 
     def step(self, header: StepHeader) -> None:
         flat = torch.empty(header.numel, dtype=torch.int64, device=self.device)

@@ -45,6 +45,7 @@ from kvfleet.engine.attention import get_backend
 from kvfleet.engine.config import EngineConfig
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import cpu_paths_line
+from kvfleet.engine.kv.groups import kv_layout
 from kvfleet.engine.layers.linear.config import resolve_quantization
 from kvfleet.engine.loader.gguf_loader import gguf_model
 from kvfleet.engine.loader.hf_loader import load_config
@@ -53,6 +54,7 @@ from kvfleet.engine.loader.sources import resolve_model, served_name
 from kvfleet.engine.lora.manager import LoraManager
 from kvfleet.engine.model.batch import FlatBatch
 from kvfleet.engine.model.config import ModelConfig, ModelLoadError
+from kvfleet.engine.model.kv_tensors import layer_kv_caches
 from kvfleet.engine.model.pooler_config import pooler_for
 from kvfleet.engine.model.pooling import pool_to_bytes
 from kvfleet.engine.model.rope_scaling import rope_is_dynamic
@@ -88,6 +90,7 @@ class ModelInfo:
     # the step that computed it), so a prefix-cache hit would not give transformers' result.
     prefix_caching_exact: bool = True
     kv_window: int | None = None  # every layer slides within it: the KV manager frees blocks before it
+    kv_group_windows: tuple[int | None, ...] | None = None  # per KV cache group (engine/kv/groups.py)
 
 
 def pick_device(config: EngineConfig) -> torch.device:
@@ -192,7 +195,10 @@ class ModelRunner(Runner):
         self.backend = get_backend(backend)
         self.block_size = config.block_size
         self.decode: DecodePath | None = None
+        self.kv_layout = kv_layout(self.model_config.layer_windows, self.model_config.num_layers)
         setup = decode_setup(config, self.device, backend, self.model_config, self.max_model_len)
+        if self.kv_layout.hybrid:  # several block tables: the per-op path only
+            setup = None
         self._allocate(None if self.pooler else setup)  # a pooling runner never decodes: no CUDA graphs
         self.sampler = Sampler(config.seed, self.device)
         self._last: PickedStep | None = None  # the last launched step: the next one may feed on it
@@ -223,10 +229,7 @@ class ModelRunner(Runner):
         self._num_blocks = self._count_kv_blocks()
         null_blocks = 0 if setup is None else 1  # the decode path's padding rows write the last block
         shape = (2, self._num_blocks + null_blocks, *shape[2:])
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(self.model_config.num_layers)
-        ]
+        self.kv_caches = layer_kv_caches(self.kv_layout, shape, self.dtype, self.device)
         seqs, tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
         if not self.config.enable_chunked_prefill:  # a step's one prompt may pass the budget, whole
             tokens = max(tokens, self.max_model_len)
@@ -265,7 +268,9 @@ class ModelRunner(Runner):
         return None if self.leader is None else self.leader.comm
 
     def _count_kv_blocks(self) -> int:
+        layout = self.kv_layout  # a block id's page holds layout.num_tensors layers' KV
         block_bytes = self.block_size * self.model_config.kv_bytes_per_token(self.dtype)
+        block_bytes = block_bytes * layout.num_tensors // self.model_config.num_layers
         if self.shard is not None:  # this rank's KV heads only
             block_bytes = block_bytes * self.shard.kv_heads.size // self.model_config.num_kv_heads
         if self.config.num_kv_blocks is not None or self.pooler is not None:
@@ -277,6 +282,7 @@ class ModelRunner(Runner):
         else:
             needed = (
                 self.config.max_num_seqs
+                * len(layout.groups)  # a sequence's blocks in each group
                 * (self.max_model_len + self.block_size)
                 * (block_bytes // self.block_size)
             )
@@ -336,7 +342,7 @@ class ModelRunner(Runner):
         key = (self.decode, fused)
         if self._caps_key is None or any(a is not b for a, b in zip(key, self._caps_key, strict=True)):
             self._caps_key = key
-            native = None if fused is None else fused.native_step(self.backend)
+            native = None if fused is None or self.kv_layout.hybrid else fused.native_step(self.backend)
             no_native = self._no_native(fused is None)
             caps = RunnerCaps(native=native, no_native=no_native)
             self.dispatcher.caps = caps if self.decode is None else self.decode.caps(native, no_native)
@@ -351,6 +357,8 @@ class ModelRunner(Runner):
         layer = self.model.no_native_layer()
         if layer is not None:
             return layer
+        if self.kv_layout.hybrid:
+            return "several KV cache groups (sliding and full layers): the native call reads one block table"
         if unbuilt:
             return f"these weights ({self.dtype}, {self.device.type}) do not fit the native call"
         return f"the {type(self.backend).__name__} runs no native call"
@@ -397,5 +405,6 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, Tokenizer, ModelInf
         has_chat_template=tokenizer.chat_template is not None,
         prefix_caching_exact=not rope_is_dynamic(model_config),
         kv_window=model_config.kv_window,
+        kv_group_windows=runner.kv_layout.windows,
     )
     return runner, tokenizer, info

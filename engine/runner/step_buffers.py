@@ -31,6 +31,7 @@ block table of ``null_block``: they read and write only that slot, and nobody sa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from kvfleet.engine.attention import AttentionMetadata
-from kvfleet.engine.model.batch import FlatBatch
+from kvfleet.engine.model.batch import FlatBatch, group_tables
 from kvfleet.engine.runner.launched_step import PickedStep
 from kvfleet.engine.sched.plan import ScheduledSeq, SchedulerPlan
 from kvfleet.engine.sequence import PLACEHOLDER_TOKEN
@@ -88,7 +89,7 @@ class _Views:
 def _token_ids(scheduled: Sequence[ScheduledSeq]) -> list[int]:
     """The step's token ids, end to end (a decode's one token without slicing its sequence)."""
     ids: list[int] = []
-    for seq, start, num_new, _ in scheduled:
+    for seq, start, num_new, *_ in scheduled:
         if num_new == 1:
             prompt = seq.prompt_token_ids
             ids.append(prompt[start] if start < len(prompt) else seq.output_token_ids[start - len(prompt)])
@@ -209,7 +210,11 @@ class StepBuffers:
             assert fed is not None
             self._feed(fed.tokens, tokens)
         seq_ids = tuple(e.seq.seq_id for e, x in zip(s, samples.tolist(), strict=True) if x)
-        return self._flat(tokens, n, width, sampled, seq_ids, int(num_new.max()), int(end.max()))
+        batch = self._flat(tokens, n, width, sampled, seq_ids, int(num_new.max()), int(end.max()))
+        if s[0].group_block_ids:  # several KV cache groups: theirs built fresh, beside the buffers
+            groups = group_tables(s, lens, row_seq, positions, bs, self.device)
+            batch = dataclasses.replace(batch, meta=dataclasses.replace(batch.meta, kv_groups=groups))
+        return batch
 
     def _flat(
         self, tokens: int, seqs: int, width: int, sampled: int, seq_ids: tuple[int, ...],

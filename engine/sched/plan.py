@@ -26,7 +26,8 @@ class ScheduledSeq(NamedTuple):
     seq: Sequence
     num_computed_before: int  # == seq.num_computed_tokens when the plan was made
     num_new_tokens: int  # tokens whose KV this step computes (>= 1)
-    block_ids: tuple[int, ...]  # the sequence's whole block table for this step
+    block_ids: tuple[int, ...]  # the sequence's whole block table for this step (KV cache group 0's)
+    group_block_ids: tuple[tuple[int, ...], ...] = ()  # groups 1..'s tables (engine/kv/groups.py)
 
     @property
     def context_len(self) -> int:

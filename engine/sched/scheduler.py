@@ -154,7 +154,8 @@ class Scheduler:
                 break  # the step is full
             if blocks and before + num_new <= len(blocks) * block_size:
                 # O(1) fast path (most decode steps): the chunk fits in the blocks already held.
-                entry: ScheduledSeq | None = ScheduledSeq(seq, before, num_new, tuple(blocks))
+                groups = tuple(map(tuple, seq.group_block_ids)) if seq.group_block_ids else ()
+                entry: ScheduledSeq | None = ScheduledSeq(seq, before, num_new, tuple(blocks), groups)
             else:
                 entry = self._make_room(seq, num_new, cached, scheduled, preempted)
             if entry is not None:
@@ -283,7 +284,8 @@ class Scheduler:
 
     @staticmethod
     def _entry(seq: Sequence, num_new: int) -> ScheduledSeq:
-        return ScheduledSeq(seq, seq.num_computed_tokens, num_new, tuple(seq.block_ids))
+        groups = tuple(map(tuple, seq.group_block_ids)) if seq.group_block_ids else ()
+        return ScheduledSeq(seq, seq.num_computed_tokens, num_new, tuple(seq.block_ids), groups)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the KV, queue at the front, start over from token 0 later."""
@@ -301,7 +303,7 @@ class Scheduler:
         bs = self.kv.block_size
         running = SequenceStatus.RUNNING
         forks, get_sample = self._forks, samples.get
-        for seq, before, num_new, _blocks in plan.scheduled:
+        for seq, before, num_new, _blocks, _groups in plan.scheduled:
             if seq.status is not running:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = after = before + num_new

@@ -90,6 +90,10 @@ class ModelShape:
     o_bias: bool = False
     attention_sinks: bool = False
     expert_biases: bool = False
+    # Sliding-window attention (Gemma 3's local layers, Mistral's every layer): ``sliding_layers`` of
+    # the layers keep only the last ``sliding_window`` tokens' KV (the engine frees the rest).
+    sliding_window: int | None = None
+    sliding_layers: int = 0
 
     @property
     def num_params(self) -> int:
@@ -141,10 +145,23 @@ KNOWN_MODELS: dict[str, ModelShape] = {
     ),
     "mistral-7b": ModelShape("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768),
     "qwen3-8b": ModelShape("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, False, 40960, qk_norm=True),
-    # Gemma 3's KV counted on every layer: the engine keeps its sliding layers' whole (one block table).
+    # Gemma 3: 22 sliding layers (window 512) and 4 global ones (each 6th); the sliding ones hold 512 tokens' KV.
     "gemma-3-1b": ModelShape(
-        "gemma-3-1b", 26, 1152, 4, 1, 256, 6912, 262144, True, 32768, qk_norm=True, sandwich_norms=True
-    ),
+        "gemma-3-1b",
+        26,
+        1152,
+        4,
+        1,
+        256,
+        6912,
+        262144,
+        True,
+        32768,
+        qk_norm=True,
+        sandwich_norms=True,
+        sliding_window=512,
+        sliding_layers=22,
+    ),  # fmt: skip
     # mixtures of experts: every expert counts in the weights, experts_per_token of them run per token
     "mixtral-8x7b": ModelShape(
         "mixtral-8x7b",
@@ -199,6 +216,8 @@ KNOWN_MODELS: dict[str, ModelShape] = {
         experts_per_token=4,
         expert_intermediate_size=2880,
         sparse_layers=24,
+        sliding_window=128,  # layer_types: sliding and full attention alternate
+        sliding_layers=12,
     ),
 }
 _MODEL_ALIASES = {
@@ -254,7 +273,29 @@ def model_shape_from_config(config: Mapping[str, Any], name: str = "custom") -> 
         attention_sinks=model_type == "gpt_oss",
         expert_biases=model_type == "gpt_oss",
         **_experts(config, model_type, name),
+        **_windows(config, model_type, name),
     )
+
+
+def _windows(config: Mapping[str, Any], model_type: str, name: str) -> dict[str, int]:
+    """The sliding layers and their window, as ``engine/model/families`` reads them (Qwen2's
+    ``max_window_layers`` without ``layer_types`` is counted as full attention: never under)."""
+    window = config.get("sliding_window")
+    if window is None or (model_type.startswith("qwen") and not config.get("use_sliding_window")):
+        return {}
+    window = _int_field(config, "sliding_window", name)
+    layers = _int_field(config, "num_hidden_layers", name)
+    types = config.get("layer_types")
+    if types:
+        sliding = sum(1 for t in types if t == "sliding_attention")
+    elif model_type == "gemma3_text":  # every pattern-th layer global (6, as llama.cpp and transformers)
+        pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
+        sliding = sum(1 for i in range(layers) if (i + 1) % pattern)
+    elif model_type in ("mistral", "mixtral"):
+        sliding = layers
+    else:
+        return {}
+    return {"sliding_window": window, "sliding_layers": sliding} if sliding else {}
 
 
 def _experts(config: Mapping[str, Any], model_type: str, name: str) -> dict[str, int]:

@@ -14,6 +14,7 @@ from .memory import (
     blocks_for,
     kv_blocks,
     kv_cache_budget_bytes,
+    per_rank_kv_bytes_per_sequence,
     per_rank_kv_bytes_per_token,
     per_rank_weights_bytes,
 )
@@ -81,7 +82,9 @@ def check_engine_fits(
     CapacityFits calls it (through :func:`plan_capacity`) with ``used_bytes`` None, predicted
     as the rank's weights + :data:`RANK_RUNTIME_OVERHEAD_BYTES`. Per rank:
     KV budget = int(memory × utilisation) − activation reserve − used; blocks = budget // (block_size
-    × KV bytes/token/rank); fits when the heads split and blocks ≥ ceil(max_model_len / block_size).
+    × KV bytes/token/rank); sequences = budget // one max_model_len sequence's KV (its sliding layers
+    only their window's, :func:`~kvfleet.capacity.memory.per_rank_kv_bytes_per_sequence`); fits when
+    the heads split and one sequence does.
     Raises :class:`CapacityError` only for inputs out of range (tp < 1, utilisation outside (0, 1]).
     """
     dtype = canonical_dtype(dtype)
@@ -99,6 +102,9 @@ def check_engine_fits(
     per_token = per_rank_kv_bytes_per_token(shape, dtype, tp)
     budget = kv_cache_budget_bytes(gpu_memory_bytes, used, gpu_memory_utilization, reserve)
     blocks, needed = kv_blocks(budget, block_size * per_token), blocks_for(max_model_len, block_size)
+    # A sliding layer holds only its window: a sequence's KV is full layers × context + sliding × window.
+    seq_bytes = per_rank_kv_bytes_per_sequence(shape, dtype, tp, max_model_len, block_size)
+    sequences = max(0, budget) // seq_bytes
     usable = int(gpu_memory_bytes * gpu_memory_utilization)
     reason = tp_split_error(shape.num_heads, shape.num_kv_heads, tp)
     if reason is None and budget <= 0:
@@ -106,11 +112,13 @@ def check_engine_fits(
             f"per GPU, used {used} bytes (weights {weights}) + activation reserve {reserve} bytes "
             f"exceed the usable {usable} bytes"
         )
-    elif reason is None and blocks < needed:
+    elif reason is None and sequences < 1:
         reason = (
             f"per GPU, KV room for {blocks} blocks of {block_size} tokens is less than one sequence "
             f"of max_model_len {max_model_len} ({needed} blocks)"
         )
+        if shape.sliding_layers:
+            reason += f", its {shape.sliding_layers} sliding layers counted at their window of {shape.sliding_window}"
     return FitVerdict(
         fits=reason is None,
         reason=reason,
@@ -124,5 +132,5 @@ def check_engine_fits(
         kv_cache_bytes_per_rank=max(0, budget),
         num_kv_blocks=blocks,
         kv_tokens=blocks * block_size,
-        max_concurrent_sequences=blocks // needed,
+        max_concurrent_sequences=sequences,
     )

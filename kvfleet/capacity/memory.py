@@ -44,6 +44,22 @@ def per_rank_kv_bytes_per_token(shape: ModelShape, dtype: str, tp: int) -> int:
     return 2 * shape.num_layers * heads * shape.head_dim * DTYPE_BYTES[canonical_dtype(dtype)]
 
 
+def per_rank_kv_bytes_per_sequence(
+    shape: ModelShape, dtype: str, tp: int, context: int, block_size: int
+) -> int:
+    """KV of one sequence of ``context`` tokens on one rank, in whole blocks: the full-attention layers
+    hold every token, the sliding ones only their window (plus the block the window starts in), as
+    the engine's KV cache groups free the rest (engine/kv/groups.py): full layers × context + sliding
+    layers × window, in a layer's bytes per token."""
+    per_layer = per_rank_kv_bytes_per_token(shape, dtype, tp) // shape.num_layers
+    full_tokens = blocks_for(context, block_size) * block_size
+    window_tokens = full_tokens
+    if shape.sliding_window is not None:
+        window_tokens = min(full_tokens, (blocks_for(shape.sliding_window - 1, block_size) + 1) * block_size)
+    sliding = shape.sliding_layers
+    return per_layer * ((shape.num_layers - sliding) * full_tokens + sliding * window_tokens)
+
+
 def activation_bytes(
     shape: ModelShape,
     dtype: str = "bfloat16",
@@ -128,13 +144,14 @@ def decode_tokens_per_s_bound(
 
     The ``num_gpus`` ranks read their shares in parallel; the biggest one bounds the step. One
     decode step at batch B reads that rank's weights once and its K/V heads of B sequences of
-    ``context`` tokens: bytes = weights/rank + B × context × KV bytes/token/rank; it yields B tokens.
+    ``context`` tokens: bytes = weights/rank + B × context × KV bytes/token/rank (a sliding layer reads
+    only its window: :func:`per_rank_kv_bytes_per_sequence`); it yields B tokens.
     A mixture of experts reads only the experts its B tokens hit: with routing spread evenly,
     E × (1 − (1 − k/E)^B) of a layer's E experts (k per token), the others' bytes not read.
     """
     step_bytes = per_rank_weights_bytes(
         shape, dtype, num_gpus, quantization
-    ) + batch_size * context * per_rank_kv_bytes_per_token(shape, dtype, num_gpus)
+    ) + batch_size * per_rank_kv_bytes_per_sequence(shape, dtype, num_gpus, context, 1)
     if shape.num_experts:
         unread = (1 - shape.experts_per_token / shape.num_experts) ** batch_size
         step_bytes -= int(per_rank_expert_bytes(shape, dtype, num_gpus, quantization) * unread)

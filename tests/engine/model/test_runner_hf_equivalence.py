@@ -27,19 +27,29 @@ NEW_TOKENS = 6
 
 
 class HandScheduler:
-    """Hands out block ids in order and builds plans the way the real scheduler would."""
+    """Hands out block ids in order and builds plans the way the real scheduler would (a table in
+    each of ``groups`` KV cache groups: engine/kv/groups.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, groups: int = 1) -> None:
         self._next_block = itertools.count(1)  # block 0 stays unused: tables are padded with it
+        self.groups = groups
+
+    @classmethod
+    def for_runner(cls, runner: ModelRunner) -> HandScheduler:
+        return cls(len(runner.kv_layout.groups))
 
     def grow(self, seq: Sequence, upto: int) -> tuple[int, ...]:
+        if len(seq.group_block_ids) < self.groups - 1:
+            seq.group_block_ids = [[] for _ in range(self.groups - 1)]
         while len(seq.block_ids) * BLOCK < upto:
-            seq.block_ids.append(next(self._next_block))
+            for table in [seq.block_ids, *seq.group_block_ids]:
+                table.append(next(self._next_block))
         return tuple(seq.block_ids)
 
     def entry(self, seq: Sequence, num_new: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        return ScheduledSeq(seq, start, num_new, self.grow(seq, start + num_new))
+        blocks = self.grow(seq, start + num_new)
+        return ScheduledSeq(seq, start, num_new, blocks, tuple(map(tuple, seq.group_block_ids)))
 
     def decode_all(self, seqs: list[Sequence]) -> SchedulerPlan:
         return SchedulerPlan(tuple(self.entry(s, s.num_tokens - s.num_computed_tokens) for s in seqs))
@@ -73,7 +83,8 @@ def prefill_logits(
     config = EngineConfig(
         model=str(model), block_size=4, num_kv_blocks=num_kv_blocks, attention_backend="torch"
     )
-    runner, sched = ModelRunner(config, folder), HandScheduler()
+    runner = ModelRunner(config, folder)
+    sched = HandScheduler.for_runner(runner)
     batch = flatten_plan(sched.decode_all([new_seq(p) for p in prompts]), runner.block_size, runner.device)
     with torch.inference_mode():
         logits = runner.model(
