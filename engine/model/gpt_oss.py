@@ -124,14 +124,10 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
     LAYER = GptOssDecoderLayer
 
-    def pack(self) -> None:
-        self._fused, self._lm_head = None, None
-        with torch.no_grad():
-            for layer in self.model.layers:
-                assert isinstance(layer, GptOssDecoderLayer)
-                store_for_matmul(layer.self_attn.output_linear())
-                layer.self_attn.pack()
-            store_for_matmul(self.lm_head)
+    def pack_layer(self, layer: DecoderLayer) -> None:
+        """The attention's linears only: the experts run unpacked."""
+        store_for_matmul(layer.self_attn.output_linear())
+        layer.self_attn.pack()
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Not for gpt-oss: its experts run unpacked (None: none applied)."""

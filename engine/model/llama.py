@@ -318,10 +318,14 @@ class LlamaForCausalLM(nn.Module):
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
-                for block in (layer.self_attn, layer.mlp):
-                    store_for_matmul(block.output_linear())
-                    block.pack()
+                self.pack_layer(layer)
             store_for_matmul(self.lm_head)
+
+    def pack_layer(self, layer: DecoderLayer) -> None:
+        """One layer's part of :meth:`pack` (a model whose feed-forward is not Llama's MLP packs its own)."""
+        for block in (layer.self_attn, layer.mlp):
+            store_for_matmul(block.output_linear())
+            block.pack()
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Pack every layer's matmul weights once for a GEMM library (float32 on the CPU, bfloat16

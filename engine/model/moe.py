@@ -142,19 +142,15 @@ class MoeForCausalLM(LlamaForCausalLM):
     def no_native_layer(self) -> str | None:
         return f"{self.config.architecture}'s sparse experts are not part of the native decode call"
 
-    def pack(self) -> None:
-        self._fused, self._lm_head = None, None
-        with torch.no_grad():
-            for layer in self.model.layers:
-                assert isinstance(layer, MoeDecoderLayer)
-                store_for_matmul(layer.self_attn.output_linear())
-                layer.self_attn.pack()
-                ffn = layer.feed_forward()
-                if isinstance(ffn, MLP):
-                    store_for_matmul(ffn.output_linear())
-                assert isinstance(ffn, MLP | SparseMoeBlock)
-                ffn.pack()
-            store_for_matmul(self.lm_head)
+    def pack_layer(self, layer: DecoderLayer) -> None:
+        """The attention's linears and the feed-forward's: a dense MLP's or the sparse experts' own packing."""
+        store_for_matmul(layer.self_attn.output_linear())
+        layer.self_attn.pack()
+        ffn = layer.feed_forward()
+        if isinstance(ffn, MLP):
+            store_for_matmul(ffn.output_linear())
+        assert isinstance(ffn, MLP | SparseMoeBlock)
+        ffn.pack()
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Not for the sparse model: its steps call the experts unpacked (None: none applied)."""
