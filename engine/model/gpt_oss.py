@@ -31,6 +31,7 @@ from kvfleet.engine.model.config import ModelConfig, MoeSpec
 from kvfleet.engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from kvfleet.engine.model.moe import expert_columns
 from kvfleet.engine.model.projections import store_for_matmul
+from kvfleet.engine.model.tp import summed_over_ranks
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -99,9 +100,7 @@ class GptOssMoeBlock(nn.Module):
         logits = F.linear(x, self.router.weight, self.router.bias)
         routing = self.route(logits, self.spec.top_k, self.spec.renormalize)
         out = grouped_moe(x, routing, self.experts.stacked(), self.activation)
-        if comm is not None:
-            comm.all_reduce(out)
-        return out
+        return summed_over_ranks(out, comm)
 
 
 class GptOssDecoderLayer(DecoderLayer):

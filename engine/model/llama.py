@@ -35,7 +35,7 @@ from kvfleet.engine.model.fused_layers import FusedLayers
 from kvfleet.engine.model.projections import FLOAT_METHOD, ProjectedBlock, store_for_matmul
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies
 from kvfleet.engine.model.rope_scaling import rope_is_dynamic
-from kvfleet.engine.model.tp import vocab_parallel_embed
+from kvfleet.engine.model.tp import summed_over_ranks, vocab_parallel_embed
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -162,9 +162,7 @@ class Attention(ProjectedBlock):
         o = matmuls.output(attn)
         if meta.lora is not None:  # row-parallel: this rank's share of the delta, summed with o's
             meta.lora.add(attn, o, self.layer, O_PROJ)
-        if step.comm is not None:
-            step.comm.all_reduce(o)
-        return o
+        return summed_over_ranks(o, step.comm)
 
 
 class MLP(ProjectedBlock):
@@ -194,9 +192,7 @@ class MLP(ProjectedBlock):
             h = silu_mul(gate_up)
             down = matmuls.output(h)
             lora.add(h, down, self.layer, DOWN_PROJ)  # row-parallel: this rank's share, before the sum
-        if comm is not None:
-            comm.all_reduce(down)
-        return down
+        return summed_over_ranks(down, comm)
 
 
 class DecoderLayer(nn.Module):

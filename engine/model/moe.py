@@ -29,7 +29,7 @@ from kvfleet.engine.lora.context import LoraContext
 from kvfleet.engine.model.config import ModelConfig, MoeSpec
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from kvfleet.engine.model.projections import store_for_matmul
-from kvfleet.engine.model.tp import split_span
+from kvfleet.engine.model.tp import split_span, summed_over_ranks
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -110,9 +110,7 @@ class SparseMoeBlock(nn.Module):
             raise ValueError("LoRA adapters on a mixture-of-experts model are not supported")
         routing = self.route(F.linear(x, self.gate.weight), self.spec.top_k, self.spec.renormalize)
         out = grouped_moe(x, routing, self.experts_now())
-        if comm is not None:
-            comm.all_reduce(out)
-        return out
+        return summed_over_ranks(out, comm)
 
 
 class MoeDecoderLayer(DecoderLayer):
