@@ -17,9 +17,9 @@
  * loops are what every CPU runs; with AVX-512 (-march=native found it) head sizes that are a
  * multiple of 16 take attend16, the same computation in explicit vector code.
  *
- * Attention sinks (gpt-oss): paged_decode_sinks_f32 takes one more argument, sinks (H,) float32,
- * a logit per head that joins its softmax with no value row (the max and the sum include it, so
- * the key weights sum to less than one); paged_decode_f32 is the same call with no sinks.
+ * Attention sinks (gpt-oss): the last argument, sinks, is NULL or (H,) float32, a logit per head
+ * that joins its softmax with no value row (the max and the sum include it, so the key weights sum
+ * to less than one).
  */
 #include <math.h>
 #include <stdint.h>
@@ -221,11 +221,10 @@ static void attend_any(const float *q, const float *kc, const float *vc, const i
 
 /* Returns 0, or 2 if the scores scratch (H * longest context floats per thread) could not be allocated;
  * sinks: NULL, or (H,) sink logits. */
-int paged_decode_sinks_f32(const float *q, const float *k_cache, const float *v_cache,
-                           const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
-                           const int32_t *query_start, const int64_t *seqs, int64_t num_seqs, float *out, int H,
-                           int KVH, int D, int block_size, float scale, int window, int num_threads,
-                           const float *sinks) {
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                     float scale, int window, int num_threads, const float *sinks) {
     const int g = H / KVH;
     typeof(attend_any) *fn = D == 32 ? attend_32 : D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
     int max_len = 1;
@@ -252,12 +251,4 @@ int paged_decode_sinks_f32(const float *q, const float *k_cache, const float *v_
         free(scores);
     }
     return failed ? 2 : 0;
-}
-
-int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
-                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                     float scale, int window, int num_threads) {
-    return paged_decode_sinks_f32(q, k_cache, v_cache, block_tables, table_stride, seq_lens, query_start, seqs,
-                                  num_seqs, out, H, KVH, D, block_size, scale, window, num_threads, NULL);
 }
