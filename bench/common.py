@@ -1,5 +1,5 @@
 """The bits every benchmark shares: where results go, a process's CPU time, the engine core's pid,
-model folders, thread settings and the peers' side venvs.
+model folders, thread settings, a call's wall times and the peers' side venvs.
 
 bench/ is a package run from the repository root (``python -m bench.peers.peers --smoke``); its
 subjects (``serving``, ``router``, ``kernels``, ``gpu``, ``peers``) import one another only as
@@ -12,7 +12,8 @@ import argparse
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -64,6 +65,18 @@ def bench_args(doc: str | None, **options: object) -> argparse.Namespace:
         else:
             parser.add_argument(flag, type=type(default), default=default, help=help_line)
     return parser.parse_args()
+
+
+def call_seconds(fn: Callable[[], object], reps: int, *, warm_up: bool = True) -> list[float]:
+    """The wall seconds of each of ``reps`` calls of ``fn``, after one untimed call unless not ``warm_up``."""
+    if warm_up:
+        fn()
+    walls = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - start)
+    return walls
 
 
 def cpu_seconds(pid: int) -> float:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import functools
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from bench.common import bench_args
+from bench.common import bench_args, call_seconds
 from bench.kernels.smollm2_linears import SHAPES
 from kvfleet.engine.kernels.native.bf16_gemm import NativeBf16, load_bf16, pack_panels
 from kvfleet.engine.kernels.native.skinny_gemm import NativeLinear, load_linear
@@ -32,13 +31,7 @@ HEAD = (576, 49152)  # (in, out) of SmolLM2's LM head
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median(call_seconds(fn, reps)) * 1e3
 
 
 def runs_for(

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
-from bench.common import bench_args, cpu_name, publish
+from bench.common import bench_args, call_seconds, cpu_name, publish
 from kvfleet.engine.kernels.fused_ops import silu_mul
 from kvfleet.engine.layers.linear import get_method
 from kvfleet.engine.layers.moe import KernelExperts, StackedExperts, get_router, grouped_moe
@@ -28,12 +27,7 @@ TOKENS = (1, 8, 64, 256)
 
 
 def _median_ms(fn: Callable[[], object], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median(call_seconds(fn, rounds, warm_up=False)) * 1e3
 
 
 def main() -> None:

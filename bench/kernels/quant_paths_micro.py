@@ -15,7 +15,6 @@ are noise).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from bench.common import bench_args, publish
+from bench.common import bench_args, call_seconds, publish
 from kvfleet.engine.kernels.native.quant_gemm import QuantWeight, load_quant
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in)
@@ -32,13 +31,7 @@ LAYERS = 30
 
 
 def best(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    walls = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - start)
-    return min(walls) * 1e3
+    return min(call_seconds(fn, reps)) * 1e3
 
 
 def main() -> None:

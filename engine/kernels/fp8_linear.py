@@ -21,33 +21,20 @@ import torch
 
 from kvfleet.engine.kernels.linear import Linear, TorchLinear
 from kvfleet.engine.kernels.operand import NativeOperand
+from kvfleet.engine.kernels.row_scaled import RowScaledWeight
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 
 
 @dataclass(frozen=True, slots=True)
-class Fp8Weight:
+class Fp8Weight(RowScaledWeight):
     """``qweight`` (out, in) float8_e4m3fn and ``scale`` (out,) float32: w = scale * q."""
-
-    qweight: torch.Tensor
-    scale: torch.Tensor
 
     def __post_init__(self) -> None:
         if self.qweight.dtype != E4M3 or self.qweight.dim() != 2:
             raise ValueError(f"fp8 weights must be 2-d float8_e4m3fn, got {self.qweight.dtype}")
-        if self.scale.dtype != torch.float32 or self.scale.shape != (self.qweight.shape[0],):
-            raise ValueError(
-                f"scale must be float32 ({self.qweight.shape[0]},), got {tuple(self.scale.shape)}"
-            )
-
-    @property
-    def out_features(self) -> int:
-        return int(self.qweight.shape[0])
-
-    @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() + 4 * self.scale.numel()
+        self.check_scale(ValueError)
 
     def dequantised(self, dtype: torch.dtype) -> torch.Tensor:
         return (self.qweight.float() * self.scale[:, None]).to(dtype)

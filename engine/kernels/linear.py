@@ -23,7 +23,7 @@ against torch's 36.8; 16 rows 34.0 against 45.7; 1 row 17.7 both; 32 rows 58.5 a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,8 @@ from kvfleet.engine.kernels.packing.base import PackedWeight
 from kvfleet.engine.kernels.packing.native import NativePackedWeight
 
 Linear = LinearKernel  # a resolved matmul: called each step, and asked once for its native operand
+NativeT = TypeVar("NativeT")  # a native kernel's loaded library (``NativeBf16``, ``NativeQuant``)
+WeightT = TypeVar("WeightT")  # the weight laid out for it (with ``out_features``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +92,23 @@ class SkinnyLinear:
         return NativeOperand(self.weight.detach(), self.bias, "rows", max_rows=SKINNY_MAX_ROWS)
 
 
-def flat_call(native: Any, weight: Any, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True, slots=True)
+class FlatNativeLinear(Generic[NativeT, WeightT]):
     """``native(rows, weight, bias)`` over ``x`` of any leading shape and dtype: the native kernels take
-    a flat float32 batch (as the model passes it) and give float32 rows, returned in ``x``'s shape and dtype."""
-    if x.dim() == 2 and x.dtype == torch.float32:
-        return native(x, weight, bias)  # type: ignore[no-any-return]
-    out = native(x.reshape(-1, x.shape[-1]).float(), weight, bias)
-    return out.reshape(*x.shape[:-1], weight.out_features).to(x.dtype)  # type: ignore[no-any-return]
+    a flat float32 batch (as the model passes it) and give float32 rows, returned in ``x``'s shape and
+    dtype. The native-kernel linears (bf16 panels, GGUF blocks) are this call plus their operand."""
+
+    native: NativeT
+    weight: WeightT
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        native: Any = self.native
+        weight: Any = self.weight
+        if x.dim() == 2 and x.dtype == torch.float32:
+            return native(x, weight, self.bias)  # type: ignore[no-any-return]
+        out = native(x.reshape(-1, x.shape[-1]).float(), weight, self.bias)
+        return out.reshape(*x.shape[:-1], weight.out_features).to(x.dtype)  # type: ignore[no-any-return]
 
 
 def skinny_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

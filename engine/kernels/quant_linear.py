@@ -19,21 +19,14 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from kvfleet.engine.kernels.linear import Linear, TorchLinear, flat_call
+from kvfleet.engine.kernels.linear import FlatNativeLinear, Linear, TorchLinear
 from kvfleet.engine.kernels.native.quant_gemm import NativeQuant, PackedQuant, QuantWeight, load_quant
 from kvfleet.engine.kernels.operand import NativeOperand
 
 
 @dataclass(frozen=True, slots=True)
-class QuantLinear:
+class QuantLinear(FlatNativeLinear[NativeQuant, PackedQuant]):
     """``x @ dequantise(weight)^T + bias`` on the native kernel (int8 activations per 32)."""
-
-    native: NativeQuant
-    weight: PackedQuant
-    bias: torch.Tensor | None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return flat_call(self.native, self.weight, self.bias, x)
 
     def native_operand(self) -> NativeOperand | None:
         """The repacked blocks, on the kernel's path (any row count: the per-op path runs it too)."""

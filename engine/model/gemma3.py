@@ -31,6 +31,7 @@ from kvfleet.engine.model.llama import (
     RotaryEmbedding,
     Step,
 )
+from kvfleet.engine.model.tp import summed_over_ranks
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -78,9 +79,7 @@ class GemmaMLP(MLP):
         down = matmuls.output(h)
         if lora is not None:
             lora.add(h, down, self.layer, DOWN_PROJ)
-        if comm is not None:
-            comm.all_reduce(down)
-        return down
+        return summed_over_ranks(down, comm)
 
 
 class Gemma3DecoderLayer(DecoderLayer):

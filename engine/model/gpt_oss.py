@@ -31,6 +31,7 @@ from kvfleet.engine.model.config import ModelConfig, MoeSpec
 from kvfleet.engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from kvfleet.engine.model.moe import expert_columns
 from kvfleet.engine.model.projections import store_for_matmul
+from kvfleet.engine.model.tp import summed_over_ranks
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -99,9 +100,7 @@ class GptOssMoeBlock(nn.Module):
         logits = F.linear(x, self.router.weight, self.router.bias)
         routing = self.route(logits, self.spec.top_k, self.spec.renormalize)
         out = grouped_moe(x, routing, self.experts.stacked(), self.activation)
-        if comm is not None:
-            comm.all_reduce(out)
-        return out
+        return summed_over_ranks(out, comm)
 
 
 class GptOssDecoderLayer(DecoderLayer):
@@ -124,14 +123,10 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
     LAYER = GptOssDecoderLayer
 
-    def pack(self) -> None:
-        self._fused, self._lm_head = None, None
-        with torch.no_grad():
-            for layer in self.model.layers:
-                assert isinstance(layer, GptOssDecoderLayer)
-                store_for_matmul(layer.self_attn.output_linear())
-                layer.self_attn.pack()
-            store_for_matmul(self.lm_head)
+    def pack_layer(self, layer: DecoderLayer) -> None:
+        """The attention's linears only: the experts run unpacked."""
+        store_for_matmul(layer.self_attn.output_linear())
+        layer.self_attn.pack()
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Not for gpt-oss: its experts run unpacked (None: none applied)."""

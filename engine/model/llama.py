@@ -36,7 +36,7 @@ from kvfleet.engine.model.fused_layers import FusedLayers
 from kvfleet.engine.model.projections import FLOAT_METHOD, ProjectedBlock, store_for_matmul
 from kvfleet.engine.model.rope import dynamic_inv_freq, rope_frequencies
 from kvfleet.engine.model.rope_scaling import rope_is_dynamic
-from kvfleet.engine.model.tp import vocab_parallel_embed
+from kvfleet.engine.model.tp import summed_over_ranks, vocab_parallel_embed
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -166,9 +166,7 @@ class Attention(ProjectedBlock):
         o = matmuls.output(attn)
         if meta.lora is not None:  # row-parallel: this rank's share of the delta, summed with o's
             meta.lora.add(attn, o, self.layer, O_PROJ)
-        if step.comm is not None:
-            step.comm.all_reduce(o)
-        return o
+        return summed_over_ranks(o, step.comm)
 
 
 class MLP(ProjectedBlock):
@@ -198,9 +196,7 @@ class MLP(ProjectedBlock):
             h = silu_mul(gate_up)
             down = matmuls.output(h)
             lora.add(h, down, self.layer, DOWN_PROJ)  # row-parallel: this rank's share, before the sum
-        if comm is not None:
-            comm.all_reduce(down)
-        return down
+        return summed_over_ranks(down, comm)
 
 
 class DecoderLayer(nn.Module):
@@ -322,10 +318,14 @@ class LlamaForCausalLM(nn.Module):
         with torch.no_grad():
             for layer in self.model.layers:
                 assert isinstance(layer, DecoderLayer)
-                for block in (layer.self_attn, layer.mlp):
-                    store_for_matmul(block.output_linear())
-                    block.pack()
+                self.pack_layer(layer)
             store_for_matmul(self.lm_head)
+
+    def pack_layer(self, layer: DecoderLayer) -> None:
+        """One layer's part of :meth:`pack` (a model whose feed-forward is not Llama's MLP packs its own)."""
+        for block in (layer.self_attn, layer.mlp):
+            store_for_matmul(block.output_linear())
+            block.pack()
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Pack every layer's matmul weights once for a GEMM library (float32 on the CPU, bfloat16

@@ -29,7 +29,7 @@ from kvfleet.engine.lora.context import LoraContext
 from kvfleet.engine.model.config import ModelConfig, MoeSpec
 from kvfleet.engine.model.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from kvfleet.engine.model.projections import store_for_matmul
-from kvfleet.engine.model.tp import split_span
+from kvfleet.engine.model.tp import split_span, summed_over_ranks
 
 if TYPE_CHECKING:  # engine/parallel imports the model: named for the type checker only
     from kvfleet.engine.parallel.group import TPComm
@@ -110,9 +110,7 @@ class SparseMoeBlock(nn.Module):
             raise ValueError("LoRA adapters on a mixture-of-experts model are not supported")
         routing = self.route(F.linear(x, self.gate.weight), self.spec.top_k, self.spec.renormalize)
         out = grouped_moe(x, routing, self.experts_now())
-        if comm is not None:
-            comm.all_reduce(out)
-        return out
+        return summed_over_ranks(out, comm)
 
 
 class MoeDecoderLayer(DecoderLayer):
@@ -142,19 +140,15 @@ class MoeForCausalLM(LlamaForCausalLM):
     def no_native_layer(self) -> str | None:
         return f"{self.config.architecture}'s sparse experts are not part of the native decode call"
 
-    def pack(self) -> None:
-        self._fused, self._lm_head = None, None
-        with torch.no_grad():
-            for layer in self.model.layers:
-                assert isinstance(layer, MoeDecoderLayer)
-                store_for_matmul(layer.self_attn.output_linear())
-                layer.self_attn.pack()
-                ffn = layer.feed_forward()
-                if isinstance(ffn, MLP):
-                    store_for_matmul(ffn.output_linear())
-                assert isinstance(ffn, MLP | SparseMoeBlock)
-                ffn.pack()
-            store_for_matmul(self.lm_head)
+    def pack_layer(self, layer: DecoderLayer) -> None:
+        """The attention's linears and the feed-forward's: a dense MLP's or the sparse experts' own packing."""
+        store_for_matmul(layer.self_attn.output_linear())
+        layer.self_attn.pack()
+        ffn = layer.feed_forward()
+        if isinstance(ffn, MLP):
+            store_for_matmul(ffn.output_linear())
+        assert isinstance(ffn, MLP | SparseMoeBlock)
+        ffn.pack()
 
     def prepack(self, kind: str = "auto") -> str | None:
         """Not for the sparse model: its steps call the experts unpacked (None: none applied)."""

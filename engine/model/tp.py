@@ -105,3 +105,11 @@ def vocab_parallel_embed(
     x.masked_fill_(outside[:, None], 0.0)
     comm.all_reduce(x)
     return x
+
+
+def summed_over_ranks(x: torch.Tensor, comm: TPComm | None) -> torch.Tensor:
+    """A row-parallel output (each rank's share of the sum) summed over the ranks in place; at tp=1
+    (no ``comm``) it is the whole output already."""
+    if comm is not None:
+        comm.all_reduce(x)
+    return x

@@ -47,6 +47,15 @@ def _check_prompt(v: Any) -> Any:
     )
 
 
+def _as_list_of_inputs(v: Any) -> list[str | list[int]]:
+    """A checked prompt (or embeddings input) as a list of inputs, each a string or a list of token ids."""
+    if isinstance(v, str):
+        return [v]
+    if all(isinstance(x, int) for x in v):
+        return [list(v)]
+    return list(v)
+
+
 def _is_token_id(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < (1 << 31)
 
@@ -101,12 +110,7 @@ class CompletionRequest(_SamplingFields):
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts, each a string or a list of token ids."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        return _as_list_of_inputs(self.prompt)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -330,12 +334,7 @@ class EmbeddingRequest(_Request):
 
     def inputs(self) -> list[str | list[int]]:
         """The input as a list of inputs, each a string or a list of token ids."""
-        v = self.input
-        if isinstance(v, str):
-            return [v]
-        if all(isinstance(x, int) for x in v):
-            return [list(v)]  # type: ignore[arg-type]
-        return list(v)  # type: ignore[arg-type]
+        return _as_list_of_inputs(self.input)
 
     # what the router reads of every body it admits: an embedding streams nothing and completes no token
     @property

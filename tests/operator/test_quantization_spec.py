@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from kvfleet.operator import renderers
 from kvfleet.operator.capacity_status import capacity_verdict
 from kvfleet.operator.spec import SpecError, parse_inferenceservice
-from kvfleet.operator.vllm_engine import vllm_args
+
+from .engine_flags import RENDERERS, assert_field_is_flag
 
 
 def spec(engine: dict[str, Any], gpus: int = 1) -> Any:
@@ -23,12 +23,9 @@ def spec(engine: dict[str, Any], gpus: int = 1) -> Any:
     )
 
 
-@pytest.mark.parametrize("render", [renderers.engine_args, vllm_args])
-def test_the_format_is_the_engines_quantization_flag(render: Any) -> None:
-    kind = "kvfleet" if render is renderers.engine_args else "vllm"
-    args = render(spec({"kind": kind, "quantization": "fp8"}))
-    assert args[args.index("--quantization") + 1] == "fp8"
-    assert "--quantization" not in render(spec({"kind": kind}))
+@pytest.mark.parametrize("kind", sorted(RENDERERS))
+def test_the_format_is_the_engines_quantization_flag(kind: str) -> None:
+    assert_field_is_flag(spec, kind, "quantization", "fp8", "--quantization")
 
 
 def test_capacity_fits_counts_fp8_weights_so_a_70b_model_fits_two_h100s_it_needs_four_for_in_bf16() -> None:

@@ -55,11 +55,16 @@ class FakeEngine:
         app.post("/v1/messages")(self.message)
         return app
 
-    async def message(self, request: Request) -> Response:
-        """Anthropic's ``/v1/messages``: the tokens as one text block, whole or as its stream events."""
-        body = await request.json()
+    async def receive(self, request: Request) -> dict[str, Any]:
+        """The request's JSON body, recorded with its headers (``received``, ``received_headers``)."""
+        body: dict[str, Any] = await request.json()
         self.received.append(body)
         self.received_headers.append(dict(request.headers))
+        return body
+
+    async def message(self, request: Request) -> Response:
+        """Anthropic's ``/v1/messages``: the tokens as one text block, whole or as its stream events."""
+        body = await self.receive(request)
         usage = {"input_tokens": 7, "output_tokens": len(self.tokens)}
         head = {"id": "msg_x", "type": "message", "role": "assistant", "model": self.model}
         if not body.get("stream"):
@@ -109,9 +114,7 @@ class FakeEngine:
         }
 
     async def handle(self, request: Request) -> Response:
-        body = await request.json()
-        self.received.append(body)
-        self.received_headers.append(dict(request.headers))
+        body = await self.receive(request)
         if self.mode == "dead":
             error = {"message": "the engine is not running: core died", "type": "service_unavailable"}
             return JSONResponse({"error": {**error, "param": None, "code": "engine_dead"}}, status_code=503)

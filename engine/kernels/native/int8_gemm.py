@@ -19,6 +19,7 @@ import torch
 from kvfleet.engine.kernels.native.build import bind
 from kvfleet.engine.kernels.native.cpu_features import probe_cpu_paths
 from kvfleet.engine.kernels.native.quant_gemm import PATHS, choose_path
+from kvfleet.engine.kernels.row_scaled import RowScaledWeight
 
 
 class Int8KernelError(RuntimeError):
@@ -26,31 +27,13 @@ class Int8KernelError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class Int8Weight:
+class Int8Weight(RowScaledWeight):
     """A linear's weight as ``qweight`` (out, in) int8 and ``scale`` (out,) float32: w = scale * q."""
-
-    qweight: torch.Tensor
-    scale: torch.Tensor
 
     def __post_init__(self) -> None:
         if self.qweight.dtype != torch.int8 or self.qweight.dim() != 2 or not self.qweight.is_contiguous():
             raise Int8KernelError("int8 weights must be a contiguous 2-d int8 tensor")
-        if self.scale.dtype != torch.float32 or self.scale.shape != (self.qweight.shape[0],):
-            raise Int8KernelError(
-                f"scale must be float32 ({self.qweight.shape[0]},), got {tuple(self.scale.shape)}"
-            )
-
-    @property
-    def out_features(self) -> int:
-        return int(self.qweight.shape[0])
-
-    @property
-    def in_features(self) -> int:
-        return int(self.qweight.shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() + 4 * self.scale.numel()
+        self.check_scale(Int8KernelError)
 
     def dequantised(self) -> torch.Tensor:
         return self.qweight.float() * self.scale[:, None]

@@ -10,8 +10,8 @@ the cache instead of three is most of the gain.
 No compiler, or a failed build: :func:`load_kernel` gives no kernel and the reason, and the
 ``auto`` backend falls back to ``torch``.
 
-Attention sinks (gpt-oss): a call with ``sinks`` (one float32 logit per query head) goes to the
-kernel's ``*_sinks_f32`` entry point, the same arguments and the sinks' pointer last.
+Attention sinks (gpt-oss): a call with ``sinks`` (one float32 logit per query head) passes their
+pointer as the kernel's last argument (NULL without).
 """
 
 from __future__ import annotations
@@ -37,15 +37,14 @@ class PagedCache(NamedTuple):
 
 class PagedKernel:
     """A C attention kernel over the paged cache behind a typed call (``paged_decode_f32``,
-    ``paged_prefill_f32``): both take the same arguments and return a status, 0 for done; their
-    ``*_sinks_f32`` twins (``with_sinks``) take the sinks' pointer after them."""
+    ``paged_prefill_f32``): both take the same arguments, the sinks' pointer (or NULL) last, and
+    return a status, 0 for done."""
 
-    def __init__(self, fn: Any, with_sinks: Any) -> None:
+    def __init__(self, fn: Any) -> None:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-        fn.argtypes = [p, p, p, p, i64, p, p, p, i64, p, i32, i32, i32, i32, f32, i32, i32]
-        with_sinks.argtypes = [*fn.argtypes, p]
-        fn.restype = with_sinks.restype = ctypes.c_int
-        self._fn, self._with_sinks = fn, with_sinks
+        fn.argtypes = [p, p, p, p, i64, p, p, p, i64, p, i32, i32, i32, i32, f32, i32, i32, p]
+        fn.restype = ctypes.c_int
+        self._fn = fn
 
     def __call__(
         self,
@@ -61,15 +60,15 @@ class PagedKernel:
         ``sinks``, (heads,) float32 contiguous: a logit per head joining its softmax)."""
         k_cache, v_cache, block_tables, seq_lens, query_start_loc = paged
         _, block_size, kv_heads, head_dim = k_cache.shape
-        extra: tuple[int, ...] = ()
+        sinks_ptr = None
         if sinks is not None:
             if sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32 or not sinks.is_contiguous():
                 raise ValueError(
                     f"sinks must be ({q.shape[1]},) float32 contiguous, got {tuple(sinks.shape)}"
                 )
-            extra = (sinks.data_ptr(),)
+            sinks_ptr = sinks.data_ptr()
         status = int(
-            (self._fn if sinks is None else self._with_sinks)(
+            self._fn(
                 q.data_ptr(),
                 k_cache.data_ptr(),
                 v_cache.data_ptr(),
@@ -87,7 +86,7 @@ class PagedKernel:
                 scale,
                 window or 0,
                 torch.get_num_threads(),
-                *extra,
+                sinks_ptr,
             )
         )
         if status != 0:
@@ -102,7 +101,7 @@ class NativeDecode(PagedKernel):
     """``paged_decode_f32``: float32 CPU tensors in, the one query row of each listed sequence written."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        super().__init__(lib.paged_decode_f32, lib.paged_decode_sinks_f32)
+        super().__init__(lib.paged_decode_f32)
 
     def fail(self, status: int, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
         raise MemoryError(f"the CPU decode kernel could not allocate scores for {int(seq_lens.max())} keys")

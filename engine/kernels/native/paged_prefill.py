@@ -37,7 +37,7 @@ class NativePrefill(PagedKernel):
     """``paged_prefill_f32``: float32 CPU tensors in, every query row of the listed sequences written."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        super().__init__(lib.paged_prefill_f32, lib.paged_prefill_sinks_f32)
+        super().__init__(lib.paged_prefill_f32)
         lib.paged_prefill_preferred.restype = ctypes.c_int
         # built with AVX-512 or AVX2: the builds measured faster than SDPA (the C file says by how much)
         self.preferred = bool(lib.paged_prefill_preferred())

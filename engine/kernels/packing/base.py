@@ -2,7 +2,7 @@
 
 Where it sits: :mod:`kvfleet.engine.kernels.packing` registers the packers by name (``mkl``,
 ``onednn``, ``native``); each subclasses :class:`PackedWeight` with its own layout and GEMM call,
-and inherits the rest: which weights it takes ((out, in) CPU matrices of a dtype it
+and inherits the rest (:class:`LibraryPackedWeight`, whether its library loads): which weights it takes ((out, in) CPU matrices of a dtype it
 :meth:`~PackedWeight.packs_dtype`: float32 for all, bfloat16 too for oneDNN's, where the backend is
 available), which inputs (:func:`packable_input`: rows of the weight's dtype), and whether it
 streams a decode step's few rows (``streams_few_rows``).
@@ -11,7 +11,7 @@ streams a decode step's few rows (``streams_few_rows``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 import torch
 
@@ -75,3 +75,27 @@ class PackedWeight(ABC):
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` can run through this packed weight."""
         return packable_input(x, self.in_features, self.dtype)
+
+
+LibT = TypeVar("LibT")
+
+
+class LibraryPackedWeight(PackedWeight, Generic[LibT]):
+    """A packer whose layout and GEMM come from a library loaded once (MKL's pack API, the engine's
+    native GEMM): available where that library loads."""
+
+    @classmethod
+    @abstractmethod
+    def library(cls) -> LibT | None:
+        """The library, or None where it does not load here."""
+
+    @classmethod
+    def available(cls) -> bool:
+        return cls.library() is not None
+
+    @classmethod
+    def loaded(cls) -> LibT:
+        """The library where :meth:`available` said it loads (a packed weight exists only there)."""
+        lib = cls.library()
+        assert lib is not None  # pack() asks available() first
+        return lib

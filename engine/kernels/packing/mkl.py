@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.kernels.packing.base import LibraryPackedWeight
 
 # CBLAS enum values (mkl_cblas.h)
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162
@@ -62,7 +62,7 @@ def _mkl() -> _Mkl | None:
         return None
 
 
-class MklPackedWeight(PackedWeight):
+class MklPackedWeight(LibraryPackedWeight[_Mkl]):
     """A linear's (out, in) weight, packed as the right operand of ``x @ weight.T``; MKL's GEMM walks
     panels, so the few-row kernel streams a decode step faster (``streams_few_rows`` False)."""
 
@@ -71,13 +71,12 @@ class MklPackedWeight(PackedWeight):
         self.buffer = buffer  # uint8, MKL's opaque layout
 
     @classmethod
-    def available(cls) -> bool:
-        return _mkl() is not None
+    def library(cls) -> _Mkl | None:
+        return _mkl()
 
     @classmethod
     def from_matrix(cls, source: torch.Tensor) -> MklPackedWeight:
-        mkl = _mkl()
-        assert mkl is not None  # pack() asks available() first
+        mkl = cls.loaded()
         n, k = source.shape
         buffer = torch.empty(mkl.get_size(_B_MATRIX, _PACK_ROWS_HINT, n, k), dtype=torch.uint8)
         mkl.pack(
@@ -86,8 +85,7 @@ class MklPackedWeight(PackedWeight):
         return cls(buffer, n, k)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        mkl = _mkl()
-        assert mkl is not None  # a packed weight exists only where packing worked
+        mkl = self.loaded()
         rows, n, k = x.shape[0], self.out_features, self.in_features
         out = x.new_empty(rows, n)
         mkl.compute(

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from kvfleet.engine.kernels.native.packed_gemm import load_packed_gemm
-from kvfleet.engine.kernels.packing.base import PackedWeight
+from kvfleet.engine.kernels.native.packed_gemm import PackedGemm, load_packed_gemm
+from kvfleet.engine.kernels.packing.base import LibraryPackedWeight
 
 
-class NativePackedWeight(PackedWeight):
+class NativePackedWeight(LibraryPackedWeight[PackedGemm]):
     """A linear's (out, in) weight as panels of :data:`PANEL_COLUMNS` output columns, k-major.
 
     ``streams_few_rows``: one row streams each panel at the memory's pace (prefetched 1 KB ahead):
@@ -29,22 +29,20 @@ class NativePackedWeight(PackedWeight):
         self.panels = panels  # float32, (ceil(out / 16) * 16 * in,)
 
     @classmethod
-    def available(cls) -> bool:
-        """Whether the native library builds here (a C compiler and OpenMP)."""
-        return load_packed_gemm() is not None
+    def library(cls) -> PackedGemm | None:
+        """The native library, where it builds here (a C compiler and OpenMP)."""
+        return load_packed_gemm()
 
     @classmethod
     def from_matrix(cls, source: torch.Tensor) -> NativePackedWeight:
-        native = load_packed_gemm()
-        assert native is not None  # pack() asks available() first
+        native = cls.loaded()
         n, k = source.shape
         panels = torch.empty(native.size(n, k), dtype=torch.float32)
         native.pack(source.data_ptr(), n, k, panels.data_ptr())
         return cls(panels, n, k)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        native = load_packed_gemm()
-        assert native is not None  # a packed weight exists only where the library built
+        native = self.loaded()
         rows, n, k = x.shape[0], self.out_features, self.in_features
         out = x.new_empty(rows, n)
         b = None if bias is None else bias.to(torch.float32).contiguous()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvfleet.engine.kernels.linear import flat_call
+from kvfleet.engine.kernels.linear import FlatNativeLinear
 from kvfleet.engine.kernels.native.bf16_gemm import Bf16Weight, NativeBf16, load_bf16, pack_panels
 from kvfleet.engine.kernels.native.decode_layers import BF16_PANELS
 from kvfleet.engine.kernels.operand import NativeOperand
@@ -33,15 +33,8 @@ from kvfleet.engine.layers.linear.base import LinearKernel, LinearMethod, regist
 
 
 @dataclass(frozen=True, slots=True)
-class Bf16Linear:
+class Bf16Linear(FlatNativeLinear[NativeBf16, Bf16Weight]):
     """``x @ w^T + bias`` with ``w`` in bf16 panels, ``x`` and the output float32, on the native kernel."""
-
-    native: NativeBf16
-    weight: Bf16Weight
-    bias: torch.Tensor | None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return flat_call(self.native, self.weight, self.bias, x)
 
     def native_operand(self) -> NativeOperand | None:
         """The panels on the native kernel's best path (AMX from ``AMX_MIN_ROWS``, as the per-op call): any rows."""

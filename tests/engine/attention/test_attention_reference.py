@@ -2,22 +2,9 @@
 
 import torch
 
-from kvfleet.engine.attention import AttentionBackend, AttentionMetadata, LayerKV, get_backend
+from kvfleet.engine.attention import AttentionBackend, LayerKV, get_backend
 
-
-def _metadata(tables: torch.Tensor, lens: list[int], q_lens: list[int]) -> AttentionMetadata:
-    """A step over the sequences of ``lens`` whose last ``q_lens`` tokens are its query rows."""
-    starts = [0]
-    for n in q_lens:
-        starts.append(starts[-1] + n)
-    return AttentionMetadata(
-        slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
-        block_tables=tables,
-        seq_lens=torch.tensor(lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        max_query_len=max(q_lens),
-        max_seq_len=max(lens),
-    )
+from .steps import step_metadata
 
 
 def _dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -57,7 +44,7 @@ def test_paged_reference_equals_dense_attention_for_a_prefill_and_a_decode_seque
     lens, q_lens = [6, 9], [6, 1]
     ks, vs = _stored_sequences(backend, LayerKV(k_cache, v_cache, 1.0), tables, lens)
     q = torch.randn(sum(q_lens), heads, dim)
-    meta = _metadata(tables, lens, q_lens)
+    meta = step_metadata(lens, q_lens, tables)
     out = backend.forward(q, LayerKV(k_cache, v_cache, dim**-0.5), meta)
     torch.testing.assert_close(out[:6], _dense_causal(q[:6], ks[0], vs[0], dim**-0.5))
     torch.testing.assert_close(out[6:], _dense_causal(q[6:], ks[1], vs[1], dim**-0.5))
@@ -89,7 +76,7 @@ def test_a_sliding_window_masks_exactly_as_transformers_mask_for_prefill_and_bat
     lens, q_lens = [6, 9, 7], [6, 1, 1]
     ks, vs = _stored_sequences(backend, LayerKV(k_cache, v_cache, 1.0), tables, lens)
     q = torch.randn(sum(q_lens), heads, dim)
-    meta = _metadata(tables, lens, q_lens)
+    meta = step_metadata(lens, q_lens, tables)
     out = backend.forward(q, LayerKV(k_cache, v_cache, dim**-0.5, window), meta)
     rows = [slice(0, 6), slice(6, 7), slice(7, 8)]
     for s, r in enumerate(rows):

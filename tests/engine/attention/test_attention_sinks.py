@@ -14,24 +14,12 @@ import pytest
 import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
-from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
+from kvfleet.engine.attention import LayerKV, get_backend
 from kvfleet.engine.attention.cpu_backend import CpuAttentionBackend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 from kvfleet.engine.kernels.native.paged_prefill import load_prefill
 
-
-def step(seq_lens: list[int], query_lens: list[int], tables: torch.Tensor) -> AttentionMetadata:
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    return AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        block_tables=tables,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-    )
+from .steps import step_metadata
 
 
 @pytest.mark.parametrize("window", [None, 4])
@@ -48,7 +36,7 @@ def test_the_reference_with_sinks_equals_transformers_gpt_oss_attention(window: 
     for p in range(length):
         k_cache[int(table[0, p // block]), p % block] = keys[p]
         v_cache[int(table[0, p // block]), p % block] = values[p]
-    meta = step([length], [length], table)
+    meta = step_metadata([length], [length], table)
     ours = paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window, sinks)
     pos = torch.arange(length)
     allowed = pos[None, :] <= pos[:, None]
@@ -83,7 +71,7 @@ def test_each_cpu_backend_with_sinks_equals_the_reference_for_decodes_chunks_and
     seq_lens, query_lens = [9, 1, 14, 37, 23], [1, 1, 5, 37, 1]
     perm = torch.randperm(64, generator=gen)
     tables = perm[:60].view(5, 12).to(torch.int32)
-    meta = step(seq_lens, query_lens, tables)
+    meta = step_metadata(seq_lens, query_lens, tables)
     q = torch.randn(sum(query_lens), heads, head_dim, generator=gen)
     sinks = torch.randn(heads, generator=gen) * 3
     scale = head_dim**-0.5

@@ -5,23 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfleet.engine.attention import AttentionMetadata, LayerKV, get_backend
+from kvfleet.engine.attention import LayerKV, get_backend
 from kvfleet.engine.attention.torch_backend import paged_attention_reference
 
-
-def step_metadata(seq_lens: list[int], query_lens: list[int], tables: torch.Tensor) -> AttentionMetadata:
-    """One step's metadata: each sequence's last ``query_lens`` rows new, of ``seq_lens`` in all."""
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    return AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        block_tables=tables,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-    )
+from .steps import step_metadata
 
 
 @pytest.mark.parametrize("window", [None, 1, 3, 6])
@@ -35,18 +22,8 @@ def test_decoding_sequences_batched_together_match_the_per_sequence_reference(wi
     tables = torch.tensor(
         [[3, 7, 1, 0], [9, 0, 0, 0], [2, 4, 6, 8], [11, 12, 0, 0], [15, 0, 0, 0]], dtype=torch.int32
     )
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        block_tables=tables,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        max_query_len=5,
-        max_seq_len=14,
-    )
-    q = torch.randn(starts[-1], heads, dim, generator=gen)
+    meta = step_metadata(seq_lens, query_lens, tables)
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
     ours = get_backend("torch").forward(q, LayerKV(k_cache, v_cache, dim**-0.5, window), meta)
     torch.testing.assert_close(ours, paged_attention_reference(q, k_cache, v_cache, meta, dim**-0.5, window))
     # K and V in one (2, blocks, ...) tensor, as the runner allocates them: one gather, the same bits.

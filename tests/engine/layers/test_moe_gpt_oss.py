@@ -13,6 +13,8 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts, GptOssTo
 from kvfleet.engine.layers.moe import Activation, Routing, StackedExperts, get_router, grouped_moe
 from kvfleet.engine.layers.moe.reference import moe_reference
 
+from .moe_routing import skewed_logits_routing
+
 E, TOP_K, H, INTER = 8, 2, 64, 32
 CLAMPED = Activation("clamped_swiglu", 1.702, 7.0)
 
@@ -29,11 +31,8 @@ def weights(seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 
 def routing(tokens: int, seed: int = 1) -> Routing:
-    """Logits that never pick experts 5-7."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(tokens, E, generator=g)
-    logits[:, 5:] -= 100.0
-    return get_router("topk_softmax")(logits, TOP_K, False)
+    """gpt-oss's router (softmax over the top k) never picking experts 5-7."""
+    return skewed_logits_routing("topk_softmax", tokens, experts=E, top_k=TOP_K, renormalize=False, seed=seed)
 
 
 def test_the_topk_softmax_router_equals_transformers_gpt_oss_router() -> None:

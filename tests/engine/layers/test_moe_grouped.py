@@ -16,6 +16,8 @@ from kvfleet.engine.layers.moe import KernelExperts, Routing, StackedExperts, ge
 from kvfleet.engine.layers.moe.grouped import group_by_expert
 from kvfleet.engine.layers.moe.reference import moe_reference
 
+from .moe_routing import skewed_logits_routing
+
 E, TOP_K, H, INTER = 8, 2, 64, 32
 TOKENS = (1, 7, 64)
 
@@ -25,12 +27,9 @@ def expert_weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(E, 2 * INTER, H, generator=g) * 0.1, torch.randn(E, H, INTER, generator=g) * 0.1
 
 
-def skewed_routing(tokens: int, seed: int = 1) -> Routing:
-    """Logits that never pick experts 5-7: those receive no token at any batch size."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(tokens, E, generator=g)
-    logits[:, 5:] -= 100.0
-    return get_router("softmax_topk")(logits, TOP_K, True)
+def skewed_routing(tokens: int) -> Routing:
+    """The softmax router (renormalised top k) never picking experts 5-7."""
+    return skewed_logits_routing("softmax_topk", tokens, experts=E, top_k=TOP_K, renormalize=True)
 
 
 def test_the_softmax_router_keeps_the_top_k_and_renormalises_only_when_asked() -> None:

@@ -18,34 +18,29 @@ from kvfleet.engine.parallel.shard import rank_shard
 from .moe_checkpoints import make_moe_checkpoint
 
 
-@pytest.mark.parametrize("variant", ["qwen3-moe", "mixtral"])
+def _checkpoint_and_model(variant: str, folder: Path) -> tuple[Path, type[torch.nn.Module]]:
+    """``variant``'s tiny checkpoint saved in ``folder`` and the engine's model class for it."""
+    if variant == "gpt-oss":
+        from kvfleet.engine.model.gpt_oss import GptOssForCausalLM
+
+        from .gpt_oss_checkpoints import make_gpt_oss_checkpoint
+
+        return make_gpt_oss_checkpoint(folder), GptOssForCausalLM
+    return make_moe_checkpoint(variant, folder), MoeForCausalLM
+
+
+@pytest.mark.parametrize("variant", ["qwen3-moe", "mixtral", "gpt-oss"])
 def test_capacity_counts_the_parameters_transformers_and_each_engine_rank_hold(
     variant: str, tmp_path: Path
 ) -> None:
-    folder = make_moe_checkpoint(variant, tmp_path / variant)
+    folder, model_class = _checkpoint_and_model(variant, tmp_path / variant)
     raw = json.loads((folder / "config.json").read_text())
     shape = model_shape_from_config(raw)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert shape.num_params == sum(p.numel() for p in hf.parameters())
     config = ModelConfig.from_dict(raw)
     with torch.device("meta"):
-        ranks = [MoeForCausalLM(config, rank_shard(config, 2, r)) for r in (0, 1)]
-    assert per_rank_params(shape, 2) == max(sum(p.numel() for p in m.parameters()) for m in ranks)
-
-
-def test_capacity_counts_gpt_oss_parameters_as_transformers_and_each_engine_rank_hold(tmp_path: Path) -> None:
-    from kvfleet.engine.model.gpt_oss import GptOssForCausalLM
-
-    from .gpt_oss_checkpoints import make_gpt_oss_checkpoint
-
-    folder = make_gpt_oss_checkpoint(tmp_path / "gpt-oss")
-    raw = json.loads((folder / "config.json").read_text())
-    shape = model_shape_from_config(raw)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    assert shape.num_params == sum(p.numel() for p in hf.parameters())
-    config = ModelConfig.from_dict(raw)
-    with torch.device("meta"):
-        ranks = [GptOssForCausalLM(config, rank_shard(config, 2, r)) for r in (0, 1)]
+        ranks = [model_class(config, rank_shard(config, 2, r)) for r in (0, 1)]
     assert per_rank_params(shape, 2) == max(sum(p.numel() for p in m.parameters()) for m in ranks)
 
 

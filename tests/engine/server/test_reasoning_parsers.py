@@ -123,14 +123,33 @@ def test_qwen3_with_thinking_off_reads_everything_as_content() -> None:
     assert parser.split("<think>no</think>yes", final=True) == Split("", "<think>no</think>yes")
 
 
-@pytest.mark.parametrize("seed", range(0, 25))
-def test_qwen3_streams_at_any_split_what_the_whole_parse_reads(seed: int) -> None:
-    assert joined(read("qwen3", None, pieces(QWEN3, seed))) == (
-        "\nThe user greets me.\n",
-        "\n\nHello! How can I help?",
-        [],
-        "",
-    )
+# Streams read at any split: (reasoning parser, tool parser, text, splits tried) and what the whole text
+# reads as, (reasoning, content, call names, call arguments).
+WHOLE_READS = {
+    "qwen3": (("qwen3", None, QWEN3, 25), ("\nThe user greets me.\n", "\n\nHello! How can I help?", [], "")),
+    "gptoss-reasoning-then-call": (
+        ("openai_gptoss", "openai", ANALYSIS + CALL, 40),
+        ("User asks weather. Call get_weather.", "", ["get_weather"], '{"city": "Paris"}'),
+    ),
+    "gptoss-reasoning-then-answer-without-tools": (
+        (
+            "openai_gptoss",
+            None,
+            ANALYSIS + "<|start|>assistant<|channel|>analysis<|message|>More.<|end|>" + FINAL,
+            40,
+        ),
+        ("User asks weather. Call get_weather.\nMore.", "It is 18 C in Paris.", [], ""),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "seed"),
+    [(case, seed) for case, ((*_, splits), _) in WHOLE_READS.items() for seed in range(splits)],
+)
+def test_a_stream_reads_at_any_split_what_the_whole_text_reads(case: str, seed: int) -> None:
+    (reasoning, tools, text, _), whole = WHOLE_READS[case]
+    assert joined(read(reasoning, tools, pieces(text, seed))) == whole
 
 
 def test_qwen3_holds_back_what_may_be_a_closing_tag_then_releases_it() -> None:
@@ -185,29 +204,6 @@ def test_a_commentary_preamble_to_no_one_is_content_and_messages_join_with_a_new
 
 def test_text_without_harmony_markers_is_the_answer() -> None:
     assert OpenAIParser().parse("plain words") == ParsedOutput("plain words", [])
-
-
-@pytest.mark.parametrize("seed", range(0, 40))
-def test_gptoss_streams_reasoning_then_the_call_at_any_split(seed: int) -> None:
-    text = ANALYSIS + CALL
-    reasoning, content, names, arguments = joined(read("openai_gptoss", "openai", pieces(text, seed)))
-    assert (reasoning, content, names, arguments) == (
-        "User asks weather. Call get_weather.",
-        "",
-        ["get_weather"],
-        '{"city": "Paris"}',
-    )
-
-
-@pytest.mark.parametrize("seed", range(0, 40))
-def test_gptoss_streams_reasoning_then_the_answer_without_tools_at_any_split(seed: int) -> None:
-    text = ANALYSIS + "<|start|>assistant<|channel|>analysis<|message|>More.<|end|>" + FINAL
-    assert joined(read("openai_gptoss", None, pieces(text, seed))) == (
-        "User asks weather. Call get_weather.\nMore.",
-        "It is 18 C in Paris.",
-        [],
-        "",
-    )
 
 
 def test_a_stream_without_reasoning_kept_sends_only_the_content() -> None:

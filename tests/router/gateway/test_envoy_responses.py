@@ -50,8 +50,7 @@ class StoringEngine(FakeEngine):
         return app
 
     async def create(self, request: Request) -> Response:
-        body = await request.json()
-        self.received.append(body)
+        body = await self.receive(request)
         host, port = request.scope["server"]
         rid = new_response_id(f"{host}:{port}")
         text = "".join(self.tokens)
@@ -88,8 +87,7 @@ class StoringEngine(FakeEngine):
         return JSONResponse(self.stored[rid])
 
     async def embed(self, request: Request) -> Response:
-        body = await request.json()
-        self.received.append(body)
+        await self.receive(request)
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(VECTORS)]
         return JSONResponse({"object": "list", "model": self.model, "data": data,
                              "usage": {"prompt_tokens": 9, "total_tokens": 9}})  # fmt: skip

@@ -48,11 +48,11 @@ int bf16_linear(const float *x, int64_t m, int64_t k, const uint16_t *wp, int64_
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
                      int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
                      const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                     float scale, int window, int num_threads);
+                     float scale, int window, int num_threads, const float *sinks);
 int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
                       int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
                       const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                      float scale, int window, int num_threads);
+                      float scale, int window, int num_threads, const float *sinks);
 
 /* One layer's operands. Weights: with type 0, packed_gemm.c panels when the step's `packed`, else
  * (n, k) row-major float32; with a ggml type (qkv_type.. down_type), quant_pack.c's repacked blocks;
@@ -138,11 +138,11 @@ static int attend(const decode_step *s, const decode_layer *l) {
     if (s->num_decode_seqs > 0)
         rc = paged_decode_f32(s->q, l->k_cache, l->v_cache, s->block_tables, s->table_stride, s->seq_lens,
                               s->query_start, s->seqs, s->num_decode_seqs, s->attn, H, KV, D, s->block_size,
-                              l->scale, l->window, s->threads);
+                              l->scale, l->window, s->threads, NULL);
     if (rc == 0 && s->num_prefill_seqs > 0)
         rc = paged_prefill_f32(s->q, l->k_cache, l->v_cache, s->block_tables, s->table_stride, s->seq_lens,
                                s->query_start, s->prefill_seqs, s->num_prefill_seqs, s->attn, H, KV, D,
-                               s->block_size, l->scale, l->window, s->threads);
+                               s->block_size, l->scale, l->window, s->threads, NULL);
     return rc;
 }
 

@@ -17,9 +17,9 @@
  * loops are what every CPU runs; with AVX-512 (-march=native found it) head sizes that are a
  * multiple of 16 take attend16, the same computation in explicit vector code.
  *
- * Attention sinks (gpt-oss): paged_decode_sinks_f32 takes one more argument, sinks (H,) float32,
- * a logit per head that joins its softmax with no value row (the max and the sum include it, so
- * the key weights sum to less than one); paged_decode_f32 is the same call with no sinks.
+ * Attention sinks (gpt-oss): the last argument, sinks, is NULL or (H,) float32, a logit per head
+ * that joins its softmax with no value row (the max and the sum include it, so the key weights sum
+ * to less than one).
  */
 #include <math.h>
 #include <stdint.h>
@@ -60,51 +60,51 @@ static inline void prefetch_row(const float *cache, const int32_t *table, int po
     for (int64_t off = 0; off < rs * (int64_t)sizeof(float); off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
-static inline __attribute__((always_inline)) void attend(
-    const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int L, int lo, int H,
-    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out, const float *sinks) {
+/* One pass over the keys lo..L-1 in place, block by block, each token's KV heads together: with
+ * SCORES, scores[h * n + i] = scale * q_h . k_i; else out_h += scores[h * n + i] * v_i. */
+enum pass { SCORES, WEIGHTED_SUM };
+
+static inline __attribute__((always_inline)) void over_keys(
+    const enum pass pass, const float *cache, const float *q, const int32_t *table, int L, int lo, int g, int KVH,
+    const int D, int block_size, float scale, float *scores, float *out) {
     const int64_t rs = (int64_t)KVH * D;              /* floats between consecutive tokens of a block */
     const int64_t bstride = (int64_t)block_size * rs; /* floats between consecutive blocks */
     const int n = L - lo;
     const int first = lo / block_size, last = (L - 1) / block_size;
-    /* scores[h * n + i]: head h against key lo + i; a token's KV heads are read together, once. */
     for (int b = first, i = 0; b <= last; b++) {
-        const float *base = k_cache + (int64_t)table[b] * bstride;
+        const float *base = cache + (int64_t)table[b] * bstride;
         const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
         for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
-            if (lo + i + AHEAD_KEYS < L) prefetch_row(k_cache, table, lo + i + AHEAD_KEYS, block_size, rs, bstride);
+            if (lo + i + AHEAD_KEYS < L) prefetch_row(cache, table, lo + i + AHEAD_KEYS, block_size, rs, bstride);
             const float *row = base + t * rs;
             for (int kh = 0; kh < KVH; kh++) {
-                const float *k = row + (int64_t)kh * D;
+                const float *x = row + (int64_t)kh * D;
                 for (int h = kh * g; h < (kh + 1) * g; h++) {
-                    const float *qh = q + (int64_t)h * D;
-                    float acc = 0.0f;
+                    if (pass == SCORES) {
+                        const float *qh = q + (int64_t)h * D;
+                        float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-                    for (int d = 0; d < D; d++) acc += qh[d] * k[d];
-                    scores[(int64_t)h * n + i] = acc * scale;
-                }
-            }
-        }
-    }
-    softmax_rows(scores, H, n, sinks);
-    memset(out, 0, sizeof(float) * (size_t)H * D);
-    for (int b = first, i = 0; b <= last; b++) {
-        const float *base = v_cache + (int64_t)table[b] * bstride;
-        const int t1 = b == last ? (L - 1) % block_size + 1 : block_size;
-        for (int t = b == first ? lo % block_size : 0; t < t1; t++, i++) {
-            if (lo + i + AHEAD_KEYS < L) prefetch_row(v_cache, table, lo + i + AHEAD_KEYS, block_size, rs, bstride);
-            const float *row = base + t * rs;
-            for (int kh = 0; kh < KVH; kh++) {
-                const float *v = row + (int64_t)kh * D;
-                for (int h = kh * g; h < (kh + 1) * g; h++) {
-                    const float w = scores[(int64_t)h * n + i];
-                    float *o = out + (int64_t)h * D;
+                        for (int d = 0; d < D; d++) acc += qh[d] * x[d];
+                        scores[(int64_t)h * n + i] = acc * scale;
+                    } else {
+                        const float w = scores[(int64_t)h * n + i];
+                        float *o = out + (int64_t)h * D;
 #pragma omp simd
-                    for (int d = 0; d < D; d++) o[d] += w * v[d];
+                        for (int d = 0; d < D; d++) o[d] += w * x[d];
+                    }
                 }
             }
         }
     }
+}
+
+static inline __attribute__((always_inline)) void attend(
+    const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int L, int lo, int H,
+    int g, int KVH, const int D, int block_size, float scale, float *scores, float *out, const float *sinks) {
+    over_keys(SCORES, k_cache, q, table, L, lo, g, KVH, D, block_size, scale, scores, out);
+    softmax_rows(scores, H, L - lo, sinks);
+    memset(out, 0, sizeof(float) * (size_t)H * D);
+    over_keys(WEIGHTED_SUM, v_cache, q, table, L, lo, g, KVH, D, block_size, scale, scores, out);
 }
 
 
@@ -221,11 +221,10 @@ static void attend_any(const float *q, const float *kc, const float *vc, const i
 
 /* Returns 0, or 2 if the scores scratch (H * longest context floats per thread) could not be allocated;
  * sinks: NULL, or (H,) sink logits. */
-int paged_decode_sinks_f32(const float *q, const float *k_cache, const float *v_cache,
-                           const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
-                           const int32_t *query_start, const int64_t *seqs, int64_t num_seqs, float *out, int H,
-                           int KVH, int D, int block_size, float scale, int window, int num_threads,
-                           const float *sinks) {
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                     float scale, int window, int num_threads, const float *sinks) {
     const int g = H / KVH;
     typeof(attend_any) *fn = D == 32 ? attend_32 : D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
     int max_len = 1;
@@ -252,12 +251,4 @@ int paged_decode_sinks_f32(const float *q, const float *k_cache, const float *v_
         free(scores);
     }
     return failed ? 2 : 0;
-}
-
-int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                     int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
-                     const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                     float scale, int window, int num_threads) {
-    return paged_decode_sinks_f32(q, k_cache, v_cache, block_tables, table_stride, seq_lens, query_start, seqs,
-                                  num_seqs, out, H, KVH, D, block_size, scale, window, num_threads, NULL);
 }

@@ -21,9 +21,9 @@
  * vectors; softmax then runs down the rows of that block in vectors with no horizontal sums, and
  * P @ V broadcasts P against V rows read in place. No K/V row is gathered or copied.
  *
- * Attention sinks (gpt-oss): paged_prefill_sinks_f32 takes sinks (H,) float32, a logit per head
+ * Attention sinks (gpt-oss): the last argument, sinks, is NULL or (H,) float32, a logit per head
  * with no value row; each row's online softmax starts from it (m = sink, l = 1) instead of
- * (m = -inf, l = 0). paged_prefill_f32 is the same call with no sinks.
+ * (m = -inf, l = 0).
  */
 #include <math.h>
 #include <stdint.h>
@@ -242,11 +242,10 @@ static int by_cost(const void *a, const void *b) {
 /* Returns 0; 1 if a scratch buffer could not be allocated; 2 for a head size or grouping it does
  * not take (head_dim not a multiple of 16 or above 256, more than 16 query heads per KV head).
  * sinks: NULL, or (H,) sink logits. */
-int paged_prefill_sinks_f32(const float *q, const float *k_cache, const float *v_cache,
-                            const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
-                            const int32_t *query_start, const int64_t *seqs, int64_t num_seqs, float *out, int H,
-                            int KVH, int D, int block_size, float scale, int window, int num_threads,
-                            const float *sinks) {
+int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                      int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
+                      const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
+                      float scale, int window, int num_threads, const float *sinks) {
     const int G = H / KVH, R = G * TQ;
     if (D % 16 != 0 || D > MAX_D || G > MAX_G || G * KVH != H) return 2;
     int64_t count = 0;
@@ -294,14 +293,6 @@ int paged_prefill_sinks_f32(const float *q, const float *k_cache, const float *v
     }
     free(items);
     return failed;
-}
-
-int paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                      int64_t table_stride, const int32_t *seq_lens, const int32_t *query_start,
-                      const int64_t *seqs, int64_t num_seqs, float *out, int H, int KVH, int D, int block_size,
-                      float scale, int window, int num_threads) {
-    return paged_prefill_sinks_f32(q, k_cache, v_cache, block_tables, table_stride, seq_lens, query_start, seqs,
-                                   num_seqs, out, H, KVH, D, block_size, scale, window, num_threads, NULL);
 }
 
 /* 1 where this build has AVX-512 or AVX2, the builds measured faster than torch's SDPA on SmolLM2 (512-token
