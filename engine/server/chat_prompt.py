@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from kvfleet.engine.server.harmony import render_conversation
 from kvfleet.engine.server.state import ServerState
+from kvfleet.engine.tokenizer.hf import HFTokenizer
 from kvfleet.openai_api import APIError
 
 TOOLS_PROMPT = """# Tools
@@ -44,25 +45,6 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
-
-
-@runtime_checkable
-class ToolTemplating(Protocol):
-    """A tokenizer whose chat template may take tools itself (``HFTokenizer``)."""
-
-    @property
-    def template_renders_tools(self) -> bool: ...
-
-    @property
-    def chat_template(self) -> str | None: ...
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> str: ...
 
 
 def chat_prompt_ids(
@@ -86,9 +68,9 @@ def chat_text(
     tok, kwargs, prompt = state.tokenizer, template_kwargs or {}, add_generation_prompt
     harmony = state.tools.reasoning_parser == "openai_gptoss" or state.tools.parser == "openai"
     try:
-        if isinstance(tok, ToolTemplating) and tok.chat_template is None and harmony:
+        if isinstance(tok, HFTokenizer) and tok.chat_template is None and harmony:
             return render_conversation(messages, tools, kwargs, add_generation_prompt=prompt)
-        if isinstance(tok, ToolTemplating):
+        if isinstance(tok, HFTokenizer):
             chat, given = (
                 (messages, tools) if tok.template_renders_tools else (hermes_messages(messages, tools), None)
             )

@@ -6,26 +6,10 @@ groups, forks and frees."""
 from kvfleet.engine.kv.groups import kv_layout
 from kvfleet.engine.kv.kv_cache_manager import FREED_BLOCK, KVCacheManager
 from kvfleet.engine.kv.prefix_rule import common_hit_blocks
-from kvfleet.engine.sampling_params import SamplingParams
-from kvfleet.engine.sequence import Sequence
+
+from .steps import computed, decode, seq
 
 F = FREED_BLOCK
-
-
-def seq(tokens: list[int], request_id: str = "r") -> Sequence:
-    return Sequence(request_id, tokens, SamplingParams())
-
-
-def computed(kv: KVCacheManager, s: Sequence, num_tokens: int) -> None:
-    s.num_computed_tokens = num_tokens
-    kv.cache_computed_blocks(s)
-
-
-def decode(kv: KVCacheManager, s: Sequence, token: int) -> list[int] | None:
-    s.output_token_ids.append(token)
-    new = kv.allocate_slots(s, 1)
-    computed(kv, s, s.num_tokens)
-    return new
 
 
 def hybrid(num_blocks: int = 10, caching: bool = True) -> KVCacheManager:

@@ -2,18 +2,9 @@
 
 from kvfleet.engine.kv.block_hash import cache_namespace
 from kvfleet.engine.kv.kv_cache_manager import KVCacheManager
-from kvfleet.engine.sampling_params import SamplingParams
 from kvfleet.engine.sequence import Sequence
 
-
-def seq(tokens: list[int], request_id: str = "r") -> Sequence:
-    return Sequence(request_id, tokens, SamplingParams())
-
-
-def computed(kv: KVCacheManager, s: Sequence, num_tokens: int) -> None:
-    """What Scheduler.update does after a step: advance and register the full blocks."""
-    s.num_computed_tokens = num_tokens
-    kv.cache_computed_blocks(s)
+from .steps import computed, seq
 
 
 def prefilled(

@@ -3,25 +3,8 @@ pool as the sequence grows, keep their hashes for prefix hits, and are not freed
 
 from kvfleet.engine.kv.kv_cache_manager import FREED_BLOCK, KVCacheManager
 from kvfleet.engine.model.config import ModelConfig
-from kvfleet.engine.sampling_params import SamplingParams
-from kvfleet.engine.sequence import Sequence
 
-
-def seq(tokens: list[int], request_id: str = "r") -> Sequence:
-    return Sequence(request_id, tokens, SamplingParams())
-
-
-def computed(kv: KVCacheManager, s: Sequence, num_tokens: int) -> None:
-    s.num_computed_tokens = num_tokens
-    kv.cache_computed_blocks(s)
-
-
-def decode(kv: KVCacheManager, s: Sequence, token: int) -> list[int] | None:
-    """One decode step: a new token, its slot, computed."""
-    s.output_token_ids.append(token)
-    new = kv.allocate_slots(s, 1)
-    computed(kv, s, s.num_tokens)
-    return new
+from .steps import computed, decode, seq
 
 
 def test_frees_blocks_that_fall_out_of_every_window() -> None:

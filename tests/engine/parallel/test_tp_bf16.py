@@ -14,6 +14,8 @@ import torch
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.kernels.native.bf16_gemm import load_bf16
 
+from .workers import first_token_agreement
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 PROMPTS = [
     torch.randint(3, 259, (3 + i % 8,), generator=torch.Generator().manual_seed(i)).tolist()
@@ -25,18 +27,15 @@ PROMPTS = [
 def test_a_bf16_model_over_two_ranks_keeps_the_single_ranks_greedy_tokens(
     tp_checkpoints: dict[str, Path],
 ) -> None:
-    def first_tokens(tp: int) -> list[int]:
-        llm = LLM(
+    def make(tp: int) -> LLM:
+        return LLM(
             str(tp_checkpoints["llama-uneven-biased"]), dtype="bfloat16", device="cpu",
             tensor_parallel_size=tp, num_kv_blocks=64,
         )  # fmt: skip
-        try:
-            assert llm.engine.runner.quantization.method == "bf16"
-            return [o.outputs[0].token_ids[0] for o in llm.generate(PROMPTS, GREEDY)]
-        finally:
-            llm.close()
 
-    one, two = first_tokens(1), first_tokens(2)
-    share = sum(a == b for a, b in zip(one, two, strict=True)) / len(one)
+    def bf16_weights(llm: LLM) -> None:
+        assert llm.engine.runner.quantization.method == "bf16"
+
+    share = first_token_agreement(make, PROMPTS, GREEDY, bf16_weights)
     print(f"\nbf16 tp=2 against tp=1: first greedy token agrees on {share:.0%}")
     assert share >= 0.9

@@ -34,7 +34,7 @@ from kvfleet.engine.testing.tiny_gguf import write_gguf
 
 from ..lora.conftest import make_adapter
 from .compare import assert_same_greedy
-from .workers import assert_workers_ran
+from .workers import assert_workers_ran, first_token_agreement
 
 LOGPROB_TOL = 0.05  # nats: int8 activation roundings moved by float summation order (module docstring)
 PROMPTS = [[256, 72, 101, 108, 108, 111], [256, 1, 2, 3], [256, *range(40, 69)], [256, 200, 17, 90, 33]]
@@ -141,17 +141,13 @@ def test_smollm2s_q4_1_blocks_over_two_ranks_keep_the_first_greedy_token_of_most
         for i in range(48)
     ]
 
-    def first_tokens(tp: int) -> list[int]:
-        llm = LLM("smollm2", quantization="gguf", tensor_parallel_size=tp, num_kv_blocks=64)
-        try:
-            assert isinstance(llm.engine.runner.model.model.embed_tokens, QuantEmbedding)
-            outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1))
-            assert_workers_ran(llm, tp)
-            return [o.outputs[0].token_ids[0] for o in outs]
-        finally:
-            llm.close()
+    def make(tp: int) -> LLM:
+        return LLM("smollm2", quantization="gguf", tensor_parallel_size=tp, num_kv_blocks=64)
 
-    one, two = first_tokens(1), first_tokens(2)
-    share = sum(a == b for a, b in zip(one, two, strict=True)) / len(one)
+    def blocks_embedding(llm: LLM) -> None:
+        assert isinstance(llm.engine.runner.model.model.embed_tokens, QuantEmbedding)
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=1)
+    share = first_token_agreement(make, prompts, greedy, blocks_embedding)
     print(f"\nsmollm2 Q4_1 tp=2 against tp=1: first greedy token agrees on {share:.0%}")
     assert share >= 0.8

@@ -15,7 +15,7 @@ import torch
 from kvfleet.engine import LLM, SamplingParams
 from kvfleet.engine.kernels.native.int8_gemm import load_int8
 
-from .workers import assert_workers_ran
+from .workers import first_token_agreement
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 PROMPTS = [
@@ -29,18 +29,11 @@ PROMPTS = [
 def test_an_int8_model_over_two_ranks_keeps_the_single_ranks_greedy_tokens(
     variant: str, tp_checkpoints: dict[str, Path]
 ) -> None:
-    def first_tokens(tp: int) -> list[int]:
-        llm = LLM(
+    def make(tp: int) -> LLM:
+        return LLM(
             str(tp_checkpoints[variant]), quantization="int8", tensor_parallel_size=tp, num_kv_blocks=64
         )
-        try:
-            outs = llm.generate(PROMPTS, GREEDY)
-            assert_workers_ran(llm, tp)
-            return [o.outputs[0].token_ids[0] for o in outs]
-        finally:
-            llm.close()
 
-    one, two = first_tokens(1), first_tokens(2)
-    share = sum(a == b for a, b in zip(one, two, strict=True)) / len(one)
+    share = first_token_agreement(make, PROMPTS, GREEDY)
     print(f"\n{variant} int8 tp=2 against tp=1: first greedy token agrees on {share:.0%}")
     assert share >= 0.8  # as int8 against float32 (tests/engine/model/test_hf_quant_loader.py)

@@ -10,9 +10,10 @@ each worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvfleet.engine import LLM
+from kvfleet.engine import LLM, SamplingParams
 
 WORKER_MODULE = "kvfleet.engine.parallel.worker"
 
@@ -32,3 +33,27 @@ def assert_workers_ran(llm: LLM, tp: int) -> None:
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
         assert WORKER_MODULE.encode() in cmdline, f"pid {proc.pid} is not a worker: {cmdline}"
     assert leader.comm.reduces > 0, "no all-reduce ran: the workers never stepped with rank 0"
+
+
+def first_token_agreement(
+    make: Callable[[int], LLM],
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    check: Callable[[LLM], None] | None = None,
+) -> float:
+    """The share of ``prompts`` whose first greedy token the engine ``make(2)`` gives as ``make(1)``
+    does: each engine ``check``ed (its weight format) and :func:`assert_workers_ran`, then closed."""
+
+    def first_tokens(tp: int) -> list[int]:
+        llm = make(tp)
+        try:
+            if check is not None:
+                check(llm)
+            outs = llm.generate([list(p) for p in prompts], params)
+            assert_workers_ran(llm, tp)
+            return [o.outputs[0].token_ids[0] for o in outs]
+        finally:
+            llm.close()
+
+    one, two = first_tokens(1), first_tokens(2)
+    return sum(a == b for a, b in zip(one, two, strict=True)) / len(one)
