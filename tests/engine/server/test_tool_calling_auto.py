@@ -39,6 +39,14 @@ WRITTEN = {
     "qwen": ("", "".join(f"<tool_call>\n{_call(*c)}\n</tool_call>" for c in CALLS)),
     "llama3_json": ("", "; ".join(_call(*c, key="parameters") for c in CALLS)),
     "mistral": ("Checking. ", "[TOOL_CALLS] [" + ", ".join(_call(*c) for c in CALLS) + "]"),
+    "openai": (
+        "",
+        "".join(  # gpt-oss's Harmony: a commentary message to each function, ended by <|call|>
+            f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+            f"{json.dumps(args)}<|call|>"
+            for name, args in CALLS
+        ),
+    ),
 }
 RESULTS = ['{"sky": "sunny", "celsius": 18}', '{"time": "14:05"}']
 
